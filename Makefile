@@ -1,0 +1,33 @@
+# Two commands do all set-up on a fresh machine with only Python installed:
+#   make demo   -- creates .venv if missing, runs NMF on a local cluster
+#   make test   -- creates .venv if missing, runs the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed
+
+.PHONY: demo test test-all bench venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,torch]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/harmony demo
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow" -q
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/ps_throughput.py
+	$(PY) bench/nmf_epoch.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
