@@ -1,0 +1,219 @@
+"""NMF by SGD: ratings M ~ L R with L, R >= 0.
+
+Item factors R live on the parameter servers, one row per item (key = item
+id). User factors L live with the input: every input block holds one hashed
+range of users, their ratings and their rows of L, so a user's factors stay on
+the machine that owns the user. Each COMP runs mini-batch SGD over the
+iteration's blocks against a local copy of the pulled item rows and pushes the
+change of those rows; the servers add it and project onto R >= 0.
+
+Input: text lines ``user item rating [timestamp]`` separated by whitespace,
+commas or ``::`` (MovieLens/Netflix style), optionally gzip-compressed
+(``.gz``). Lines starting with ``#`` or ``%`` are comments. Make data with
+``harmony data gen nmf``.
+"""
+from __future__ import annotations
+
+import gzip
+import math
+
+import numpy as np
+
+from harmony.app import App, InputError, InputPart, ModelSpec, Option, Step
+from harmony.ps.keymap import keyed_uniform, mix64
+from harmony.store.blocks import Block
+
+CHUNK_LINES = 200_000
+
+
+def open_text(path: str):
+    try:
+        if path.endswith(".gz"):
+            return gzip.open(path, "rt", encoding="utf-8", errors="strict")
+        return open(path, "rt", encoding="utf-8", errors="strict")
+    except OSError as exc:
+        raise InputError(path, None, f"cannot open input: {exc.strerror or exc}") from None
+
+
+def _parse_lines(lines: list[str], path: str, first: int) -> np.ndarray:
+    """Parse ``user item rating`` lines into an (n, 3) float64 array."""
+    flat: list[str] = []
+    for off, line in enumerate(lines):
+        s = line.strip()
+        if not s or s[0] in "#%":
+            continue
+        p = s.replace("::", " ").replace(",", " ").split()
+        if len(p) not in (3, 4):
+            raise InputError(path, first + off,
+                             f"expected 'user item rating', got {len(p)} field(s): {s[:60]!r}")
+        flat += p[:3]
+    try:
+        arr = np.array(flat, dtype=np.float64).reshape(-1, 3)
+    except ValueError:
+        for off, line in enumerate(lines):  # slow path: find the culprit
+            s = line.strip()
+            if not s or s[0] in "#%":
+                continue
+            for field in s.replace("::", " ").replace(",", " ").split()[:3]:
+                try:
+                    float(field)
+                except ValueError:
+                    raise InputError(path, first + off, f"not a number: {field!r}") from None
+        raise
+    bad = ~np.isfinite(arr).all(axis=1) | (arr[:, 0] < 0) | (arr[:, 1] < 0) \
+        | (arr[:, 0] != np.floor(arr[:, 0])) | (arr[:, 1] != np.floor(arr[:, 1]))
+    if bad.any():
+        # map the first bad record back to its line number
+        k = int(np.argmax(bad))
+        seen = -1
+        for off, line in enumerate(lines):
+            s = line.strip()
+            if s and s[0] not in "#%":
+                seen += 1
+                if seen == k:
+                    raise InputError(path, first + off,
+                                     "user and item must be non-negative integers and "
+                                     f"the rating finite: {s[:60]!r}")
+    return arr
+
+
+def iter_ratings(path: str):
+    """Yield (n, 3) float64 arrays of ratings, streaming the file in chunks."""
+    with open_text(path) as fh:
+        lineno = 1
+        while True:
+            try:
+                lines = [ln for _, ln in zip(range(CHUNK_LINES), fh)]
+            except (UnicodeDecodeError, EOFError, OSError, gzip.BadGzipFile) as exc:
+                raise InputError(path, None, f"unreadable input near line {lineno}: {exc}") from None
+            if not lines:
+                return
+            yield _parse_lines(lines, path, lineno)
+            lineno += len(lines)
+
+
+def holdout_mask(users: np.ndarray, items: np.ndarray, frac: float, seed: int) -> np.ndarray:
+    if frac <= 0:
+        return np.zeros(len(users), dtype=bool)
+    h = mix64((users.astype(np.uint64) << np.uint64(32)) ^ items.astype(np.uint64)
+              ^ np.uint64(seed * 7919 + 1))
+    return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)) < frac
+
+
+class NMF(App):
+    """Non-negative matrix factorization by SGD (ratings -> user/item factors)."""
+
+    name = "nmf"
+    options = [
+        Option("input", str, None, "ratings file: 'user item rating' lines (.gz ok)", required=True),
+        Option("rank", int, 16, "factor rank"),
+        Option("lr", float, 0.02, "SGD step size"),
+        Option("decay", float, 0.9, "step size multiplier per epoch"),
+        Option("lam", float, 0.01, "L2 regularization"),
+        Option("batch_size", int, 512, "ratings per SGD step"),
+        Option("holdout", float, 0.1, "fraction of ratings held out for test RMSE"),
+    ]
+
+    def read_input(self, part: InputPart):
+        o = self.opts
+        if o.rank < 1 or o.batch_size < 1 or not (0 <= o.holdout < 1) or o.lr <= 0:
+            raise InputError(o.input, None, "bad options: need rank>=1, batch_size>=1, "
+                             "0<=holdout<1, lr>0")
+        per_block: dict[int, list[np.ndarray]] = {}
+        max_item, total, count = -1, 0.0, 0
+        for arr in iter_ratings(o.input):
+            if len(arr) == 0:
+                continue
+            max_item = max(max_item, int(arr[:, 1].max()))
+            total += float(arr[:, 2].sum())
+            count += len(arr)
+            blocks = part.block_of(arr[:, 0].astype(np.int64))
+            mine = part.owns(blocks)
+            for b in np.unique(blocks[mine]):
+                per_block.setdefault(int(b), []).append(arr[blocks == b])
+        if count == 0:
+            raise InputError(o.input, None, "no ratings in input")
+        self.num_items = max_item + 1
+        self.mean_rating = max(total / count, 1e-3)
+        self.scale = 2.0 * math.sqrt(self.mean_rating / o.rank)
+        for b in sorted(per_block):
+            arr = np.concatenate(per_block.pop(b))
+            users = arr[:, 0].astype(np.int64)
+            items = arr[:, 1].astype(np.int64)
+            ratings = arr[:, 2].astype(np.float32)
+            test = holdout_mask(users, items, o.holdout, o.seed)
+            uid = np.unique(users)
+            L = (keyed_uniform(uid, o.rank, o.seed, salt=1) * self.scale).astype(np.float32)
+            tr = ~test
+            yield Block(b, {
+                "uid": uid, "L": L,
+                "u": np.searchsorted(uid, users[tr]), "i": items[tr], "r": ratings[tr],
+                "tu": np.searchsorted(uid, users[test]), "ti": items[test], "tr": ratings[test],
+            })
+
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec(num_keys=self.num_items, dim=self.opts.rank)
+
+    def init_rows(self, keys: np.ndarray) -> np.ndarray:
+        return (keyed_uniform(keys, self.opts.rank, self.opts.seed, salt=2)
+                * self.scale).astype(np.float32)
+
+    def update(self, rows: np.ndarray, deltas: np.ndarray) -> np.ndarray:
+        return np.maximum(rows + deltas, 0.0)
+
+    def keys(self, blocks: list[Block]) -> np.ndarray:
+        if not blocks:
+            return np.zeros(0, dtype=np.int64)
+        return np.unique(np.concatenate([b["i"] for b in blocks] + [b["ti"] for b in blocks]))
+
+    def compute(self, blocks: list[Block], keys: np.ndarray, rows: np.ndarray,
+                step: Step) -> np.ndarray:
+        o = self.opts
+        R = np.array(rows, dtype=np.float32)
+        lr = np.float32(o.lr * o.decay ** step.epoch)
+        lam = np.float32(o.lam)
+        bs = o.batch_size
+        for blk in blocks:
+            L = blk["L"]
+            u_all, r_all = blk["u"], blk["r"]
+            i_all = np.searchsorted(keys, blk["i"])
+            for s in range(0, len(r_all), bs):
+                u, i, r = u_all[s:s + bs], i_all[s:s + bs], r_all[s:s + bs]
+                Lu, Ri = L[u], R[i]
+                err = np.einsum("ij,ij->i", Lu, Ri) - r
+                gL = err[:, None] * Ri + lam * Lu
+                gR = err[:, None] * Lu + lam * Ri
+                np.add.at(L, u, -lr * gL)
+                np.add.at(R, i, -lr * gR)
+                L[u] = np.maximum(L[u], 0.0)
+                R[i] = np.maximum(R[i], 0.0)
+        return R - rows
+
+    def objective(self, blocks: list[Block], keys: np.ndarray, rows: np.ndarray) -> dict:
+        sse = tsse = l2 = 0.0
+        n = tn = 0
+        for blk in blocks:
+            L = blk["L"]
+            for u, i, r, test in ((blk["u"], blk["i"], blk["r"], False),
+                                  (blk["tu"], blk["ti"], blk["tr"], True)):
+                if len(r) == 0:
+                    continue
+                pred = np.einsum("ij,ij->i", L[u], rows[np.searchsorted(keys, i)])
+                e = float(np.dot(pred - r, pred - r))
+                if test:
+                    tsse, tn = tsse + e, tn + len(r)
+                else:
+                    sse, n = sse + e, n + len(r)
+            l2 += float(np.vdot(L, L))
+        return {"sse": sse, "n": n, "test_sse": tsse, "test_n": tn, "l2_L": l2}
+
+    def model_objective(self, keys: np.ndarray, rows: np.ndarray) -> dict:
+        return {"l2_R": float(np.vdot(rows, rows))}
+
+    def metrics(self, s: dict) -> dict:
+        lam = self.opts.lam
+        out = {"objective": s.get("sse", 0.0) + lam * (s.get("l2_L", 0.0) + s.get("l2_R", 0.0)),
+               "rmse": math.sqrt(s["sse"] / s["n"]) if s.get("n") else math.nan}
+        if s.get("test_n"):
+            out["test_rmse"] = math.sqrt(s["test_sse"] / s["test_n"])
+        return out

@@ -1,0 +1,271 @@
+"""The app API: what an app file defines, and how the runtime drives it.
+
+An app file (``apps/nmf.py``) defines one subclass of :class:`App`. App code
+never touches ZeroMQ, LMDB, processes or threads: the runtime calls these
+methods on every machine of the job and moves the data between them.
+
+One *epoch* is ``iters_per_epoch`` synchronous *iterations*. In iteration
+``i`` every machine takes its i-th group of local input blocks and runs
+
+    keys = app.keys(blocks)                 # which model rows it needs
+    rows = PULL(keys)                        # network
+    deltas = app.compute(blocks, keys, rows, step)   # CPU
+    PUSH(keys, deltas)                       # network; servers apply app.update
+
+and no machine pulls for iteration i+1 before every push of iteration i was
+applied. At each epoch end every machine evaluates ``app.objective`` on its
+data (and ``app.model_objective`` on its server shard); the runtime sums the
+partial dictionaries over machines and ``app.metrics`` turns the sums into
+reported numbers, one of which is ``objective``.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from harmony.ps.keymap import block_of
+from harmony.store.blocks import Block
+
+
+class AppError(Exception):
+    """A bad app file, bad app options, or an app-level failure."""
+
+
+class InputError(AppError):
+    """Bad input data; names the file and line."""
+
+    def __init__(self, path: str, line: int | None, reason: str) -> None:
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {reason}")
+        self.path, self.line, self.reason = path, line, reason
+
+
+@dataclass(frozen=True)
+class Option:
+    """One app option, exposed as ``--name`` on ``harmony submit``."""
+    name: str
+    type: Callable[[str], Any] = str
+    default: Any = None
+    help: str = ""
+    required: bool = False
+    choices: tuple | None = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The server-side model: ``num_keys`` rows of ``dim`` values."""
+    num_keys: int
+    dim: int
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class InputPart:
+    """Which input blocks this machine owns: block ``b`` goes to machine
+    ``b % count``. ``block_of`` maps record keys (e.g. user ids) to blocks."""
+    index: int
+    count: int
+    num_blocks: int
+
+    def block_of(self, ids: np.ndarray) -> np.ndarray:
+        return block_of(ids, self.num_blocks)
+
+    def owns(self, block_ids: np.ndarray) -> np.ndarray:
+        return (np.asarray(block_ids) % self.count) == self.index
+
+    def my_blocks(self) -> list[int]:
+        return [b for b in range(self.num_blocks) if b % self.count == self.index]
+
+
+@dataclass(frozen=True)
+class Step:
+    epoch: int
+    iter: int
+    iters_per_epoch: int
+
+
+# Options every app gets from the runtime.
+COMMON_OPTIONS = [
+    Option("max_epochs", int, 10, "stop after this many epochs"),
+    Option("target_objective", float, None, "stop once the objective is <= this"),
+    Option("iters_per_epoch", int, 1, "synchronous iterations (PULL-COMP-PUSH) per epoch"),
+    Option("blocks", int, 16, "input blocks (split over machines by block id)"),
+    Option("model_blocks", int, 256, "model blocks (hashed key ranges) over server shards"),
+    Option("seed", int, 0, "random seed (model init, data order)"),
+]
+
+
+class App:
+    """Base class of an app. Override the methods marked *required*."""
+
+    name: str = "app"
+    options: list[Option] = []
+
+    def __init__(self, opts: argparse.Namespace) -> None:
+        self.opts = opts
+
+    # -- input --------------------------------------------------------------
+    def read_input(self, part: InputPart) -> Iterable[Block]:  # required
+        raise NotImplementedError
+
+    # -- model (server side) -------------------------------------------------
+    def model_spec(self) -> ModelSpec:  # required; called after read_input
+        raise NotImplementedError
+
+    def init_rows(self, keys: np.ndarray) -> np.ndarray:
+        """Initial rows for ``keys``; must depend only on the keys (use
+        :func:`harmony.ps.keymap.keyed_uniform`). Default: zeros."""
+        spec = self.model_spec()
+        return np.zeros((len(keys), spec.dim), dtype=spec.dtype)
+
+    def update(self, rows: np.ndarray, deltas: np.ndarray) -> np.ndarray:
+        """Server update, applied per key; must be commutative and
+        associative in the deltas. Default: add."""
+        return rows + deltas
+
+    # -- iteration (worker side) --------------------------------------------
+    def keys(self, blocks: list[Block]) -> np.ndarray:  # required
+        """Sorted unique int64 keys the blocks need."""
+        raise NotImplementedError
+
+    def compute(self, blocks: list[Block], keys: np.ndarray, rows: np.ndarray,
+                step: Step) -> np.ndarray:  # required
+        """Return deltas (same shape as rows) to push. ``rows`` is read-only."""
+        raise NotImplementedError
+
+    # -- objective ------------------------------------------------------------
+    def objective(self, blocks: list[Block], keys: np.ndarray,
+                  rows: np.ndarray) -> dict[str, float]:  # required
+        """Partial sums over this machine's data; summed over machines."""
+        raise NotImplementedError
+
+    def model_objective(self, keys: np.ndarray, rows: np.ndarray) -> dict[str, float]:
+        """Partial sums over one server shard's rows (e.g. a regularizer)."""
+        return {}
+
+    def metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        """Turn summed partials into metrics; must contain ``objective``."""
+        return {"objective": float(sums.get("objective", math.nan))}
+
+
+# ---------------------------------------------------------------------------
+# Loading app files and parsing their options
+
+
+def load_app(source: str, filename: str = "<app>") -> type[App]:
+    """Execute an app file's source and return its single App subclass."""
+    try:
+        code = compile(source, filename, "exec")
+    except SyntaxError as exc:
+        raise AppError(f"{filename}:{exc.lineno}: syntax error: {exc.msg}") from None
+    mod = types.ModuleType("harmony_app_" + hashlib.sha1(source.encode()).hexdigest()[:10])
+    mod.__file__ = filename
+    try:
+        exec(code, mod.__dict__)
+    except Exception as exc:
+        raise AppError(f"{filename}: failed to load: {exc.__class__.__name__}: {exc}") from None
+    found = [v for v in mod.__dict__.values()
+             if isinstance(v, type) and issubclass(v, App) and v is not App
+             and v.__module__ == mod.__name__]
+    if len(found) != 1:
+        raise AppError(f"{filename}: must define exactly one subclass of harmony.app.App "
+                       f"(found {len(found)})")
+    cls = found[0]
+    for meth in ("read_input", "model_spec", "keys", "compute", "objective"):
+        if getattr(cls, meth) is getattr(App, meth):
+            raise AppError(f"{filename}: app {cls.__name__} does not define {meth}()")
+    return cls
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # raise instead of sys.exit
+        raise AppError(f"bad app options: {message}")
+
+
+def option_parser(cls: type[App]) -> argparse.ArgumentParser:
+    p = _Parser(prog=f"harmony submit {cls.name}", add_help=False,
+                description=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else None)
+    names = set()
+    for opt in list(cls.options) + COMMON_OPTIONS:
+        if opt.name in names:
+            continue  # an app may override a common option's default
+        names.add(opt.name)
+        flag = "--" + opt.name.replace("_", "-")
+        kw: dict[str, Any] = {"dest": opt.name, "help": opt.help}
+        if opt.type is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+            kw["default"] = bool(opt.default)
+        else:
+            kw["type"] = opt.type
+            kw["default"] = opt.default
+            kw["required"] = opt.required
+            if opt.choices:
+                kw["choices"] = opt.choices
+        p.add_argument(flag, **kw)
+    return p
+
+
+def parse_app_args(cls: type[App], args: list[str]) -> argparse.Namespace:
+    ns = option_parser(cls).parse_args(args)
+    for name in ("max_epochs", "iters_per_epoch", "blocks", "model_blocks"):
+        if getattr(ns, name) < 1:
+            raise AppError(f"bad app options: --{name.replace('_', '-')} must be >= 1")
+    return ns
+
+
+def block_groups(blocks: list[Block], iters: int) -> list[list[Block]]:
+    """Split this machine's blocks (sorted by id) into ``iters`` groups."""
+    n = len(blocks)
+    return [blocks[i * n // iters:(i + 1) * n // iters] for i in range(iters)]
+
+
+def should_stop(opts: argparse.Namespace, epoch: int, metrics: dict[str, float]) -> bool:
+    obj = metrics.get("objective")
+    if opts.target_objective is not None and obj is not None and obj <= opts.target_objective:
+        return True
+    if obj is not None and not math.isfinite(obj):
+        raise AppError(f"objective diverged at epoch {epoch} ({obj}); lower the step size")
+    return epoch + 1 >= opts.max_epochs
+
+
+@dataclass
+class LocalResult:
+    history: list[dict[str, float]] = field(default_factory=list)
+    model: np.ndarray | None = None
+
+
+def run_local(cls: type[App], args: list[str]) -> LocalResult:
+    """The plain single-process reference: the same app code and the same
+    iteration order, with the model in one array and no runtime at all."""
+    opts = parse_app_args(cls, args)
+    app = cls(opts)
+    part = InputPart(0, 1, opts.blocks)
+    blocks = sorted(app.read_input(part), key=lambda b: b.id)
+    spec = app.model_spec()
+    all_keys = np.arange(spec.num_keys, dtype=np.int64)
+    model = np.asarray(app.init_rows(all_keys), dtype=spec.dtype)
+    groups = block_groups(blocks, opts.iters_per_epoch)
+    res = LocalResult()
+    for epoch in range(opts.max_epochs):
+        for it, group in enumerate(groups):
+            keys = app.keys(group)
+            rows = model[keys]
+            rows.flags.writeable = False
+            deltas = app.compute(group, keys, rows, Step(epoch, it, opts.iters_per_epoch))
+            model[keys] = app.update(model[keys], np.asarray(deltas, dtype=spec.dtype))
+        keys = app.keys(blocks)
+        sums = dict(app.objective(blocks, keys, model[keys]))
+        for k, v in app.model_objective(all_keys, model).items():
+            sums[k] = sums.get(k, 0.0) + v
+        metrics = app.metrics(sums)
+        res.history.append(metrics)
+        if should_stop(opts, epoch, metrics):
+            break
+    res.model = model
+    return res

@@ -1,0 +1,140 @@
+"""Every control message of Harmony, defined once and validated where received.
+
+Wire format: a control message is one msgpack map ``{"t": TYPE, ...fields}``
+in the first frame, optionally followed by raw binary frames (numpy buffers,
+see :mod:`harmony.comm.arrays`). No pickle anywhere: msgpack is decoded with
+explicit size limits and every field is type-checked against the schema
+below before a handler sees it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+# Hard limits on what a receiver accepts.
+MAX_HEADER_BYTES = 32 * 1024 * 1024      # app sources travel in headers
+MAX_FRAMES = 16
+
+_OPT = object()  # marker: optional field
+
+
+class ProtocolError(ValueError):
+    """A message that is malformed, oversized, unknown or fails its schema."""
+
+
+# Field type specs: a Python type, a tuple of types, or (spec, _OPT) for optional.
+_NUM = (int, float)
+SCHEMAS: dict[str, dict[str, Any]] = {
+    # generic replies
+    "ok": {"info": (dict, _OPT)},
+    "error": {"code": str, "message": str},
+    # client -> master
+    "submit": {"app_name": str, "app_source": str, "args": list, "machines": int,
+               "name": (str, _OPT)},
+    "submitted": {"job": str},
+    "list_jobs": {},
+    "jobs": {"jobs": list},
+    "job_status": {"job": str},
+    "status": {"job": dict},
+    "cancel": {"job": str},
+    "cluster_info": {},
+    "cluster": {"workers": list, "master": dict},
+    # worker daemon -> master
+    "register": {"name": str, "host": str, "cpus": int, "memory": int, "pid": int,
+                 "executors": list},
+    "registered": {"heartbeat_interval": _NUM},
+    "heartbeat": {"name": str, "executors": list},
+    "hb_ack": {},
+    "exec_exited": {"job": str, "index": int, "code": int, "log_tail": str},
+    # master -> worker daemon
+    "launch": {"job": str, "index": int, "count": int, "app_name": str,
+               "app_source": str, "args": list, "attempt": int},
+    "kill": {"job": str},
+    # job executor -> master
+    "exec_ready": {"job": str, "index": int, "attempt": int, "endpoint": str,
+                   "num_keys": int, "dim": int, "local_blocks": int},
+    "barrier": {"job": str, "index": int, "epoch": int, "iter": int},
+    "epoch_done": {"job": str, "index": int, "epoch": int, "sums": dict,
+                   "timings": dict},
+    "epoch_report": {"job": str, "index": int, "epoch": int, "metrics": dict,
+                     "stop": bool},
+    "exec_failed": {"job": str, "index": int, "error": str},
+    "exec_finished": {"job": str, "index": int},
+    # master -> job executor
+    "job_start": {"peers": list, "owner": list, "model_blocks": int},
+    "release": {"epoch": int, "iter": int},
+    "epoch_sums": {"epoch": int, "sums": dict},
+    "abort": {"reason": str},
+}
+
+
+@dataclass(slots=True)
+class Message:
+    type: str
+    fields: dict[str, Any]
+    frames: list  # trailing raw frames (zmq.Frame or bytes)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+
+def _check(mtype: str, fields: dict[str, Any]) -> None:
+    schema = SCHEMAS.get(mtype)
+    if schema is None:
+        raise ProtocolError(f"unknown message type {mtype!r}")
+    for name, spec in schema.items():
+        optional = isinstance(spec, tuple) and len(spec) == 2 and spec[1] is _OPT
+        typ = spec[0] if optional else spec
+        if name not in fields or fields[name] is None:
+            if optional:
+                continue
+            raise ProtocolError(f"{mtype}: missing field {name!r}")
+        val = fields[name]
+        # bool is an int subclass; keep them apart.
+        if typ is int and isinstance(val, bool):
+            raise ProtocolError(f"{mtype}: field {name!r} must be int, got bool")
+        if not isinstance(val, typ):
+            want = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+            raise ProtocolError(
+                f"{mtype}: field {name!r} must be {want}, got {type(val).__name__}")
+    extra = set(fields) - set(schema)
+    if extra:
+        raise ProtocolError(f"{mtype}: unknown field(s) {sorted(extra)}")
+
+
+def encode(mtype: str, **fields: Any) -> bytes:
+    """Encode a control message header (validated: a sender bug fails loudly here)."""
+    _check(mtype, fields)
+    fields = {k: v for k, v in fields.items() if v is not None}
+    return msgpack.packb({"t": mtype, **fields}, use_bin_type=True)
+
+
+def decode(frames: list) -> Message:
+    """Decode and validate ``[header, *raw_frames]``; raises ProtocolError."""
+    if not frames:
+        raise ProtocolError("empty message")
+    if len(frames) > MAX_FRAMES:
+        raise ProtocolError(f"too many frames ({len(frames)} > {MAX_FRAMES})")
+    head = frames[0]
+    raw = head.bytes if hasattr(head, "bytes") else head
+    if len(raw) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header too large ({len(raw)} bytes > {MAX_HEADER_BYTES})")
+    try:
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True,
+                              max_buffer_size=MAX_HEADER_BYTES)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"undecodable header: {exc.__class__.__name__}: {exc}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("t"), str):
+        raise ProtocolError("header is not a map with a string 't' (message type)")
+    mtype = obj.pop("t")
+    _check(mtype, obj)
+    return Message(mtype, obj, list(frames[1:]))
+
+
+def error(code: str, message: str) -> bytes:
+    return encode("error", code=code, message=message)

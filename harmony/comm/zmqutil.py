@@ -1,0 +1,31 @@
+"""Small ZeroMQ helpers shared by every process."""
+from __future__ import annotations
+
+import zmq
+
+DEFAULT_MASTER = "tcp://127.0.0.1:5760"
+
+
+def make_socket(ctx: zmq.Context, kind: int, identity: bytes | None = None) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    if kind == zmq.ROUTER:
+        # a send to a vanished peer raises EHOSTUNREACH instead of vanishing
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    # TCP-level liveness on top of application heartbeats
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    return sock
+
+
+def bind_random(sock: zmq.Socket, host: str) -> str:
+    """Bind to a random free port on ``host``; return the endpoint."""
+    port = sock.bind_to_random_port(f"tcp://{host}")
+    return f"tcp://{host}:{port}"
+
+
+def check_endpoint(url: str) -> str:
+    if not url.startswith("tcp://") or ":" not in url[6:]:
+        raise ValueError(f"not a tcp://HOST:PORT address: {url!r}")
+    return url

@@ -1,0 +1,50 @@
+"""Synthetic data sets in the apps' input formats, written streaming."""
+from __future__ import annotations
+
+import gzip
+import io
+
+import numpy as np
+
+
+def _open_out(path: str):
+    if path.endswith(".gz"):
+        return io.TextIOWrapper(gzip.open(path, "wb", compresslevel=3), encoding="utf-8")
+    return open(path, "w", encoding="utf-8")
+
+
+def gen_nmf(path: str, users: int = 1000, items: int = 500, rank: int = 8,
+            per_user: int = 50, noise: float = 0.1, seed: int = 0,
+            chunk_users: int = 10_000) -> dict:
+    """Planted non-negative low-rank ratings ``r = (L* R*)_ui + N(0, noise²)``.
+
+    Each user rates ``per_user`` distinct random items. Users are written in
+    chunks, so any size can be made without holding it in memory. Returns
+    the shape written.
+    """
+    if users < 1 or items < 1 or rank < 1 or not (1 <= per_user <= items) or noise < 0:
+        raise ValueError("need users, items, rank >= 1, 1 <= per_user <= items, noise >= 0")
+    rng = np.random.default_rng(seed)
+    # factors scaled so that ratings average about 3
+    R = rng.uniform(0, 1, size=(rank, items)) * np.sqrt(12.0 / rank)
+    n = 0
+    with _open_out(path) as out:
+        for start in range(0, users, chunk_users):
+            cu = min(chunk_users, users - start)
+            L = rng.uniform(0, 1, size=(cu, rank)) * np.sqrt(12.0 / rank)
+            # distinct items per user: random keys, take the per_user smallest
+            if per_user * 4 >= items:
+                choice = np.argsort(rng.random((cu, items)), axis=1)[:, :per_user]
+            else:
+                choice = np.empty((cu, per_user), dtype=np.int64)
+                for k in range(cu):
+                    choice[k] = rng.choice(items, per_user, replace=False)
+            vals = np.einsum("uk,kui->ui", L, R[:, choice])
+            vals += rng.normal(0, noise, size=vals.shape) if noise > 0 else 0.0
+            uids = np.repeat(np.arange(start, start + cu), per_user)
+            block = np.column_stack([uids, choice.ravel(), vals.ravel()])
+            buf = io.StringIO()
+            np.savetxt(buf, block, fmt=["%d", "%d", "%.4f"])
+            out.write(buf.getvalue())
+            n += len(block)
+    return {"users": users, "items": items, "rank": rank, "ratings": n, "noise": noise}
