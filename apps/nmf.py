@@ -107,7 +107,7 @@ class NMF(App):
     options = [
         Option("input", str, None, "ratings file: 'user item rating' lines (.gz ok)", required=True),
         Option("rank", int, 16, "factor rank"),
-        Option("lr", float, 0.02, "SGD step size"),
+        Option("lr", float, 0.01, "SGD step size"),
         Option("decay", float, 0.9, "step size multiplier per epoch"),
         Option("lam", float, 0.01, "L2 regularization"),
         Option("batch_size", int, 512, "ratings per SGD step"),

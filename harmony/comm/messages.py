@@ -54,7 +54,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "kill": {"job": str},
     # job executor -> master
     "exec_ready": {"job": str, "index": int, "attempt": int, "endpoint": str,
-                   "num_keys": int, "dim": int, "local_blocks": int},
+                   "num_keys": int, "dim": int, "model_blocks": int, "local_blocks": int},
     "barrier": {"job": str, "index": int, "epoch": int, "iter": int},
     "epoch_done": {"job": str, "index": int, "epoch": int, "sums": dict,
                    "timings": dict},
@@ -67,6 +67,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "release": {"epoch": int, "iter": int},
     "epoch_sums": {"epoch": int, "sums": dict},
     "abort": {"reason": str},
+    # PS data plane (executor <-> server shard); arrays follow as raw frames
+    "pull": {"rid": int, "n": int},                 # frames: keys int64[n]
+    "push": {"rid": int, "n": int, "dim": int},     # frames: keys, values[n, dim]
+    "rows": {"rid": int, "n": int, "dim": int},     # frames: values[n, dim]
+    "ack": {"rid": int},
+    "ps_error": {"rid": int, "message": str},
 }
 
 
@@ -125,8 +131,8 @@ def decode(frames: list) -> Message:
     if len(raw) > MAX_HEADER_BYTES:
         raise ProtocolError(f"header too large ({len(raw)} bytes > {MAX_HEADER_BYTES})")
     try:
-        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True,
-                              max_buffer_size=MAX_HEADER_BYTES)
+        # size is bounded above; nesting is bounded by msgpack's own limits
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(f"undecodable header: {exc.__class__.__name__}: {exc}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("t"), str):

@@ -1,0 +1,352 @@
+"""Command lines: ``harmony-master``, ``harmony-worker`` and ``harmony``."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harmony.app import AppError, load_app, option_parser, parse_app_args
+from harmony.client import Client, ClientError, master_address
+from harmony.cluster import ClusterError, LocalCluster, cluster_down, default_state_dir
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 4G)")
+    mult = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2).lower()]
+    return int(float(m.group(1)) * mult)
+
+
+def _die(msg: str, code: int = 1) -> int:
+    print(f"harmony: error: {msg}", file=sys.stderr)
+    return code
+
+
+# ---------------------------------------------------------------------------- master
+def master_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="harmony-master")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("start", help="run the master in the foreground")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=5760, help="control port (0 = random)")
+    s.add_argument("--state-dir", default=os.path.join(os.path.expanduser("~/.harmony"), "master"))
+    s.add_argument("--policy", default="least-loaded", help="placement policy")
+    s.add_argument("--heartbeat-timeout", type=float, default=5.0,
+                   help="seconds without heartbeat before a worker is declared lost")
+    s.add_argument("--log-level", default="INFO")
+    a = p.parse_args(argv)
+    _setup_logging(a.log_level)
+    from harmony.master.server import Master, StateDirLocked
+    try:
+        m = Master(a.state_dir, a.host, a.port, heartbeat_timeout=a.heartbeat_timeout,
+                   policy=a.policy)
+    except (StateDirLocked, ValueError) as exc:
+        return _die(str(exc))
+    except Exception as exc:  # e.g. address in use
+        return _die(f"cannot start master: {exc}")
+    m.serve_forever()
+    return 0
+
+
+# ---------------------------------------------------------------------------- worker
+def worker_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="harmony-worker")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("start", help="run a worker daemon in the foreground")
+    s.add_argument("--master", default=None, help="tcp://HOST:PORT (default $HARMONY_MASTER)")
+    s.add_argument("--name", default=None, help="machine name (default HOST-PID)")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address this machine's executors bind and advertise")
+    s.add_argument("--cpus", type=int, default=None, help="cores to offer (default: all)")
+    s.add_argument("--memory", type=parse_size, default=None, help="memory to offer, e.g. 8G")
+    s.add_argument("--state-dir", default=None)
+    s.add_argument("--log-level", default="INFO")
+    a = p.parse_args(argv)
+    _setup_logging(a.log_level)
+    from harmony.worker.daemon import Daemon
+    try:
+        d = Daemon(master_address(a.master), a.name, a.host, a.cpus, a.memory, a.state_dir)
+    except ValueError as exc:
+        return _die(str(exc))
+    d.serve_forever()
+    return 0
+
+
+# ---------------------------------------------------------------------------- harmony
+def _fmt_metrics(metrics: dict) -> str:
+    parts = []
+    for k, v in metrics.items():
+        if isinstance(v, float) and math.isfinite(v):
+            parts.append(f"{k} {v:.6g}")
+    return "  ".join(parts)
+
+
+def follow(client: Client, job: str, out=sys.stdout, poll_s: float = 0.5) -> int:
+    """Print progress of a job until it ends; return 0 iff it finished."""
+    shown, last_state, t0 = 0, None, time.time()
+    while True:
+        st = client.status(job)
+        if len(st["epochs"]) < shown:  # a new attempt restarted from epoch 0
+            shown = 0
+        for ep in st["epochs"][shown:]:
+            print(f"[{time.time() - t0:7.1f}s] {job} epoch {ep['epoch'] + 1:3d}  "
+                  f"{_fmt_metrics(ep['metrics'])}", file=out, flush=True)
+        shown = len(st["epochs"])
+        if st["state"] != last_state:
+            last_state = st["state"]
+            where = f" on {', '.join(st['workers'])}" if st["workers"] and \
+                last_state == "running" else ""
+            print(f"[{time.time() - t0:7.1f}s] {job} {last_state}{where}", file=out, flush=True)
+        if st["state"] in ("finished", "failed", "cancelled"):
+            if st["state"] == "finished":
+                final = st["epochs"][-1]["metrics"] if st["epochs"] else {}
+                print(f"{job} finished in {st['elapsed']:.1f}s: {_fmt_metrics(final)}",
+                      file=out, flush=True)
+                return 0
+            print(f"{job} {st['state']}: {st.get('error') or ''}", file=sys.stderr, flush=True)
+            return 1
+        time.sleep(poll_s)
+
+
+def _read_app(path: str) -> tuple[str, str]:
+    try:
+        src = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AppError(f"cannot read app file {path}: {exc}") from None
+    return os.path.basename(path), src
+
+
+def cmd_submit(a: argparse.Namespace, app_args: list[str]) -> int:
+    try:
+        name, src = _read_app(a.app)
+        cls = load_app(src, name)
+        if "-h" in app_args or "--help" in app_args:
+            print(option_parser(cls).format_help())
+            return 0
+        parse_app_args(cls, app_args)  # fail fast on bad options, before the master
+    except AppError as exc:
+        return _die(str(exc), 2)
+    if a.machines < 1:
+        return _die("--machines must be >= 1", 2)
+    with Client(a.master) as c:
+        job = c.submit(name, src, app_args, a.machines, a.name)
+        print(job, flush=True)
+        if a.wait:
+            return follow(c, job)
+    return 0
+
+
+def cmd_jobs(a: argparse.Namespace) -> int:
+    with Client(a.master) as c:
+        jobs = c.jobs()
+    if a.json:
+        print(json.dumps(jobs, indent=2))
+        return 0
+    print(f"{'JOB':10} {'APP':8} {'STATE':10} {'MACH':>4} {'EPOCHS':>6} {'OBJECTIVE':>14}  WORKERS")
+    for j in jobs:
+        obj = "" if j["objective"] is None else f"{j['objective']:.6g}"
+        print(f"{j['id']:10} {j['app'][:8]:8} {j['state']:10} {j['machines']:>4} "
+              f"{j['epochs']:>6} {obj:>14}  {','.join(j['workers'])}")
+    return 0
+
+
+def cmd_status(a: argparse.Namespace) -> int:
+    with Client(a.master) as c:
+        st = c.status(a.job)
+    if a.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    print(f"job        {st['id']} ({st['app']})")
+    print(f"state      {st['state']}  (attempt {st['attempt']})")
+    print(f"machines   {st['machines']}  {', '.join(st['workers'])}")
+    print(f"elapsed    {st['elapsed']:.1f}s")
+    print("time in    " + ", ".join(f"{k} {v:.1f}s" for k, v in st["state_time"].items()))
+    if st.get("error"):
+        print(f"error      {st['error']}")
+    if st["epochs"]:
+        print("epochs:")
+        for ep in st["epochs"]:
+            tm = ep.get("timings", {})
+            t = "  ".join(f"{k} {tm[k]:.3f}s" for k in ("pull", "comp", "push", "sync")
+                          if k in tm)
+            print(f"  {ep['epoch'] + 1:3d}  {_fmt_metrics(ep['metrics'])}   [{t}]")
+    return 0
+
+
+def cmd_cancel(a: argparse.Namespace) -> int:
+    with Client(a.master) as c:
+        info = c.cancel(a.job)
+    print(f"{a.job} {info.get('state', 'cancelled')}")
+    return 0
+
+
+def cmd_cluster(a: argparse.Namespace) -> int:
+    if a.action == "down":
+        if cluster_down(a.state_dir):
+            print("local cluster stopped")
+            return 0
+        return _die(f"no local cluster recorded in {a.state_dir or default_state_dir()}")
+    if a.action == "status":
+        with Client(a.master) as c:
+            info = c.cluster()
+        print(json.dumps(info, indent=2))
+        return 0
+    cl = LocalCluster(a.machines, a.state_dir, port=a.port, detach=a.detach)
+    try:
+        ep = cl.start()
+    except ClusterError as exc:
+        return _die(str(exc))
+    print(f"local cluster up: master {ep}, {a.machines} machine(s), state in {cl.state_dir}",
+          flush=True)
+    if a.port != 5760 or ep != "tcp://127.0.0.1:5760":
+        print(f"  export HARMONY_MASTER={ep}", flush=True)
+    if a.detach:
+        print("stop it with: harmony cluster down" + (f" --state-dir {a.state_dir}"
+                                                      if a.state_dir else ""), flush=True)
+        return 0
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    try:
+        while not stop and all(p.poll() is None for p in cl.procs):
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("stopping local cluster...", flush=True)
+        cl.stop()
+    return 0
+
+
+def _repo_app(name: str) -> str:
+    path = Path(__file__).resolve().parent.parent / "apps" / name
+    if not path.exists():
+        raise FileNotFoundError(f"cannot find {path} (run the demo from a source checkout)")
+    return str(path)
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from harmony.datagen import gen_nmf
+    with tempfile.TemporaryDirectory(prefix="harmony-demo-") as tmp:
+        data = os.path.join(tmp, "ratings.txt")
+        shape = gen_nmf(data, users=a.users, items=a.items, rank=8, per_user=a.per_user,
+                        noise=0.1, seed=1)
+        print(f"generated {shape['ratings']:,} ratings ({a.users:,} users x {a.items:,} items, "
+              f"planted rank 8, noise 0.1) in {data}", flush=True)
+        cl = LocalCluster(a.machines, os.path.join(tmp, "cluster"), port=0)
+        try:
+            ep = cl.start()
+            print(f"local cluster up: master {ep}, {a.machines} machines", flush=True)
+            app = _repo_app("nmf.py")
+            name, src = _read_app(app)
+            args = ["--input", data, "--rank", "8", "--max-epochs", str(a.epochs),
+                    "--iters-per-epoch", "2"]
+            with Client(ep) as c:
+                job = c.submit(name, src, args, a.machines)
+                print(f"submitted {job}: harmony submit apps/nmf.py --machines {a.machines} "
+                      + " ".join(args), flush=True)
+                rc = follow(c, job)
+        except (ClusterError, ClientError) as exc:
+            return _die(str(exc))
+        finally:
+            cl.stop()
+            print("local cluster stopped", flush=True)
+    return rc
+
+
+def cmd_data(a: argparse.Namespace) -> int:
+    from harmony.datagen import gen_nmf
+    try:
+        shape = gen_nmf(a.out, users=a.users, items=a.items, rank=a.rank, per_user=a.per_user,
+                        noise=a.noise, seed=a.seed)
+    except (ValueError, OSError) as exc:
+        return _die(str(exc), 2)
+    print(json.dumps({"out": a.out, **shape}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="harmony", allow_abbrev=False,
+                                description="Harmony: co-located parameter-server training")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def with_master(sp):
+        sp.add_argument("--master", default=None,
+                        help="tcp://HOST:PORT (default $HARMONY_MASTER or tcp://127.0.0.1:5760)")
+        return sp
+
+    s = with_master(sub.add_parser("submit", allow_abbrev=False,
+                                   help="submit an app file; app options follow it",
+                                   usage="harmony submit APP_FILE [--machines N] [--wait] "
+                                         "[--master URL] [--name NAME] [app options...]"))
+    s.add_argument("app")
+    s.add_argument("--machines", type=int, default=1)
+    s.add_argument("--wait", action="store_true", help="follow progress until the job ends")
+    s.add_argument("--name", default=None)
+    s = with_master(sub.add_parser("jobs", help="list jobs"))
+    s.add_argument("--json", action="store_true")
+    s = with_master(sub.add_parser("status", help="show one job"))
+    s.add_argument("job")
+    s.add_argument("--json", action="store_true")
+    s = with_master(sub.add_parser("cancel", help="cancel a job"))
+    s.add_argument("job")
+    s = with_master(sub.add_parser("cluster", help="local cluster: up, down, status"))
+    s.add_argument("action", choices=["up", "down", "status"])
+    s.add_argument("--machines", type=int, default=2)
+    s.add_argument("--state-dir", default=None)
+    s.add_argument("--port", type=int, default=5760, help="master port (0 = random)")
+    s.add_argument("--detach", action="store_true", help="return once the cluster is ready")
+    s = sub.add_parser("demo", help="NMF on generated data on a local cluster")
+    s.add_argument("--machines", type=int, default=2)
+    s.add_argument("--users", type=int, default=20000)
+    s.add_argument("--items", type=int, default=2000)
+    s.add_argument("--per-user", type=int, default=40)
+    s.add_argument("--epochs", type=int, default=10)
+    s = sub.add_parser("data", help="generate data sets")
+    dsub = s.add_subparsers(dest="action", required=True)
+    g = dsub.add_parser("gen", help="write a synthetic data set")
+    gsub = g.add_subparsers(dest="kind", required=True)
+    n = gsub.add_parser("nmf", help="planted low-rank ratings: 'user item rating' lines")
+    n.add_argument("--out", required=True, help="output path (.gz to compress)")
+    n.add_argument("--users", type=int, default=1000)
+    n.add_argument("--items", type=int, default=500)
+    n.add_argument("--rank", type=int, default=8)
+    n.add_argument("--per-user", type=int, default=50)
+    n.add_argument("--noise", type=float, default=0.1)
+    n.add_argument("--seed", type=int, default=0)
+
+    if argv and argv[0] == "submit":
+        a, rest = p.parse_known_args(argv)
+    else:
+        a, rest = p.parse_args(argv), []
+    try:
+        if a.cmd == "submit":
+            return cmd_submit(a, rest)
+        if rest:
+            return _die(f"unrecognized arguments: {' '.join(rest)}", 2)
+        return {"jobs": cmd_jobs, "status": cmd_status, "cancel": cmd_cancel,
+                "cluster": cmd_cluster, "demo": cmd_demo, "data": cmd_data}[a.cmd](a)
+    except ClientError as exc:
+        return _die(str(exc), 3 if exc.code == "unreachable" else 1)
+    except ValueError as exc:
+        return _die(str(exc), 2)
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

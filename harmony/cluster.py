@@ -1,0 +1,164 @@
+"""A local cluster: one master and N worker daemons as processes on this host."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from harmony.client import Client, ClientError
+
+DEFAULT_HOME = os.path.expanduser(os.environ.get("HARMONY_HOME", "~/.harmony"))
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def default_state_dir() -> str:
+    return os.path.join(DEFAULT_HOME, "local")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+class LocalCluster:
+    def __init__(self, machines: int, state_dir: str | None = None, host: str = "127.0.0.1",
+                 port: int = 5760, detach: bool = False, log_level: str = "INFO",
+                 heartbeat_timeout: float = 5.0) -> None:
+        if machines < 1:
+            raise ClusterError("--machines must be >= 1")
+        self.machines = machines
+        self.state_dir = os.path.abspath(state_dir or default_state_dir())
+        self.host, self.port, self.detach = host, port, detach
+        self.log_level = log_level
+        self.heartbeat_timeout = heartbeat_timeout
+        self.procs: list[subprocess.Popen] = []
+        self.endpoint: str | None = None
+
+    @property
+    def info_path(self) -> str:
+        return os.path.join(self.state_dir, "cluster.json")
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+        logs = os.path.join(self.state_dir, "logs")
+        os.makedirs(logs, exist_ok=True)
+        with open(os.path.join(logs, log_name), "ab") as fh:
+            return subprocess.Popen([sys.executable, "-m", *args], stdin=subprocess.DEVNULL,
+                                    stdout=fh, stderr=subprocess.STDOUT,
+                                    start_new_session=self.detach)
+
+    def start(self, timeout: float = 60.0) -> str:
+        os.makedirs(self.state_dir, exist_ok=True)
+        if os.path.exists(self.info_path):
+            old = json.load(open(self.info_path))
+            if any(_pid_alive(p) for p in old.get("pids", [])):
+                raise ClusterError(f"a local cluster is already running from {self.state_dir} "
+                                   f"(master {old.get('endpoint')}); run 'harmony cluster down'")
+            os.unlink(self.info_path)
+        mdir = os.path.join(self.state_dir, "master")
+        mjson = os.path.join(mdir, "master.json")
+        if os.path.exists(mjson):
+            os.unlink(mjson)
+        master = self._spawn(["harmony.master", "start", "--host", self.host, "--port",
+                              str(self.port), "--state-dir", mdir, "--log-level", self.log_level,
+                              "--heartbeat-timeout", str(self.heartbeat_timeout)], "master.log")
+        self.procs.append(master)
+        deadline = time.time() + timeout
+        while not os.path.exists(mjson):
+            if master.poll() is not None:
+                self.stop()
+                raise ClusterError("master failed to start; see "
+                                   + os.path.join(self.state_dir, "logs", "master.log"))
+            if time.time() > deadline:
+                self.stop()
+                raise ClusterError("master did not come up in time")
+            time.sleep(0.05)
+        self.endpoint = json.load(open(mjson))["endpoint"]
+        for i in range(self.machines):
+            name = f"m{i}"
+            self.procs.append(self._spawn(
+                ["harmony.worker", "start", "--master", self.endpoint, "--name", name,
+                 "--host", self.host, "--state-dir", os.path.join(self.state_dir, "workers", name),
+                 "--log-level", self.log_level], f"worker-{name}.log"))
+        with open(self.info_path, "w") as fh:
+            json.dump({"endpoint": self.endpoint, "pids": [p.pid for p in self.procs],
+                       "machines": self.machines}, fh)
+        with Client(self.endpoint, timeout_s=5) as c:
+            while True:
+                try:
+                    alive = [w for w in c.cluster()["workers"] if w["alive"]]
+                    if len(alive) >= self.machines:
+                        break
+                except ClientError:
+                    pass
+                if any(p.poll() is not None for p in self.procs) or time.time() > deadline:
+                    self.stop()
+                    raise ClusterError("workers did not register in time; see "
+                                       + os.path.join(self.state_dir, "logs"))
+                time.sleep(0.1)
+        return self.endpoint
+
+    def stop(self, timeout: float = 15.0) -> None:
+        stop_pids([p.pid for p in self.procs], timeout)
+        for p in self.procs:
+            try:
+                p.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs.clear()
+        if os.path.exists(self.info_path):
+            os.unlink(self.info_path)
+
+    def __enter__(self) -> "LocalCluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stop_pids(pids: list[int], timeout: float = 15.0) -> None:
+    """SIGTERM the workers (pids[1:]) and wait, then the master (pids[0]);
+    SIGKILL whatever is still alive after ``timeout``."""
+    for group in (pids[1:], pids[:1]):
+        for pid in group:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + timeout
+        for pid in group:
+            while _pid_alive(pid) and time.time() < deadline:
+                try:  # reap it if it is our child
+                    if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                        break
+                except ChildProcessError:
+                    pass
+                time.sleep(0.05)
+            if _pid_alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                except (ProcessLookupError, ChildProcessError):
+                    pass
+
+
+def cluster_down(state_dir: str | None = None) -> bool:
+    sd = os.path.abspath(state_dir or default_state_dir())
+    path = os.path.join(sd, "cluster.json")
+    if not os.path.exists(path):
+        return False
+    info = json.load(open(path))
+    stop_pids(info.get("pids", []))
+    os.unlink(path)
+    return True

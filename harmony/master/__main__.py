@@ -1,0 +1,3 @@
+from harmony.cli import master_main
+
+master_main()

@@ -1,0 +1,105 @@
+"""Job records and their lifecycle (pure data; no I/O)."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class JobState(str, Enum):
+    WAITING = "waiting"
+    PROFILING = "profiling"    # used by the Harmony scheduler (later issue)
+    PROFILED = "profiled"      # used by the Harmony scheduler (later issue)
+    RUNNING = "running"
+    PAUSED = "paused"          # used by the Harmony scheduler (later issue)
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)
+
+
+_ALLOWED = {
+    JobState.WAITING: {JobState.RUNNING, JobState.PROFILING, JobState.CANCELLED, JobState.FAILED},
+    JobState.PROFILING: {JobState.PROFILED, JobState.RUNNING, JobState.WAITING,
+                         JobState.FINISHED, JobState.FAILED, JobState.CANCELLED},
+    JobState.PROFILED: {JobState.RUNNING, JobState.WAITING, JobState.CANCELLED, JobState.FAILED},
+    JobState.RUNNING: {JobState.PAUSED, JobState.WAITING, JobState.FINISHED, JobState.FAILED,
+                       JobState.CANCELLED},
+    JobState.PAUSED: {JobState.RUNNING, JobState.WAITING, JobState.CANCELLED, JobState.FAILED},
+}
+
+MAX_ATTEMPTS = 3
+
+
+class TransitionError(ValueError):
+    pass
+
+
+@dataclass
+class Job:
+    id: str
+    app_name: str
+    app_source: str
+    args: list[str]
+    machines: int
+    name: str = ""
+    state: JobState = JobState.WAITING
+    submitted: float = field(default_factory=time.time)
+    started: float | None = None
+    ended: float | None = None
+    workers: list[str] = field(default_factory=list)   # machine names, index order
+    attempt: int = 0
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    events: list[list] = field(default_factory=list)   # [time, state, note]
+    state_time: dict[str, float] = field(default_factory=dict)  # seconds per state
+    entered: float = field(default_factory=time.time)
+
+    def transition(self, new: JobState, note: str = "", now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        if new not in _ALLOWED.get(self.state, set()):
+            raise TransitionError(f"job {self.id}: {self.state.value} -> {new.value} not allowed")
+        self.state_time[self.state.value] = self.state_time.get(self.state.value, 0.0) \
+            + (now - self.entered)
+        self.entered = now
+        self.state = new
+        self.events.append([now, new.value, note])
+        if new == JobState.RUNNING and self.started is None:
+            self.started = now
+        if new.terminal:
+            self.ended = now
+
+    def summary(self) -> dict[str, Any]:
+        last = self.epochs[-1] if self.epochs else {}
+        return {"id": self.id, "name": self.name or self.app_name, "app": self.app_name,
+                "state": self.state.value, "machines": self.machines,
+                "workers": self.workers, "epochs": len(self.epochs),
+                "objective": last.get("metrics", {}).get("objective"),
+                "submitted": self.submitted, "started": self.started, "ended": self.ended,
+                "error": self.error}
+
+    def detail(self, now: float | None = None) -> dict[str, Any]:
+        now = time.time() if now is None else now
+        d = self.summary()
+        st = dict(self.state_time)
+        if not self.state.terminal:
+            st[self.state.value] = st.get(self.state.value, 0.0) + (now - self.entered)
+        d.update({"args": self.args, "attempt": self.attempt, "epochs": self.epochs,
+                  "events": self.events, "state_time": st,
+                  "elapsed": ((self.ended or now) - self.started) if self.started else 0.0})
+        return d
+
+    def to_record(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["state"] = self.state.value
+        return d
+
+    @classmethod
+    def from_record(cls, d: dict[str, Any]) -> "Job":
+        d = dict(d)
+        d["state"] = JobState(d["state"])
+        return cls(**d)

@@ -1,0 +1,489 @@
+"""The master process: job registry, placement, synchronization, liveness.
+
+One thread, one ROUTER socket. Clients, worker daemons and job executors all
+talk to it with DEALER sockets; every message is validated by
+:mod:`harmony.comm.messages` before a handler sees it, and a bad one gets an
+``error`` reply and a log line, never an exception out of the loop.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from harmony.comm import messages as M
+from harmony.comm.zmqutil import make_socket
+from harmony.master import policy as P
+from harmony.master.jobdb import JobDB
+from harmony.master.jobs import MAX_ATTEMPTS, Job, JobState
+
+log = logging.getLogger("harmony.master")
+
+HEARTBEAT_INTERVAL = 1.0
+MAX_APP_SOURCE = 4 * 1024 * 1024
+
+
+@dataclass
+class Worker:
+    name: str
+    ident: bytes
+    host: str
+    cpus: int
+    memory: int
+    pid: int
+    last_seen: float
+    alive: bool = True
+
+
+@dataclass
+class Run:
+    """Volatile state of one attempt of a running job."""
+    attempt: int
+    launched: float
+    ready: dict[int, dict] = field(default_factory=dict)
+    idents: dict[int, bytes] = field(default_factory=dict)
+    started: bool = False
+    barriers: dict[tuple[int, int], set[int]] = field(default_factory=dict)
+    sums: dict[int, dict[int, tuple[dict, dict]]] = field(default_factory=dict)
+    timings: dict[int, dict] = field(default_factory=dict)
+    stopping: bool = False
+    finished: set[int] = field(default_factory=set)
+
+
+class StateDirLocked(RuntimeError):
+    pass
+
+
+class Master:
+    def __init__(self, state_dir: str, host: str = "127.0.0.1", port: int = 5760,
+                 heartbeat_timeout: float = 5.0, launch_timeout: float = 300.0,
+                 policy: str = "least-loaded") -> None:
+        self.state_dir = os.path.abspath(state_dir)
+        os.makedirs(self.state_dir, exist_ok=True)
+        self._lock_fh = open(os.path.join(self.state_dir, "master.lock"), "a+")
+        try:
+            fcntl.flock(self._lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock_fh.close()
+            raise StateDirLocked(f"another master is running on state dir {self.state_dir}")
+        if policy not in P.POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {sorted(P.POLICIES)}")
+        self.policy = P.POLICIES[policy]
+        self.heartbeat_timeout = heartbeat_timeout
+        self.launch_timeout = launch_timeout
+        self.db = JobDB(self.state_dir)
+        self.jobs: dict[str, Job] = {j.id: j for j in self.db.load_all()}
+        self.workers: dict[str, Worker] = {}
+        self.by_ident: dict[bytes, str] = {}            # daemon ident -> worker name
+        self.exec_ident: dict[bytes, tuple[str, int, int]] = {}
+        self.runs: dict[str, Run] = {}
+        self._recover()
+        self.ctx = zmq.Context()
+        self.sock = make_socket(self.ctx, zmq.ROUTER)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, 2 * M.MAX_HEADER_BYTES)
+        if port == 0:
+            port = self.sock.bind_to_random_port(f"tcp://{host}")
+        else:
+            self.sock.bind(f"tcp://{host}:{port}")
+        self.endpoint = f"tcp://{host}:{port}"
+        self._stop = False
+        self._dirty = True
+        self.bad_messages = 0
+        with open(os.path.join(self.state_dir, "master.json"), "w") as fh:
+            json.dump({"endpoint": self.endpoint, "pid": os.getpid()}, fh)
+
+    # -- lifecycle -------------------------------------------------------------
+    def _recover(self) -> None:
+        """Jobs that were active when the last master stopped go back to the
+        queue (they restart from epoch 0; nothing is silently dropped)."""
+        for job in self.jobs.values():
+            if not job.state.terminal and job.state != JobState.WAITING:
+                job.transition(JobState.WAITING, "master restarted; requeued (restarts from epoch 0)")
+                job.workers = []
+                self.db.save(job)
+
+    def request_stop(self, *_: Any) -> None:
+        self._stop = True
+
+    def serve_forever(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        log.info("master listening on %s (state dir %s, %d jobs known)",
+                 self.endpoint, self.state_dir, len(self.jobs))
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        last_check = 0.0
+        try:
+            while not self._stop:
+                try:
+                    events = poller.poll(100)
+                except zmq.ZMQError as exc:
+                    if exc.errno == zmq.EINTR:
+                        continue
+                    raise
+                if events:
+                    for _ in range(1000):
+                        try:
+                            frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._dispatch(frames)
+                now = time.time()
+                if now - last_check > 0.25:
+                    last_check = now
+                    self._check_liveness(now)
+                if self._dirty:
+                    self._dirty = False
+                    self._schedule()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        try:
+            self.sock.close(linger=0)
+            self.ctx.term()
+        finally:
+            for job in self.jobs.values():
+                self.db.save(job)
+            self.db.close()
+            try:
+                os.unlink(os.path.join(self.state_dir, "master.json"))
+            except FileNotFoundError:
+                pass
+            self._lock_fh.close()
+            log.info("master stopped")
+
+    # -- transport ---------------------------------------------------------------
+    def _send(self, ident: bytes, payload: bytes) -> bool:
+        try:
+            self.sock.send_multipart([ident, payload])
+            return True
+        except zmq.ZMQError as exc:
+            log.warning("send to %r failed: %s", ident, exc)
+            return False
+
+    def _dispatch(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            self.bad_messages += 1
+            return
+        ident, body = frames[0], frames[1:]
+        try:
+            msg = M.decode(body)
+        except M.ProtocolError as exc:
+            self.bad_messages += 1
+            log.warning("malformed message from %r: %s", ident, exc)
+            self._send(ident, M.error("bad_message", str(exc)))
+            return
+        handler = getattr(self, "_on_" + msg.type, None)
+        if handler is None:
+            self.bad_messages += 1
+            self._send(ident, M.error("unexpected", f"the master does not accept {msg.type!r}"))
+            return
+        try:
+            handler(ident, msg)
+        except Exception as exc:  # a handler bug must not kill the master
+            log.exception("error handling %s", msg.type)
+            self._send(ident, M.error("internal", f"{exc.__class__.__name__}: {exc}"))
+
+    # -- clients -----------------------------------------------------------------
+    def _on_submit(self, ident: bytes, msg: M.Message) -> None:
+        src = msg["app_source"]
+        if len(src.encode()) > MAX_APP_SOURCE:
+            return self._send(ident, M.error("bad_app", "app file larger than 4 MiB"))
+        try:
+            compile(src, msg["app_name"], "exec")
+        except SyntaxError as exc:
+            return self._send(ident, M.error(
+                "bad_app", f"{msg['app_name']}:{exc.lineno}: syntax error: {exc.msg}"))
+        if msg["machines"] < 1:
+            return self._send(ident, M.error("bad_request", "--machines must be >= 1"))
+        if not all(isinstance(a, str) for a in msg["args"]):
+            return self._send(ident, M.error("bad_request", "app args must be strings"))
+        job = Job(id=f"job-{self.db.next_seq():04d}", app_name=msg["app_name"],
+                  app_source=src, args=list(msg["args"]), machines=msg["machines"],
+                  name=msg.get("name") or "")
+        job.events.append([job.submitted, "waiting", "submitted"])
+        self.jobs[job.id] = job
+        self.db.save(job)
+        self._dirty = True
+        log.info("submitted %s (%s, %d machine(s))", job.id, job.app_name, job.machines)
+        self._send(ident, M.encode("submitted", job=job.id))
+
+    def _on_list_jobs(self, ident: bytes, msg: M.Message) -> None:
+        jobs = [j.summary() for j in sorted(self.jobs.values(), key=lambda j: j.id)]
+        self._send(ident, M.encode("jobs", jobs=jobs))
+
+    def _on_job_status(self, ident: bytes, msg: M.Message) -> None:
+        job = self.jobs.get(msg["job"])
+        if job is None:
+            return self._send(ident, M.error("unknown_job", f"no job {msg['job']!r}"))
+        self._send(ident, M.encode("status", job=job.detail()))
+
+    def _on_cancel(self, ident: bytes, msg: M.Message) -> None:
+        job = self.jobs.get(msg["job"])
+        if job is None:
+            return self._send(ident, M.error("unknown_job", f"no job {msg['job']!r}"))
+        if job.state.terminal:
+            return self._send(ident, M.error("not_active", f"{job.id} is already {job.state.value}"))
+        self._end(job, JobState.CANCELLED, "cancelled by user")
+        self._send(ident, M.encode("ok", info={"job": job.id, "state": job.state.value}))
+
+    def _on_cluster_info(self, ident: bytes, msg: M.Message) -> None:
+        ws = [{"name": w.name, "host": w.host, "cpus": w.cpus, "memory": w.memory,
+               "alive": w.alive, "last_seen": w.last_seen,
+               "jobs": [j.id for j in self._jobs_on(w.name)]}
+              for w in sorted(self.workers.values(), key=lambda w: w.name)]
+        self._send(ident, M.encode("cluster", workers=ws, master={
+            "endpoint": self.endpoint, "pid": os.getpid(), "bad_messages": self.bad_messages}))
+
+    # -- worker daemons --------------------------------------------------------------
+    def _on_register(self, ident: bytes, msg: M.Message) -> None:
+        name = msg["name"]
+        old = self.workers.get(name)
+        if old is not None and old.ident != ident:
+            self.by_ident.pop(old.ident, None)
+        w = Worker(name, ident, msg["host"], msg["cpus"], msg["memory"], msg["pid"], time.time())
+        self.workers[name] = w
+        self.by_ident[ident] = name
+        log.info("worker %s registered (%s, %d cpus, %.1f GiB)", name, w.host, w.cpus,
+                 w.memory / 2**30)
+        self._send(ident, M.encode("registered", heartbeat_interval=HEARTBEAT_INTERVAL))
+        self._reconcile(w, msg["executors"])
+        self._dirty = True
+
+    def _on_heartbeat(self, ident: bytes, msg: M.Message) -> None:
+        name = self.by_ident.get(ident)
+        w = self.workers.get(name) if name else None
+        if w is None or not w.alive:
+            return self._send(ident, M.error("unknown_worker", "register first"))
+        w.last_seen = time.time()
+        self._send(ident, M.encode("hb_ack"))
+        self._reconcile(w, msg["executors"])
+
+    def _reconcile(self, w: Worker, executors: list) -> None:
+        """Kill executors a daemon runs for jobs that are not running there."""
+        for jid in set(executors):
+            job = self.jobs.get(jid) if isinstance(jid, str) else None
+            if job is None or job.state != JobState.RUNNING or w.name not in job.workers:
+                self._send(w.ident, M.encode("kill", job=str(jid)))
+
+    def _on_exec_exited(self, ident: bytes, msg: M.Message) -> None:
+        name = self.by_ident.get(ident, "?")
+        job = self.jobs.get(msg["job"])
+        if job is None or job.state != JobState.RUNNING or name not in job.workers:
+            return
+        run = self.runs.get(job.id)
+        code = msg["code"]
+        if run is not None and msg["index"] in run.finished:
+            return
+        if code == 0 and run is not None and run.stopping:
+            return
+        how = f"signal {-code}" if code < 0 else f"code {code}"
+        tail = msg["log_tail"].strip()
+        self._end(job, JobState.FAILED,
+                  f"executor {msg['index']} on worker {name} exited with {how}"
+                  + (f"; its log ends with:\n{tail}" if tail else ""))
+
+    def _check_liveness(self, now: float) -> None:
+        for w in self.workers.values():
+            if w.alive and now - w.last_seen > self.heartbeat_timeout:
+                w.alive = False
+                log.warning("worker %s stopped sending heartbeats", w.name)
+                for job in self._jobs_on(w.name):
+                    self._retry_or_fail(job, f"worker {w.name} lost (no heartbeat for "
+                                             f"{now - w.last_seen:.1f}s)")
+                self._dirty = True
+        for jid, run in list(self.runs.items()):
+            job = self.jobs[jid]
+            if not run.started and now - run.launched > self.launch_timeout:
+                self._retry_or_fail(job, f"executors not ready after {self.launch_timeout:.0f}s")
+
+    def _jobs_on(self, name: str) -> list[Job]:
+        return [j for j in self.jobs.values() if j.state == JobState.RUNNING and name in j.workers]
+
+    # -- scheduling ------------------------------------------------------------------------
+    def _schedule(self) -> None:
+        live = [w for w in self.workers.values() if w.alive]
+        waiting = sorted((j for j in self.jobs.values() if j.state == JobState.WAITING),
+                         key=lambda j: (j.submitted, j.id))
+        if not waiting or not live:
+            return
+        view = P.ClusterView(
+            workers=tuple(P.WorkerView(w.name, w.cpus, w.memory, len(self._jobs_on(w.name)))
+                          for w in sorted(live, key=lambda w: w.name)),
+            waiting=tuple(P.JobView(j.id, j.machines, j.submitted) for j in waiting))
+        for jid, machines in self.policy(view).start.items():
+            self._launch(self.jobs[jid], machines)
+
+    def _launch(self, job: Job, machines: list[str]) -> None:
+        job.attempt += 1
+        job.workers = list(machines)
+        job.epochs = []
+        job.error = None
+        job.transition(JobState.RUNNING, f"attempt {job.attempt} on {', '.join(machines)}")
+        self.runs[job.id] = Run(job.attempt, time.time())
+        self.db.save(job)
+        log.info("launching %s attempt %d on %s", job.id, job.attempt, machines)
+        for idx, name in enumerate(machines):
+            ok = self._send(self.workers[name].ident, M.encode(
+                "launch", job=job.id, index=idx, count=len(machines), app_name=job.app_name,
+                app_source=job.app_source, args=job.args, attempt=job.attempt))
+            if not ok:
+                self.workers[name].alive = False
+                self._retry_or_fail(job, f"worker {name} unreachable at launch")
+                return
+
+    def _kill_executors(self, job: Job) -> None:
+        for name in job.workers:
+            w = self.workers.get(name)
+            if w is not None and w.alive:
+                self._send(w.ident, M.encode("kill", job=job.id))
+        run = self.runs.pop(job.id, None)
+        if run is not None:
+            for ident in run.idents.values():
+                self.exec_ident.pop(ident, None)
+
+    def _end(self, job: Job, state: JobState, note: str) -> None:
+        if job.state.terminal:
+            return
+        self._kill_executors(job)
+        if state == JobState.FAILED:
+            job.error = note
+        job.transition(state, note)
+        self.db.save(job)
+        self._dirty = True
+        log.info("%s %s: %s", job.id, state.value, note.splitlines()[0] if note else "")
+
+    def _retry_or_fail(self, job: Job, reason: str) -> None:
+        if job.state.terminal:
+            return
+        if job.attempt >= MAX_ATTEMPTS:
+            return self._end(job, JobState.FAILED, f"{reason}; gave up after {job.attempt} attempts")
+        self._kill_executors(job)
+        job.transition(JobState.WAITING, f"{reason}; requeued")
+        job.workers = []
+        self.db.save(job)
+        self._dirty = True
+        log.warning("%s requeued: %s", job.id, reason)
+
+    # -- job executors ----------------------------------------------------------------------
+    def _exec_run(self, ident: bytes, msg: M.Message) -> tuple[Job, Run] | None:
+        key = self.exec_ident.get(ident)
+        job = self.jobs.get(msg["job"])
+        run = self.runs.get(msg["job"])
+        if key is None or job is None or run is None or key[:2] != (msg["job"], msg["index"]) \
+                or key[2] != run.attempt or job.state != JobState.RUNNING:
+            self._send(ident, M.encode("abort", reason=f"job {msg['job']} is not running here"))
+            return None
+        return job, run
+
+    def _all_idents(self, run: Run) -> list[bytes]:
+        return [run.idents[i] for i in sorted(run.idents)]
+
+    def _on_exec_ready(self, ident: bytes, msg: M.Message) -> None:
+        job = self.jobs.get(msg["job"])
+        run = self.runs.get(msg["job"])
+        if job is None or run is None or job.state != JobState.RUNNING \
+                or msg["attempt"] != run.attempt or not (0 <= msg["index"] < len(job.workers)):
+            return self._send(ident, M.encode("abort", reason=f"job {msg['job']} attempt "
+                                                          f"{msg['attempt']} is not running"))
+        idx = msg["index"]
+        run.ready[idx] = dict(msg.fields)
+        run.idents[idx] = ident
+        self.exec_ident[ident] = (job.id, idx, run.attempt)
+        if len(run.ready) < len(job.workers):
+            return
+        shapes = {(r["num_keys"], r["dim"], r["model_blocks"]) for r in run.ready.values()}
+        if len(shapes) != 1:
+            return self._end(job, JobState.FAILED,
+                             f"executors disagree on the model (num_keys, dim, blocks): {sorted(shapes)}")
+        (_, _, nblocks), = shapes
+        peers = [run.ready[i]["endpoint"] for i in range(len(job.workers))]
+        owner = [b % len(peers) for b in range(nblocks)]
+        run.started = True
+        for i in sorted(run.idents):
+            self._send(run.idents[i], M.encode("job_start", peers=peers, owner=owner,
+                                               model_blocks=nblocks))
+
+    def _on_barrier(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        key = (msg["epoch"], msg["iter"])
+        arrived = run.barriers.setdefault(key, set())
+        arrived.add(msg["index"])
+        if len(arrived) == len(job.workers):
+            del run.barriers[key]
+            rel = M.encode("release", epoch=key[0], iter=key[1])
+            for i in self._all_idents(run):
+                self._send(i, rel)
+
+    def _on_epoch_done(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        ep = msg["epoch"]
+        got = run.sums.setdefault(ep, {})
+        got[msg["index"]] = (msg["sums"], msg["timings"])
+        if len(got) < len(job.workers):
+            return
+        total: dict[str, float] = {}
+        timings: dict[str, float] = {}
+        for i in sorted(got):
+            sums, tim = got[i]
+            for k, v in sums.items():
+                if isinstance(v, (int, float)):
+                    total[k] = total.get(k, 0.0) + v
+            for k, v in tim.items():
+                if isinstance(v, (int, float)):
+                    timings[k] = max(timings.get(k, 0.0), float(v))
+        del run.sums[ep]
+        run.timings[ep] = timings
+        out = M.encode("epoch_sums", epoch=ep, sums=total)
+        for i in self._all_idents(run):
+            self._send(i, out)
+
+    def _on_epoch_report(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        job.epochs.append({"epoch": msg["epoch"], "metrics": msg["metrics"],
+                           "timings": run.timings.pop(msg["epoch"], {}), "time": time.time()})
+        if msg["stop"]:
+            run.stopping = True
+        self.db.save(job)
+
+    def _on_exec_failed(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, _ = jr
+        name = job.workers[msg["index"]]
+        self._end(job, JobState.FAILED, f"{msg['error']} (executor {msg['index']} on {name})")
+
+    def _on_exec_finished(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        run.finished.add(msg["index"])
+        if len(run.finished) == len(job.workers):
+            if not run.stopping:
+                return self._end(job, JobState.FAILED, "executors finished without a stop decision")
+            self.runs.pop(job.id, None)
+            for i in run.idents.values():
+                self.exec_ident.pop(i, None)
+            job.transition(JobState.FINISHED, f"{len(job.epochs)} epoch(s)")
+            self.db.save(job)
+            self._dirty = True
+            log.info("%s finished after %d epochs", job.id, len(job.epochs))

@@ -1,0 +1,123 @@
+"""The worker side of the data plane: batched PULL and PUSH to server shards.
+
+Keys are routed to shards by the owner map (block -> shard) that the master
+hands out; one request per shard is sent, all shards are asked at once, and
+values travel as raw ZeroMQ frames (zero-copy on both ends).
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import zmq
+
+from harmony.comm import messages as M
+from harmony.comm.zmqutil import make_socket
+from harmony.ps.keymap import block_of
+from harmony.ps.server import _frame_array
+
+
+class PSError(RuntimeError):
+    pass
+
+
+class PSClient:
+    def __init__(self, ctx: zmq.Context, peers: list[str], owner: np.ndarray, dim: int,
+                 dtype: str = "float32", timeout_s: float = 120.0) -> None:
+        self.peers = list(peers)
+        self.owner = np.asarray(owner, dtype=np.int64)
+        self.nblocks = len(self.owner)
+        self.dim = dim
+        self.dtype = np.dtype(dtype)
+        self.timeout_ms = int(timeout_s * 1000)
+        self.socks = []
+        for ep in self.peers:
+            s = make_socket(ctx, zmq.DEALER)
+            s.connect(ep)
+            self.socks.append(s)
+        self._rid = itertools.count(1)
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def close(self) -> None:
+        for s in self.socks:
+            s.close(linger=0)
+
+    def _route(self, keys: np.ndarray):
+        shard = self.owner[block_of(keys, self.nblocks)]
+        if len(self.peers) == 1 or (len(shard) and (shard == shard[0]).all()):
+            p = int(shard[0]) if len(shard) else 0
+            return [(p, None, keys)]
+        order = np.argsort(shard, kind="stable")
+        counts = np.bincount(shard, minlength=len(self.peers))
+        out, start = [], 0
+        for p, c in enumerate(counts):
+            if c:
+                sel = order[start:start + c]
+                out.append((p, sel, np.ascontiguousarray(keys[sel])))
+                start += c
+        return out
+
+    def _collect(self, pending: dict[int, tuple]) -> dict[int, M.Message]:
+        poller = zmq.Poller()
+        for p in pending:
+            poller.register(self.socks[p], zmq.POLLIN)
+        got: dict[int, M.Message] = {}
+        while len(got) < len(pending):
+            events = dict(poller.poll(self.timeout_ms))
+            if not events:
+                missing = [self.peers[p] for p in pending if p not in got]
+                raise PSError(f"server shard(s) not responding: {missing}")
+            for p in pending:
+                if p in got or self.socks[p] not in events:
+                    continue
+                msg = M.decode(self.socks[p].recv_multipart(copy=False))
+                if msg.get("rid") != pending[p][0]:
+                    continue  # a stale reply from an earlier timed-out request
+                if msg.type == "ps_error":
+                    raise PSError(f"shard {self.peers[p]}: {msg['message']}")
+                got[p] = msg
+                poller.unregister(self.socks[p])
+        return got
+
+    def pull(self, keys: np.ndarray) -> np.ndarray:
+        """Rows for sorted unique int64 ``keys`` (read-only when zero-copy)."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        if len(keys) == 0:
+            return np.zeros((0, self.dim), dtype=self.dtype)
+        routes = self._route(keys)
+        pending = {}
+        for p, sel, k in routes:
+            rid = next(self._rid)
+            self.socks[p].send_multipart([M.encode("pull", rid=rid, n=len(k)), k], copy=False)
+            self.bytes_sent += k.nbytes
+            pending[p] = (rid, sel, len(k))
+        got = self._collect(pending)
+        if len(routes) == 1:
+            p = routes[0][0]
+            rows = _frame_array(got[p].frames[0], self.dtype, (len(keys), self.dim))
+            self.bytes_received += rows.nbytes
+            return rows
+        out = np.empty((len(keys), self.dim), dtype=self.dtype)
+        for p, (rid, sel, n) in pending.items():
+            part = _frame_array(got[p].frames[0], self.dtype, (n, self.dim))
+            self.bytes_received += part.nbytes
+            out[sel] = part
+        return out
+
+    def push(self, keys: np.ndarray, deltas: np.ndarray) -> None:
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        deltas = np.ascontiguousarray(deltas, dtype=self.dtype)
+        if deltas.shape != (len(keys), self.dim):
+            raise ValueError(f"deltas have shape {deltas.shape}, expected {(len(keys), self.dim)}")
+        if len(keys) == 0:
+            return
+        pending = {}
+        for p, sel, k in self._route(keys):
+            v = deltas if sel is None else np.ascontiguousarray(deltas[sel])
+            rid = next(self._rid)
+            self.socks[p].send_multipart(
+                [M.encode("push", rid=rid, n=len(k), dim=self.dim), k, v], copy=False)
+            self.bytes_sent += k.nbytes + v.nbytes
+            pending[p] = (rid, sel, len(k))
+        self._collect(pending)

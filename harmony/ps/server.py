@@ -1,0 +1,154 @@
+"""A server shard: the rows of the model blocks one executor owns.
+
+The shard runs in its own thread inside the job executor (the executor holds
+both the worker role and the server role of its job on that machine, as in
+the paper) and answers PULL/PUSH requests on a ROUTER socket. Requests are
+served one at a time under the table lock, so the app's update function is
+applied to each key atomically.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+import numpy as np
+import zmq
+
+from harmony.comm import messages as M
+from harmony.comm.zmqutil import bind_random, make_socket
+
+log = logging.getLogger(__name__)
+
+
+class ShardTable:
+    """Rows for a sorted set of keys; lookups by binary search."""
+
+    def __init__(self, dim: int, dtype: str,
+                 update: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> None:
+        self.dim = dim
+        self.dtype = np.dtype(dtype)
+        self.update = update
+        self.keys = np.zeros(0, dtype=np.int64)
+        self.rows = np.zeros((0, dim), dtype=self.dtype)
+        self.ready = False
+        self.lock = threading.Lock()
+
+    def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        order = np.argsort(keys, kind="stable")
+        with self.lock:
+            self.keys = np.ascontiguousarray(keys[order], dtype=np.int64)
+            self.rows = np.ascontiguousarray(np.asarray(rows, dtype=self.dtype)[order])
+            if self.rows.shape != (len(self.keys), self.dim):
+                raise ValueError(f"init rows have shape {self.rows.shape}, "
+                                 f"expected {(len(self.keys), self.dim)}")
+            self.ready = True
+
+    def index(self, keys: np.ndarray) -> np.ndarray | slice:
+        n = len(self.keys)
+        if len(keys) == n and n and keys[0] == self.keys[0] and keys[-1] == self.keys[-1] \
+                and np.array_equal(keys, self.keys):
+            return slice(None)  # the whole shard, in order: no gather needed
+        idx = np.searchsorted(self.keys, keys)
+        idx_c = np.minimum(idx, max(n - 1, 0))
+        if n == 0 or not np.array_equal(self.keys[idx_c], keys):
+            bad = keys[(idx >= n) | (self.keys[idx_c] != keys)] if n else keys
+            raise KeyError(f"{len(bad)} key(s) not owned by this shard (e.g. {int(bad[0])})")
+        return idx
+
+    def pull(self, keys: np.ndarray) -> np.ndarray:
+        idx = self.index(keys)
+        return self.rows if isinstance(idx, slice) else self.rows[idx]
+
+    def push(self, keys: np.ndarray, deltas: np.ndarray) -> None:
+        idx = self.index(keys)
+        if isinstance(idx, slice):
+            self.rows[...] = self.update(self.rows, deltas)
+        else:
+            if len(np.unique(idx)) != len(idx):
+                raise ValueError("duplicate keys in one push")
+            self.rows[idx] = self.update(self.rows[idx], deltas)
+
+
+def _frame_array(frame, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+    need = int(np.prod(shape)) * dtype.itemsize
+    if buf.nbytes != need:
+        raise M.ProtocolError(f"array frame has {buf.nbytes} bytes, expected {need}")
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+class ShardServer:
+    """Serves one ShardTable on a ROUTER socket from a background thread."""
+
+    def __init__(self, ctx: zmq.Context, host: str, table: ShardTable) -> None:
+        self.table = table
+        self.sock = make_socket(ctx, zmq.ROUTER)
+        self.endpoint = bind_random(self.sock, host)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ps-shard", daemon=True)
+        self.requests = 0
+        self.errors = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close(linger=0)
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(100):
+                continue
+            try:
+                frames = self.sock.recv_multipart(copy=False)
+            except zmq.ZMQError:
+                if self._stop.is_set():
+                    return
+                raise
+            ident, body = frames[0].bytes, frames[1:]
+            try:
+                reply = self._handle(body)
+            except (M.ProtocolError, KeyError, ValueError) as exc:
+                self.errors += 1
+                log.warning("bad PS request: %s", exc)
+                rid = 0
+                try:
+                    rid = int(M.decode(body[:1]).get("rid", 0))
+                except Exception:
+                    pass
+                reply = [M.encode("ps_error", rid=rid, message=str(exc))]
+            try:
+                self.sock.send_multipart([ident, *reply], copy=False)
+            except zmq.ZMQError as exc:
+                log.warning("PS reply to vanished peer dropped: %s", exc)
+
+    def _handle(self, body: list) -> list:
+        msg = M.decode(body)
+        self.requests += 1
+        t = self.table
+        if msg.type not in ("pull", "push"):
+            raise M.ProtocolError(f"unexpected {msg.type!r} on a PS shard")
+        if not t.ready:
+            raise ValueError("shard not initialized yet")
+        n = msg["n"]
+        if n < 0 or len(msg.frames) < 1:
+            raise M.ProtocolError(f"{msg.type}: missing keys frame")
+        keys = _frame_array(msg.frames[0], np.dtype(np.int64), (n,))
+        if msg.type == "pull":
+            with t.lock:
+                rows = t.pull(keys)
+                out = np.ascontiguousarray(rows)
+                if out is t.rows:
+                    out = out.copy()  # never hand out the live table (zero-copy send)
+            return [M.encode("rows", rid=msg["rid"], n=n, dim=t.dim), out]
+        if msg["dim"] != t.dim or len(msg.frames) < 2:
+            raise M.ProtocolError(f"push: dim {msg['dim']} != {t.dim} or missing values frame")
+        vals = _frame_array(msg.frames[1], t.dtype, (n, t.dim))
+        with t.lock:
+            t.push(keys, vals)
+        return [M.encode("ack", rid=msg["rid"])]

@@ -1,0 +1,3 @@
+from harmony.cli import worker_main
+
+worker_main()
