@@ -190,6 +190,7 @@ class _Parser(argparse.ArgumentParser):
 
 def option_parser(cls: type[App]) -> argparse.ArgumentParser:
     p = _Parser(prog=f"harmony submit {cls.name}", add_help=False,
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                 description=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else None)
     names = set()
     for opt in list(cls.options) + COMMON_OPTIONS:

@@ -135,7 +135,9 @@ def cmd_submit(a: argparse.Namespace, app_args: list[str]) -> int:
         name, src = _read_app(a.app)
         cls = load_app(src, name)
         if "-h" in app_args or "--help" in app_args:
-            print(option_parser(cls).format_help())
+            print(option_parser(cls).format_help().replace(
+                f"usage: harmony submit {cls.name}", f"usage: harmony submit {a.app} "
+                "[--machines N] [--wait] [--master URL]"))
             return 0
         parse_app_args(cls, app_args)  # fail fast on bad options, before the master
     except AppError as exc:
@@ -289,14 +291,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="tcp://HOST:PORT (default $HARMONY_MASTER or tcp://127.0.0.1:5760)")
         return sp
 
-    s = with_master(sub.add_parser("submit", allow_abbrev=False,
+    s = with_master(sub.add_parser("submit", allow_abbrev=False, add_help=False,
                                    help="submit an app file; app options follow it",
                                    usage="harmony submit APP_FILE [--machines N] [--wait] "
                                          "[--master URL] [--name NAME] [app options...]"))
-    s.add_argument("app")
-    s.add_argument("--machines", type=int, default=1)
+    s.add_argument("app", nargs="?", help="app file; 'harmony submit APP --help' lists its options")
+    s.add_argument("--machines", type=int, default=1, help="machines (degree of parallelism)")
     s.add_argument("--wait", action="store_true", help="follow progress until the job ends")
-    s.add_argument("--name", default=None)
+    s.add_argument("--name", default=None, help="a label for the job")
+    submit_help = s.format_help()
     s = with_master(sub.add_parser("jobs", help="list jobs"))
     s.add_argument("--json", action="store_true")
     s = with_master(sub.add_parser("status", help="show one job"))
@@ -335,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         a, rest = p.parse_args(argv), []
     try:
         if a.cmd == "submit":
+            if a.app is None or a.app in ("-h", "--help"):
+                print(submit_help)
+                return 0 if a.app else 2
             return cmd_submit(a, rest)
         if rest:
             return _die(f"unrecognized arguments: {' '.join(rest)}", 2)

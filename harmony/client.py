@@ -21,7 +21,9 @@ def master_address(explicit: str | None = None) -> str:
 
 
 class Client:
-    def __init__(self, master: str | None = None, timeout_s: float = 10.0) -> None:
+    def __init__(self, master: str | None = None, timeout_s: float | None = None) -> None:
+        if timeout_s is None:
+            timeout_s = float(os.environ.get("HARMONY_CLIENT_TIMEOUT", "10"))
         self.master = master_address(master)
         self.timeout_ms = int(timeout_s * 1000)
         self.ctx = zmq.Context()

@@ -1,3 +1,5 @@
+import sys
+
 from harmony.cli import master_main
 
-master_main()
+sys.exit(master_main())

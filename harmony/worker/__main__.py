@@ -1,3 +1,5 @@
+import sys
+
 from harmony.cli import worker_main
 
-worker_main()
+sys.exit(worker_main())

@@ -1,0 +1,54 @@
+"""Shared fixtures: real local clusters on random loopback ports, real data."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harmony.client import Client
+from harmony.cluster import LocalCluster
+from harmony.datagen import gen_nmf
+
+ROOT = Path(__file__).resolve().parent.parent
+NMF_APP = ROOT / "apps" / "nmf.py"
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harmony.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def wait_state(client: Client, job: str, states: tuple[str, ...], timeout: float = 120) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        st = client.status(job)
+        if st["state"] in states:
+            return st
+        if time.time() > deadline:
+            raise AssertionError(f"{job} still {st['state']} after {timeout}s: {st.get('error')}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def ratings(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("data") / "ratings.txt"
+    gen_nmf(str(path), users=1500, items=300, rank=6, per_user=20, noise=0.1, seed=3)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    cl = LocalCluster(2, str(tmp_path_factory.mktemp("cluster")), port=0, heartbeat_timeout=3.0)
+    cl.start()
+    yield cl
+    cl.stop()
+
+
+@pytest.fixture
+def client(cluster):
+    with Client(cluster.endpoint, timeout_s=10) as c:
+        yield c

@@ -1,0 +1,145 @@
+"""End to end on a real 2-machine local cluster: processes, sockets, LMDB."""
+import json
+import time
+
+import numpy as np
+import psutil
+import pytest
+import zmq
+
+from harmony.app import load_app, run_local
+from harmony.client import Client
+from apps_for_tests import TOY_APP
+from conftest import NMF_APP, run_cli, wait_state
+
+
+@pytest.fixture(scope="module")
+def toy_app(tmp_path_factory):
+    p = tmp_path_factory.mktemp("apps") / "toy.py"
+    p.write_text(TOY_APP)
+    return str(p)
+
+
+def test_cli_submit_nmf_on_two_machines(cluster, ratings):
+    r = run_cli("submit", str(NMF_APP), "--master", cluster.endpoint, "--machines", "2",
+                "--wait", "--input", ratings, "--max-epochs", "4", "--iters-per-epoch", "2")
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.split()[0]
+    assert "epoch   4" in r.stdout and f"{job} finished" in r.stdout
+    st = json.loads(run_cli("status", job, "--json", "--master", cluster.endpoint).stdout)
+    assert st["state"] == "finished" and sorted(st["workers"]) == ["m0", "m1"]
+    objs = [e["metrics"]["objective"] for e in st["epochs"]]
+    assert len(objs) == 4 and objs[-1] < 0.5 * objs[0]
+    assert all(e["timings"]["comp"] > 0 for e in st["epochs"])
+    listing = run_cli("jobs", "--master", cluster.endpoint)
+    assert job in listing.stdout and "finished" in listing.stdout
+
+
+def test_one_machine_matches_single_process_reference(client, ratings):
+    args = ["--input", ratings, "--max-epochs", "5", "--iters-per-epoch", "3", "--seed", "11"]
+    ref = run_local(load_app(NMF_APP.read_text(), "nmf.py"), args)
+    job = client.submit("nmf.py", NMF_APP.read_text(), args, machines=1)
+    st = wait_state(client, job, ("finished", "failed"))
+    assert st["state"] == "finished", st["error"]
+    got = [e["metrics"] for e in st["epochs"]]
+    assert len(got) == len(ref.history) == 5
+    for g, r in zip(got, ref.history):
+        for k in ("objective", "rmse", "test_rmse"):
+            assert g[k] == pytest.approx(r[k], rel=1e-6), k
+
+
+def test_two_machines_reach_the_one_machine_objective(client, ratings):
+    args = ["--input", ratings, "--max-epochs", "8"]
+    res = {}
+    for m in (1, 2):
+        job = client.submit("nmf.py", NMF_APP.read_text(), args, machines=m)
+        st = wait_state(client, job, ("finished", "failed"))
+        assert st["state"] == "finished", st["error"]
+        res[m] = st["epochs"][-1]["metrics"]["test_rmse"]
+    assert res[2] == pytest.approx(res[1], rel=0.05)
+
+
+@pytest.mark.parametrize("crash, text", [
+    ("raise", "ZeroDivisionError: toy app blew up on purpose (at toy.py:"),
+    ("abort", "exited with signal 6"),
+    ("exit", "exited with code 7"),
+])
+def test_crashing_app_fails_its_own_job_only(client, cluster, ratings, toy_app, crash, text):
+    good = client.submit("nmf.py", NMF_APP.read_text(),
+                         ["--input", ratings, "--max-epochs", "6"], machines=2)
+    bad = client.submit("toy.py", open(toy_app).read(), ["--crash", crash, "--max-epochs", "5"],
+                        machines=2)
+    st = wait_state(client, bad, ("finished", "failed"))
+    assert st["state"] == "failed" and text in st["error"], st["error"]
+    st = wait_state(client, good, ("finished", "failed"))
+    assert st["state"] == "finished", st["error"]
+    alive = [w for w in client.cluster()["workers"] if w["alive"]]
+    assert len(alive) == 2  # the daemons survived
+
+
+def test_bad_input_fails_the_job_with_file_and_line(client, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1 2 3\n1 2 x\n")
+    job = client.submit("nmf.py", NMF_APP.read_text(), ["--input", str(bad)], machines=2)
+    st = wait_state(client, job, ("finished", "failed"))
+    assert st["state"] == "failed" and f"{bad}:2: not a number: 'x'" in st["error"]
+
+
+def test_cancel_stops_executors(client, cluster, toy_app):
+    job = client.submit("toy.py", open(toy_app).read(), ["--max-epochs", "100000",
+                                                         "--sleep", "0.01"], machines=2)
+    deadline = time.time() + 60
+    while not client.status(job)["epochs"]:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    daemons = [psutil.Process(p.pid) for p in cluster.procs[1:]]
+    assert sum(len(d.children()) for d in daemons) >= 2
+    client.cancel(job)
+    assert client.status(job)["state"] == "cancelled"
+    deadline = time.time() + 15
+    while sum(len(d.children()) for d in daemons):
+        assert time.time() < deadline, "executors still running after cancel"
+        time.sleep(0.1)
+    r = run_cli("cancel", job, "--master", cluster.endpoint)
+    assert r.returncode == 1 and "already cancelled" in r.stderr
+
+
+def test_malformed_messages_get_error_replies(cluster, client):
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(cluster.endpoint)
+    try:
+        for payload in (b"\xc1\xc1", b"\x93\x01\x02\x03",
+                        b"\x81\xa1t\xa7no_such", b"\x81\xa1t\xa6cancel"):
+            s.send(payload)
+            assert s.poll(5000), "master did not answer"
+            reply = s.recv_multipart()
+            from harmony.comm import messages as M
+            msg = M.decode(reply)
+            assert msg.type == "error" and msg["code"] == "bad_message", msg.fields
+        # an executor-only message from a stranger is refused, not obeyed
+        s.send(M.encode("barrier", job="job-9999", index=0, epoch=0, iter=0))
+        assert s.poll(5000) and M.decode(s.recv_multipart()).type == "abort"
+    finally:
+        s.close()
+        ctx.term()
+    assert client.cluster()["master"]["bad_messages"] >= 4
+    assert isinstance(client.jobs(), list)  # still serving
+
+
+def test_cli_errors_are_clear(cluster, tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(:\n")
+    r = run_cli("submit", str(bad), "--master", cluster.endpoint)
+    assert r.returncode == 2 and "bad.py:1: syntax error" in r.stderr
+    r = run_cli("submit", str(tmp_path / "missing.py"), "--master", cluster.endpoint)
+    assert r.returncode == 2 and "cannot read app file" in r.stderr
+    r = run_cli("submit", str(NMF_APP), "--master", cluster.endpoint, "--rank", "x", "--input", "y")
+    assert r.returncode == 2 and "--rank: invalid int value" in r.stderr
+    r = run_cli("status", "job-9999", "--master", cluster.endpoint)
+    assert r.returncode == 1 and "no job 'job-9999'" in r.stderr
+    r = run_cli("jobs", "--master", "tcp://127.0.0.1:1", env={"HARMONY_CLIENT_TIMEOUT": "1"})
+    assert r.returncode == 3 and "no answer from the master" in r.stderr
+    r = run_cli("submit", str(NMF_APP), "--help")
+    assert r.returncode == 0 and "--rank" in r.stdout and "--max-epochs" in r.stdout

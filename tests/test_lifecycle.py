@@ -1,0 +1,166 @@
+"""Process lifecycle: master restart, clean shutdown, lost workers."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from harmony.client import Client
+from harmony.cluster import LocalCluster
+from apps_for_tests import TOY_APP
+from conftest import NMF_APP, run_cli, wait_state
+
+
+def _descendants(pids):
+    out = set()
+    for pid in pids:
+        try:
+            out |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _wait_gone(pids, timeout=20):
+    deadline = time.time() + timeout
+    alive = set(pids)
+    while alive and time.time() < deadline:
+        alive = {p for p in alive if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE}
+        time.sleep(0.1)
+    return alive
+
+
+def test_master_restart_keeps_jobs_and_requeues_running_ones(tmp_path, ratings):
+    cl = LocalCluster(2, str(tmp_path / "c"), port=0, heartbeat_timeout=3.0)
+    cl.start()
+    try:
+        with Client(cl.endpoint) as c:
+            done = c.submit("nmf.py", NMF_APP.read_text(),
+                            ["--input", ratings, "--max-epochs", "3"], machines=2)
+            before = wait_state(c, done, ("finished",))
+            long = c.submit("toy.py", TOY_APP, ["--max-epochs", "100000", "--sleep", "0.01"],
+                            machines=2)
+            deadline = time.time() + 60
+            while not c.status(long)["epochs"]:
+                assert time.time() < deadline
+                time.sleep(0.05)
+        old_execs = _descendants([p.pid for p in cl.procs[1:]])
+        assert len(old_execs) == 2
+        master = cl.procs[0]
+        master.send_signal(signal.SIGTERM)
+        assert master.wait(timeout=15) == 0
+        # a new master on the same state dir and port
+        port = cl.endpoint.rsplit(":", 1)[1]
+        cl.procs[0] = cl._spawn(["harmony.master", "start", "--port", port, "--state-dir",
+                                 os.path.join(cl.state_dir, "master"),
+                                 "--heartbeat-timeout", "3"], "master2.log")
+        with Client(cl.endpoint, timeout_s=10) as c:
+            deadline = time.time() + 30
+            while True:
+                try:
+                    jobs = {j["id"]: j for j in c.jobs()}
+                    break
+                except Exception:
+                    assert time.time() < deadline
+                    time.sleep(0.2)
+            after = c.status(done)
+            assert after["state"] == "finished"
+            assert after["epochs"] == before["epochs"]      # results kept exactly
+            st = wait_state(c, long, ("running",), timeout=30)
+            assert st["attempt"] == 2 and any("master restarted" in e[2] for e in st["events"])
+            # the old attempt's executors were stopped, a new attempt runs
+            assert not (_wait_gone(old_execs, 20))
+            deadline = time.time() + 60
+            while not c.status(long)["epochs"]:
+                assert time.time() < deadline
+                time.sleep(0.05)
+            c.cancel(long)
+    finally:
+        cl.stop()
+
+
+def test_cluster_up_down_leaves_nothing_behind(tmp_path):
+    sd = str(tmp_path / "c")
+    r = run_cli("cluster", "up", "--machines", "2", "--port", "0", "--detach", "--state-dir", sd)
+    assert r.returncode == 0, r.stderr + r.stdout
+    info = json.load(open(os.path.join(sd, "cluster.json")))
+    ep = info["endpoint"]
+    r = run_cli("submit", str(NMF_APP), "--master", ep, "--machines", "2", "--input",
+                "/dev/null/none")  # fails at input: still exercises launch/cleanup
+    assert r.returncode == 0
+    with Client(ep) as c:
+        long = c.submit("toy.py", TOY_APP, ["--max-epochs", "100000", "--sleep", "0.01"], 2)
+        wait_state(c, long, ("running",))
+        deadline = time.time() + 30
+        while not c.status(long)["epochs"]:
+            assert time.time() < deadline
+            time.sleep(0.05)
+    everything = set(info["pids"]) | _descendants(info["pids"])
+    assert len(everything) >= 5  # master, 2 daemons, 2 executors
+    r = run_cli("cluster", "down", "--state-dir", sd)
+    assert r.returncode == 0 and "stopped" in r.stdout
+    assert not _wait_gone(everything), "orphans left behind"
+    assert not os.path.exists(os.path.join(sd, "cluster.json"))
+    assert not os.path.exists(os.path.join(sd, "master", "master.json"))
+    # nothing stale blocks the next start on the same state dir
+    r = run_cli("cluster", "up", "--machines", "1", "--port", "0", "--detach", "--state-dir", sd)
+    assert r.returncode == 0, r.stderr
+    info2 = json.load(open(os.path.join(sd, "cluster.json")))
+    with Client(info2["endpoint"]) as c:
+        states = {j["id"]: j["state"] for j in c.jobs()}
+    assert states["job-0001"] == "failed" and states["job-0002"] == "waiting"  # requeued
+    assert run_cli("cluster", "down", "--state-dir", sd).returncode == 0
+    assert run_cli("cluster", "down", "--state-dir", sd).returncode == 1
+
+
+def test_second_master_on_same_state_dir_is_refused(tmp_path):
+    sd = str(tmp_path / "m")
+    p = subprocess.Popen([sys.executable, "-m", "harmony.master", "start", "--port", "0",
+                          "--state-dir", sd], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 20
+        while not os.path.exists(os.path.join(sd, "master.json")):
+            assert time.time() < deadline and p.poll() is None
+            time.sleep(0.05)
+        r = subprocess.run([sys.executable, "-m", "harmony.master", "start", "--port", "0",
+                            "--state-dir", sd], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1 and "another master is running" in r.stderr
+    finally:
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=15) == 0
+
+
+def test_lost_worker_is_noticed_and_its_job_moves(tmp_path):
+    cl = LocalCluster(2, str(tmp_path / "c"), port=0, heartbeat_timeout=2.0)
+    cl.start()
+    try:
+        with Client(cl.endpoint) as c:
+            job = c.submit("toy.py", TOY_APP, ["--max-epochs", "100000", "--sleep", "0.01"], 1)
+            st = wait_state(c, job, ("running",))
+            victim = st["workers"][0]
+            idx = int(victim[1:]) + 1
+            execs = _descendants([cl.procs[idx].pid])
+            cl.procs[idx].kill()               # the daemon dies without a word
+            assert not _wait_gone(execs, 10)    # its executors die with it
+            deadline = time.time() + 30
+            while True:
+                ws = {w["name"]: w for w in c.cluster()["workers"]}
+                if not ws[victim]["alive"]:
+                    break
+                assert time.time() < deadline
+                time.sleep(0.2)
+            st = wait_state(c, job, ("running",), timeout=30)
+            deadline = time.time() + 30
+            while not (st["attempt"] == 2 and st["workers"] and st["workers"][0] != victim):
+                assert time.time() < deadline
+                time.sleep(0.2)
+                st = c.status(job)
+            assert any("lost" in e[2] for e in st["events"])
+            c.cancel(job)
+    finally:
+        cl.stop()
