@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import math
+import time
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -238,6 +239,7 @@ def should_stop(opts: argparse.Namespace, epoch: int, metrics: dict[str, float])
 @dataclass
 class LocalResult:
     history: list[dict[str, float]] = field(default_factory=list)
+    epoch_times: list[float] = field(default_factory=list)   # seconds, wall
     model: np.ndarray | None = None
 
 
@@ -254,6 +256,7 @@ def run_local(cls: type[App], args: list[str]) -> LocalResult:
     groups = block_groups(blocks, opts.iters_per_epoch)
     res = LocalResult()
     for epoch in range(opts.max_epochs):
+        t0 = time.perf_counter()
         for it, group in enumerate(groups):
             keys = app.keys(group)
             rows = model[keys]
@@ -266,6 +269,7 @@ def run_local(cls: type[App], args: list[str]) -> LocalResult:
             sums[k] = sums.get(k, 0.0) + v
         metrics = app.metrics(sums)
         res.history.append(metrics)
+        res.epoch_times.append(time.perf_counter() - t0)
         if should_stop(opts, epoch, metrics):
             break
     res.model = model

@@ -16,17 +16,23 @@ _GOLD = np.uint64(0x9E3779B97F4A7C15)
 
 def mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 finalizer on a uint64 array (wrapping arithmetic)."""
-    z = np.asarray(x, dtype=np.uint64)
+    z = np.array(x, dtype=np.uint64, copy=True)
     with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+        z ^= z >> np.uint64(30)
+        z *= _M1
+        z ^= z >> np.uint64(27)
+        z *= _M2
+        z ^= z >> np.uint64(31)
+    return z
 
 
 def block_of(keys: np.ndarray, num_blocks: int) -> np.ndarray:
     """Block id (int64) of each key: hashed key ranges of equal width."""
-    h = mix64(np.asarray(keys).astype(np.uint64)) >> np.uint64(32)
-    return ((h * np.uint64(num_blocks)) >> np.uint64(32)).astype(np.int64)
+    h = mix64(keys)
+    h >>= np.uint64(32)
+    h *= np.uint64(num_blocks)
+    h >>= np.uint64(32)
+    return h.view(np.int64)
 
 
 def keyed_uniform(keys: np.ndarray, dim: int, seed: int, salt: int = 0) -> np.ndarray:

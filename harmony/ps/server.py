@@ -25,7 +25,8 @@ class ShardTable:
     """Rows for a sorted set of keys; lookups by binary search."""
 
     def __init__(self, dim: int, dtype: str,
-                 update: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> None:
+                 update: Callable[[np.ndarray, np.ndarray], np.ndarray] | None) -> None:
+        """``update=None`` means plain addition, applied in place."""
         self.dim = dim
         self.dtype = np.dtype(dtype)
         self.update = update
@@ -62,11 +63,17 @@ class ShardTable:
 
     def push(self, keys: np.ndarray, deltas: np.ndarray) -> None:
         idx = self.index(keys)
-        if isinstance(idx, slice):
+        if not isinstance(idx, slice) and len(idx) > 1 and not (np.diff(idx) > 0).all() \
+                and len(np.unique(idx)) != len(idx):
+            raise ValueError("duplicate keys in one push")
+        if self.update is None:
+            if isinstance(idx, slice):
+                np.add(self.rows, deltas, out=self.rows)
+            else:
+                self.rows[idx] += deltas
+        elif isinstance(idx, slice):
             self.rows[...] = self.update(self.rows, deltas)
         else:
-            if len(np.unique(idx)) != len(idx):
-                raise ValueError("duplicate keys in one push")
             self.rows[idx] = self.update(self.rows[idx], deltas)
 
 
@@ -89,6 +96,9 @@ class ShardServer:
         self._thread = threading.Thread(target=self._run, name="ps-shard", daemon=True)
         self.requests = 0
         self.errors = 0
+        # zero-copy replies that still reference the live table: a mutation
+        # waits until zmq has finished sending them
+        self._inflight: list[zmq.MessageTracker] = []
 
     def start(self) -> None:
         self._thread.start()
@@ -112,7 +122,7 @@ class ShardServer:
                 raise
             ident, body = frames[0].bytes, frames[1:]
             try:
-                reply = self._handle(body)
+                reply, live = self._handle(body)
             except (M.ProtocolError, KeyError, ValueError) as exc:
                 self.errors += 1
                 log.warning("bad PS request: %s", exc)
@@ -121,9 +131,15 @@ class ShardServer:
                     rid = int(M.decode(body[:1]).get("rid", 0))
                 except Exception:
                     pass
-                reply = [M.encode("ps_error", rid=rid, message=str(exc))]
+                reply, live = [M.encode("ps_error", rid=rid, message=str(exc))], False
             try:
-                self.sock.send_multipart([ident, *reply], copy=False)
+                if live:
+                    self._inflight.append(
+                        self.sock.send_multipart([ident, *reply], copy=False, track=True))
+                else:
+                    self.sock.send_multipart([ident, *reply], copy=False)
+                if len(self._inflight) > 64:
+                    self._inflight = [tr for tr in self._inflight if not tr.done]
             except zmq.ZMQError as exc:
                 log.warning("PS reply to vanished peer dropped: %s", exc)
 
@@ -142,13 +158,18 @@ class ShardServer:
         if msg.type == "pull":
             with t.lock:
                 rows = t.pull(keys)
-                out = np.ascontiguousarray(rows)
-                if out is t.rows:
-                    out = out.copy()  # never hand out the live table (zero-copy send)
-            return [M.encode("rows", rid=msg["rid"], n=n, dim=t.dim), out]
+            head = M.encode("rows", rid=msg["rid"], n=n, dim=t.dim)
+            return [head, rows], rows is t.rows
         if msg["dim"] != t.dim or len(msg.frames) < 2:
             raise M.ProtocolError(f"push: dim {msg['dim']} != {t.dim} or missing values frame")
         vals = _frame_array(msg.frames[1], t.dtype, (n, t.dim))
+        self.wait_sends()
         with t.lock:
             t.push(keys, vals)
-        return [M.encode("ack", rid=msg["rid"])]
+        return [M.encode("ack", rid=msg["rid"])], False
+
+    def wait_sends(self) -> None:
+        """Block until no reply references the live table any more."""
+        for tr in self._inflight:
+            tr.wait()
+        self._inflight.clear()

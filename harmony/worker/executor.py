@@ -89,7 +89,9 @@ class Executor:
             for blk in app.read_input(InputPart(self.index, self.count, opts.blocks)):
                 store.put(blk)
             spec = app.model_spec()
-            table = ShardTable(spec.dim, spec.dtype, app.update)
+            # the default update (add) runs in place on the shard
+            update = None if type(app).update is App.update else app.update
+            table = ShardTable(spec.dim, spec.dtype, update)
             self.server = ShardServer(self.ctx, s["host"], table)
             self.server.start()
             self.ctl.send(M.encode("exec_ready", job=self.job, index=self.index,
