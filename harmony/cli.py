@@ -241,7 +241,7 @@ def _repo_app(name: str) -> str:
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    from harmony.datagen import gen_nmf
+    from harmony.datagen.nmf import gen_nmf
     with tempfile.TemporaryDirectory(prefix="harmony-demo-") as tmp:
         data = os.path.join(tmp, "ratings.txt")
         shape = gen_nmf(data, users=a.users, items=a.items, rank=8, per_user=a.per_user,
@@ -270,10 +270,9 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def cmd_data(a: argparse.Namespace) -> int:
-    from harmony.datagen import gen_nmf
+    from harmony.datagen import generators
     try:
-        shape = gen_nmf(a.out, users=a.users, items=a.items, rank=a.rank, per_user=a.per_user,
-                        noise=a.noise, seed=a.seed)
+        shape = generators()[a.kind].generate(a)
     except (ValueError, OSError) as exc:
         return _die(str(exc), 2)
     print(json.dumps({"out": a.out, **shape}))
@@ -323,14 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     dsub = s.add_subparsers(dest="action", required=True)
     g = dsub.add_parser("gen", help="write a synthetic data set")
     gsub = g.add_subparsers(dest="kind", required=True)
-    n = gsub.add_parser("nmf", help="planted low-rank ratings: 'user item rating' lines")
-    n.add_argument("--out", required=True, help="output path (.gz to compress)")
-    n.add_argument("--users", type=int, default=1000)
-    n.add_argument("--items", type=int, default=500)
-    n.add_argument("--rank", type=int, default=8)
-    n.add_argument("--per-user", type=int, default=50)
-    n.add_argument("--noise", type=float, default=0.1)
-    n.add_argument("--seed", type=int, default=0)
+    from harmony.datagen import generators
+    for kind, mod in generators().items():
+        n = gsub.add_parser(kind, help=mod.HELP)
+        n.add_argument("--out", required=True, help="output path (.gz to compress)")
+        n.add_argument("--seed", type=int, default=0)
+        mod.add_arguments(n)
 
     if argv and argv[0] == "submit":
         a, rest = p.parse_known_args(argv)

@@ -1,16 +1,15 @@
-"""Synthetic data sets in the apps' input formats, written streaming."""
+"""NMF data: planted non-negative low-rank ratings, 'user item rating' lines."""
 from __future__ import annotations
 
-import gzip
+import argparse
 import io
 
 import numpy as np
 
+from harmony.datagen import open_out
 
-def _open_out(path: str):
-    if path.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "wb", compresslevel=3), encoding="utf-8")
-    return open(path, "w", encoding="utf-8")
+KIND = "nmf"
+HELP = "planted low-rank ratings: 'user item rating' lines"
 
 
 def gen_nmf(path: str, users: int = 1000, items: int = 500, rank: int = 8,
@@ -28,7 +27,7 @@ def gen_nmf(path: str, users: int = 1000, items: int = 500, rank: int = 8,
     # factors scaled so that ratings average about 3
     R = rng.uniform(0, 1, size=(rank, items)) * np.sqrt(12.0 / rank)
     n = 0
-    with _open_out(path) as out:
+    with open_out(path) as out:
         for start in range(0, users, chunk_users):
             cu = min(chunk_users, users - start)
             L = rng.uniform(0, 1, size=(cu, rank)) * np.sqrt(12.0 / rank)
@@ -48,3 +47,16 @@ def gen_nmf(path: str, users: int = 1000, items: int = 500, rank: int = 8,
             out.write(buf.getvalue())
             n += len(block)
     return {"users": users, "items": items, "rank": rank, "ratings": n, "noise": noise}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--users", type=int, default=1000)
+    p.add_argument("--items", type=int, default=500)
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--per-user", type=int, default=50, help="ratings per user")
+    p.add_argument("--noise", type=float, default=0.1, help="std. dev. of Gaussian noise")
+
+
+def generate(a: argparse.Namespace) -> dict:
+    return gen_nmf(a.out, users=a.users, items=a.items, rank=a.rank, per_user=a.per_user,
+                   noise=a.noise, seed=a.seed)
