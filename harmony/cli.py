@@ -44,7 +44,11 @@ def master_main(argv: list[str] | None = None) -> int:
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=5760, help="control port (0 = random)")
     s.add_argument("--state-dir", default=os.path.join(os.path.expanduser("~/.harmony"), "master"))
-    s.add_argument("--policy", default="least-loaded", help="placement policy")
+    s.add_argument("--mode", default="naive", choices=["isolated", "naive", "harmony"],
+                   help="isolated: disjoint machines per job; naive: shared machines, no "
+                        "coordination; harmony: shared machines, subtask queues + synchronizer")
+    s.add_argument("--policy", default=None,
+                   help="placement policy (default: the mode's: isolated or colocate)")
     s.add_argument("--heartbeat-timeout", type=float, default=5.0,
                    help="seconds without heartbeat before a worker is declared lost")
     s.add_argument("--log-level", default="INFO")
@@ -53,7 +57,7 @@ def master_main(argv: list[str] | None = None) -> int:
     from harmony.master.server import Master, StateDirLocked
     try:
         m = Master(a.state_dir, a.host, a.port, heartbeat_timeout=a.heartbeat_timeout,
-                   policy=a.policy)
+                   policy=a.policy, mode=a.mode)
     except (StateDirLocked, ValueError) as exc:
         return _die(str(exc))
     except Exception as exc:  # e.g. address in use
@@ -74,12 +78,18 @@ def worker_main(argv: list[str] | None = None) -> int:
     s.add_argument("--cpus", type=int, default=None, help="cores to offer (default: all)")
     s.add_argument("--memory", type=parse_size, default=None, help="memory to offer, e.g. 8G")
     s.add_argument("--state-dir", default=None)
+    s.add_argument("--cpu-set", default=None,
+                   help="pin this machine to these cores, e.g. 0,1 (emulated machines)")
+    s.add_argument("--netem", default=None,
+                   help="network emulation file of a local cluster (bandwidth caps)")
     s.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     _setup_logging(a.log_level)
     from harmony.worker.daemon import Daemon
     try:
-        d = Daemon(master_address(a.master), a.name, a.host, a.cpus, a.memory, a.state_dir)
+        cpu_set = [int(c) for c in a.cpu_set.split(",")] if a.cpu_set else None
+        d = Daemon(master_address(a.master), a.name, a.host, a.cpus, a.memory, a.state_dir,
+                   cpu_set=cpu_set, netem=a.netem)
     except ValueError as exc:
         return _die(str(exc))
     d.serve_forever()
@@ -145,7 +155,7 @@ def cmd_submit(a: argparse.Namespace, app_args: list[str]) -> int:
     if a.machines < 1:
         return _die("--machines must be >= 1", 2)
     with Client(a.master) as c:
-        job = c.submit(name, src, app_args, a.machines, a.name)
+        job = c.submit(name, src, app_args, a.machines, a.name, a.group)
         print(job, flush=True)
         if a.wait:
             return follow(c, job)
@@ -207,13 +217,17 @@ def cmd_cluster(a: argparse.Namespace) -> int:
             info = c.cluster()
         print(json.dumps(info, indent=2))
         return 0
-    cl = LocalCluster(a.machines, a.state_dir, port=a.port, detach=a.detach)
+    try:
+        cl = LocalCluster(a.machines, a.state_dir, port=a.port, detach=a.detach, mode=a.mode,
+                          cpus_per_machine=a.cpus_per_machine, net_bandwidth=a.net_bandwidth)
+    except (ClusterError, ValueError) as exc:
+        return _die(str(exc), 2)
     try:
         ep = cl.start()
     except ClusterError as exc:
         return _die(str(exc))
-    print(f"local cluster up: master {ep}, {a.machines} machine(s), state in {cl.state_dir}",
-          flush=True)
+    print(f"local cluster up ({a.mode} mode): master {ep}, {a.machines} machine(s), "
+          f"state in {cl.state_dir}", flush=True)
     if a.port != 5760 or ep != "tcp://127.0.0.1:5760":
         print(f"  export HARMONY_MASTER={ep}", flush=True)
     if a.detach:
@@ -298,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--machines", type=int, default=1, help="machines (degree of parallelism)")
     s.add_argument("--wait", action="store_true", help="follow progress until the job ends")
     s.add_argument("--name", default=None, help="a label for the job")
+    s.add_argument("--group", default=None,
+                   help="job group: jobs of one group share the same machines")
     submit_help = s.format_help()
     s = with_master(sub.add_parser("jobs", help="list jobs"))
     s.add_argument("--json", action="store_true")
@@ -312,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--state-dir", default=None)
     s.add_argument("--port", type=int, default=5760, help="master port (0 = random)")
     s.add_argument("--detach", action="store_true", help="return once the cluster is ready")
+    s.add_argument("--mode", default="naive", choices=["isolated", "naive", "harmony"],
+                   help="execution mode of the master (see harmony-master start --help)")
+    s.add_argument("--cpus-per-machine", type=int, default=None,
+                   help="emulate machines of C cores each (CPU affinity)")
+    s.add_argument("--net-bandwidth", default=None,
+                   help="emulate a NIC of this rate per machine, e.g. 50MB/s or 400Mbit")
     s = sub.add_parser("demo", help="NMF on generated data on a local cluster")
     s.add_argument("--machines", type=int, default=2)
     s.add_argument("--users", type=int, default=20000)

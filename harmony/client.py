@@ -57,9 +57,10 @@ class Client:
         return msg
 
     def submit(self, app_name: str, app_source: str, args: list[str], machines: int = 1,
-               name: str | None = None) -> str:
+               name: str | None = None, group: str | None = None) -> str:
         return self.request("submit", "submitted", app_name=app_name, app_source=app_source,
-                            args=list(args), machines=machines, name=name)["job"]
+                            args=list(args), machines=machines, name=name,
+                            group=group)["job"]
 
     def jobs(self) -> list[dict]:
         return self.request("list_jobs", "jobs")["jobs"]

@@ -9,6 +9,7 @@ import sys
 import time
 
 from harmony.client import Client, ClientError
+from harmony.worker.netem import NetEm, parse_rate
 
 DEFAULT_HOME = os.path.expanduser(os.environ.get("HARMONY_HOME", "~/.harmony"))
 
@@ -34,9 +35,25 @@ def _pid_alive(pid: int) -> bool:
 class LocalCluster:
     def __init__(self, machines: int, state_dir: str | None = None, host: str = "127.0.0.1",
                  port: int = 5760, detach: bool = False, log_level: str = "INFO",
-                 heartbeat_timeout: float = 5.0) -> None:
+                 heartbeat_timeout: float = 5.0, mode: str = "naive",
+                 cpus_per_machine: int | None = None,
+                 net_bandwidth: str | float | None = None) -> None:
         if machines < 1:
             raise ClusterError("--machines must be >= 1")
+        self.mode = mode
+        self.cpu_sets: list[list[int]] | None = None
+        if cpus_per_machine is not None:
+            cores = sorted(os.sched_getaffinity(0))
+            if cpus_per_machine < 1:
+                raise ClusterError("--cpus-per-machine must be >= 1")
+            if cpus_per_machine * machines > len(cores):
+                print(f"warning: {machines} machines x {cpus_per_machine} cores exceeds the "
+                      f"{len(cores)} cores of this host; machines will share cores",
+                      file=sys.stderr)
+            self.cpu_sets = [[cores[(m * cpus_per_machine + j) % len(cores)]
+                              for j in range(cpus_per_machine)] for m in range(machines)]
+        self.rate = parse_rate(net_bandwidth) if isinstance(net_bandwidth, str) \
+            else net_bandwidth
         self.machines = machines
         self.state_dir = os.path.abspath(state_dir or default_state_dir())
         self.host, self.port, self.detach = host, port, detach
@@ -71,6 +88,7 @@ class LocalCluster:
             os.unlink(mjson)
         master = self._spawn(["harmony.master", "start", "--host", self.host, "--port",
                               str(self.port), "--state-dir", mdir, "--log-level", self.log_level,
+                              "--mode", self.mode,
                               "--heartbeat-timeout", str(self.heartbeat_timeout)], "master.log")
         self.procs.append(master)
         deadline = time.time() + timeout
@@ -84,12 +102,22 @@ class LocalCluster:
                 raise ClusterError("master did not come up in time")
             time.sleep(0.05)
         self.endpoint = json.load(open(mjson))["endpoint"]
-        for i in range(self.machines):
-            name = f"m{i}"
+        names = [f"m{i}" for i in range(self.machines)]
+        netem = None
+        if self.rate:
+            netem = os.path.join(self.state_dir, "netem.bin")
+            NetEm.create(netem, names, self.rate).close()
+        for i, name in enumerate(names):
+            extra = []
+            if self.cpu_sets:
+                extra += ["--cpu-set", ",".join(map(str, self.cpu_sets[i])),
+                          "--cpus", str(len(self.cpu_sets[i]))]
+            if netem:
+                extra += ["--netem", netem]
             self.procs.append(self._spawn(
                 ["harmony.worker", "start", "--master", self.endpoint, "--name", name,
                  "--host", self.host, "--state-dir", os.path.join(self.state_dir, "workers", name),
-                 "--log-level", self.log_level], f"worker-{name}.log"))
+                 "--log-level", self.log_level, *extra], f"worker-{name}.log"))
         with open(self.info_path, "w") as fh:
             json.dump({"endpoint": self.endpoint, "pids": [p.pid for p in self.procs],
                        "machines": self.machines}, fh)

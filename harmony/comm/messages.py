@@ -32,7 +32,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "error": {"code": str, "message": str},
     # client -> master
     "submit": {"app_name": str, "app_source": str, "args": list, "machines": int,
-               "name": (str, _OPT)},
+               "name": (str, _OPT), "group": (str, _OPT)},
     "submitted": {"job": str},
     "list_jobs": {},
     "jobs": {"jobs": list},
@@ -45,17 +45,23 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "register": {"name": str, "host": str, "cpus": int, "memory": int, "pid": int,
                  "executors": list},
     "registered": {"heartbeat_interval": _NUM},
-    "heartbeat": {"name": str, "executors": list},
+    "heartbeat": {"name": str, "executors": list, "stats": (dict, _OPT)},
     "hb_ack": {},
     "exec_exited": {"job": str, "index": int, "code": int, "log_tail": str},
     # master -> worker daemon
     "launch": {"job": str, "index": int, "count": int, "app_name": str,
                "app_source": str, "args": list, "attempt": int},
     "kill": {"job": str},
+    "enqueue": {"job": str, "seq": int, "kind": str},   # subtask synchronizer
+    # job executor <-> its worker daemon (subtask queues)
+    "hello": {"job": str, "index": int, "attempt": int},
+    "grant": {"seq": int, "role": str},
+    "sub_done": {"job": str, "seq": int},
     # job executor -> master
     "exec_ready": {"job": str, "index": int, "attempt": int, "endpoint": str,
                    "num_keys": int, "dim": int, "model_blocks": int, "local_blocks": int},
     "barrier": {"job": str, "index": int, "epoch": int, "iter": int},
+    "sync": {"job": str, "index": int, "seq": int, "next": str},
     "epoch_done": {"job": str, "index": int, "epoch": int, "sums": dict,
                    "timings": dict},
     "epoch_report": {"job": str, "index": int, "epoch": int, "metrics": dict,
@@ -63,7 +69,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "exec_failed": {"job": str, "index": int, "error": str},
     "exec_finished": {"job": str, "index": int},
     # master -> job executor
-    "job_start": {"peers": list, "owner": list, "model_blocks": int},
+    "job_start": {"peers": list, "owner": list, "model_blocks": int, "mode": str,
+                  "machines": list},
     "release": {"epoch": int, "iter": int},
     "epoch_sums": {"epoch": int, "sums": dict},
     "abort": {"reason": str},

@@ -58,6 +58,24 @@ class Job:
     events: list[list] = field(default_factory=list)   # [time, state, note]
     state_time: dict[str, float] = field(default_factory=dict)  # seconds per state
     entered: float = field(default_factory=time.time)
+    group: str = ""                                     # explicit job group, if any
+    profile: dict[str, float] = field(default_factory=dict)  # moving averages
+
+    def update_profile(self, timings: dict[str, float], machines: int,
+                       weight: float = 0.3) -> None:
+        """Moving averages per iteration of Tcpu (COMP), Tnet (PULL + PUSH)
+        and the iteration time, and the machine count they were measured at.
+        A change of machine count restarts the averages."""
+        iters = max(1.0, float(timings.get("iters", 1.0)))
+        sample = {"t_cpu": timings.get("comp", 0.0) / iters,
+                  "t_net": (timings.get("pull", 0.0) + timings.get("push", 0.0)) / iters,
+                  "t_iter": timings.get("train", 0.0) / iters}
+        p = self.profile
+        fresh = not p or p.get("machines") != machines
+        for k, v in sample.items():
+            p[k] = v if fresh else (1 - weight) * p[k] + weight * v
+        p["machines"] = machines
+        p["samples"] = 1 if fresh else p.get("samples", 0) + 1
 
     def transition(self, new: JobState, note: str = "", now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -80,7 +98,7 @@ class Job:
                 "workers": self.workers, "epochs": len(self.epochs),
                 "objective": last.get("metrics", {}).get("objective"),
                 "submitted": self.submitted, "started": self.started, "ended": self.ended,
-                "error": self.error}
+                "error": self.error, "group": self.group, "profile": self.profile}
 
     def detail(self, now: float | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now

@@ -15,6 +15,7 @@ class WorkerView:
     cpus: int
     memory: int
     jobs: int          # executors currently placed on it
+    groups: tuple[str, ...] = ()   # explicit groups of the jobs running on it
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class JobView:
     id: str
     machines: int      # requested degree of parallelism
     submitted: float
+    group: str = ""    # explicit job group: share the machines of that group
 
 
 @dataclass(frozen=True)
@@ -36,20 +38,48 @@ class Decision:
 
 
 def least_loaded(view: ClusterView) -> Decision:
-    """FIFO: start each waiting job on the ``machines`` least-loaded live
-    workers (jobs may share machines). A job asking for more machines than
-    the cluster has waits, and so do the jobs behind it (no overtaking)."""
+    """Co-location (the naive and harmony modes): FIFO; start each waiting
+    job on the ``machines`` least-loaded live workers, so jobs share
+    machines. A job with an explicit group goes to the machines its group
+    already runs on. A job asking for more machines than the cluster has
+    waits, and so do the jobs behind it (no overtaking)."""
     load = {w.name: w.jobs for w in view.workers}
     order = {w.name: i for i, w in enumerate(view.workers)}
+    homes: dict[str, list[str]] = {}
+    for w in view.workers:
+        for g in w.groups:
+            homes.setdefault(g, []).append(w.name)
     dec = Decision()
     for job in view.waiting:
         if job.machines > len(load):
             break
-        chosen = sorted(load, key=lambda n: (load[n], order[n]))[:job.machines]
+        home = homes.get(job.group) if job.group else None
+        if home and len(home) >= job.machines:
+            chosen = sorted(home, key=lambda n: (load[n], order[n]))[:job.machines]
+        else:
+            chosen = sorted(load, key=lambda n: (load[n], order[n]))[:job.machines]
         dec.start[job.id] = chosen
+        if job.group:
+            homes.setdefault(job.group, [])
+            homes[job.group] = sorted(set(homes[job.group]) | set(chosen), key=order.get)
         for n in chosen:
             load[n] += 1
     return dec
 
 
-POLICIES = {"least-loaded": least_loaded}
+def isolated(view: ClusterView) -> Decision:
+    """Isolated: every job on its own machines, never shared; FIFO, so jobs
+    run one after another when machines are short (like Optimus or SLAQ)."""
+    free = [w.name for w in view.workers if w.jobs == 0]
+    dec = Decision()
+    for job in view.waiting:
+        if job.machines > len(free):
+            break
+        dec.start[job.id], free = free[:job.machines], free[job.machines:]
+    return dec
+
+
+POLICIES = {"least-loaded": least_loaded, "colocate": least_loaded, "isolated": isolated}
+# execution modes: placement policy, and whether subtasks go through the queues
+MODES = {"isolated": ("isolated", False), "naive": ("colocate", False),
+         "harmony": ("colocate", True)}

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ class Worker:
     pid: int
     last_seen: float
     alive: bool = True
+    stats: deque = field(default_factory=lambda: deque(maxlen=3600))
 
 
 @dataclass
@@ -52,6 +54,7 @@ class Run:
     started: bool = False
     barriers: dict[tuple[int, int], set[int]] = field(default_factory=dict)
     sums: dict[int, dict[int, tuple[dict, dict]]] = field(default_factory=dict)
+    syncs: dict[int, dict[int, str]] = field(default_factory=dict)
     timings: dict[int, dict] = field(default_factory=dict)
     stopping: bool = False
     finished: set[int] = field(default_factory=set)
@@ -64,7 +67,12 @@ class StateDirLocked(RuntimeError):
 class Master:
     def __init__(self, state_dir: str, host: str = "127.0.0.1", port: int = 5760,
                  heartbeat_timeout: float = 5.0, launch_timeout: float = 300.0,
-                 policy: str = "least-loaded") -> None:
+                 policy: str | None = None, mode: str = "naive") -> None:
+        if mode not in P.MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose from {sorted(P.MODES)}")
+        self.mode = mode
+        policy = policy or P.MODES[mode][0]
+        self.queued = P.MODES[mode][1]
         self.state_dir = os.path.abspath(state_dir)
         os.makedirs(self.state_dir, exist_ok=True)
         self._lock_fh = open(os.path.join(self.state_dir, "master.lock"), "a+")
@@ -96,8 +104,14 @@ class Master:
         self._stop = False
         self._dirty = True
         self.bad_messages = 0
+        os.makedirs(os.path.join(self.state_dir, "metrics"), exist_ok=True)
+        # the run record: per-machine utilization and per-job profiles over time
+        self._machines_log = open(os.path.join(self.state_dir, "metrics", "machines.jsonl"),
+                                  "a", buffering=1)
+        self._jobs_log = open(os.path.join(self.state_dir, "metrics", "jobs.jsonl"), "a",
+                              buffering=1)
         with open(os.path.join(self.state_dir, "master.json"), "w") as fh:
-            json.dump({"endpoint": self.endpoint, "pid": os.getpid()}, fh)
+            json.dump({"endpoint": self.endpoint, "pid": os.getpid(), "mode": self.mode}, fh)
 
     # -- lifecycle -------------------------------------------------------------
     def _recover(self) -> None:
@@ -115,8 +129,8 @@ class Master:
     def serve_forever(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
-        log.info("master listening on %s (state dir %s, %d jobs known)",
-                 self.endpoint, self.state_dir, len(self.jobs))
+        log.info("master listening on %s (mode %s, state dir %s, %d jobs known)",
+                 self.endpoint, self.mode, self.state_dir, len(self.jobs))
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         last_check = 0.0
@@ -153,6 +167,8 @@ class Master:
             for job in self.jobs.values():
                 self.db.save(job)
             self.db.close()
+            self._machines_log.close()
+            self._jobs_log.close()
             try:
                 os.unlink(os.path.join(self.state_dir, "master.json"))
             except FileNotFoundError:
@@ -202,13 +218,13 @@ class Master:
         except SyntaxError as exc:
             return self._send(ident, M.error(
                 "bad_app", f"{msg['app_name']}:{exc.lineno}: syntax error: {exc.msg}"))
-        if msg["machines"] < 1:
-            return self._send(ident, M.error("bad_request", "--machines must be >= 1"))
+        if not 1 <= msg["machines"] <= 100_000:
+            return self._send(ident, M.error("bad_request", "--machines must be in 1..100000"))
         if not all(isinstance(a, str) for a in msg["args"]):
             return self._send(ident, M.error("bad_request", "app args must be strings"))
         job = Job(id=f"job-{self.db.next_seq():04d}", app_name=msg["app_name"],
                   app_source=src, args=list(msg["args"]), machines=msg["machines"],
-                  name=msg.get("name") or "")
+                  name=msg.get("name") or "", group=msg.get("group") or "")
         job.events.append([job.submitted, "waiting", "submitted"])
         self.jobs[job.id] = job
         self.db.save(job)
@@ -238,10 +254,12 @@ class Master:
     def _on_cluster_info(self, ident: bytes, msg: M.Message) -> None:
         ws = [{"name": w.name, "host": w.host, "cpus": w.cpus, "memory": w.memory,
                "alive": w.alive, "last_seen": w.last_seen,
-               "jobs": [j.id for j in self._jobs_on(w.name)]}
+               "jobs": [j.id for j in self._jobs_on(w.name)],
+               "utilization": w.stats[-1] if w.stats else {}}
               for w in sorted(self.workers.values(), key=lambda w: w.name)]
         self._send(ident, M.encode("cluster", workers=ws, master={
-            "endpoint": self.endpoint, "pid": os.getpid(), "bad_messages": self.bad_messages}))
+            "endpoint": self.endpoint, "pid": os.getpid(), "bad_messages": self.bad_messages,
+            "mode": self.mode}))
 
     # -- worker daemons --------------------------------------------------------------
     def _on_register(self, ident: bytes, msg: M.Message) -> None:
@@ -265,6 +283,10 @@ class Master:
             return self._send(ident, M.error("unknown_worker", "register first"))
         w.last_seen = time.time()
         self._send(ident, M.encode("hb_ack"))
+        st = msg.get("stats")
+        if st and "dt" in st:
+            w.stats.append(st)
+            self._machines_log.write(json.dumps({"machine": w.name, **st}) + "\n")
         self._reconcile(w, msg["executors"])
 
     def _reconcile(self, w: Worker, executors: list) -> None:
@@ -316,9 +338,11 @@ class Master:
         if not waiting or not live:
             return
         view = P.ClusterView(
-            workers=tuple(P.WorkerView(w.name, w.cpus, w.memory, len(self._jobs_on(w.name)))
+            workers=tuple(P.WorkerView(w.name, w.cpus, w.memory, len(self._jobs_on(w.name)),
+                                       tuple(sorted({j.group for j in self._jobs_on(w.name)
+                                                     if j.group})))
                           for w in sorted(live, key=lambda w: w.name)),
-            waiting=tuple(P.JobView(j.id, j.machines, j.submitted) for j in waiting))
+            waiting=tuple(P.JobView(j.id, j.machines, j.submitted, j.group) for j in waiting))
         for jid, machines in self.policy(view).start.items():
             self._launch(self.jobs[jid], machines)
 
@@ -409,8 +433,9 @@ class Master:
         owner = [b % len(peers) for b in range(nblocks)]
         run.started = True
         for i in sorted(run.idents):
-            self._send(run.idents[i], M.encode("job_start", peers=peers, owner=owner,
-                                               model_blocks=nblocks))
+            self._send(run.idents[i], M.encode(
+                "job_start", peers=peers, owner=owner, model_blocks=nblocks,
+                mode="queued" if self.queued else "free", machines=list(job.workers)))
 
     def _on_barrier(self, ident: bytes, msg: M.Message) -> None:
         jr = self._exec_run(ident, msg)
@@ -425,6 +450,31 @@ class Master:
             rel = M.encode("release", epoch=key[0], iter=key[1])
             for i in self._all_idents(run):
                 self._send(i, rel)
+
+    def _on_sync(self, ident: bytes, msg: M.Message) -> None:
+        """The subtask synchronizer: once every machine of the job finished
+        subtask ``seq``, enqueue subtask ``seq + 1`` on all of them. The
+        master handles one message at a time and sends to the daemons in
+        the same order, so co-located jobs' subtasks are enqueued in the
+        same order on every machine of a group."""
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        if msg["next"] not in ("cpu", "net"):
+            return self._end(job, JobState.FAILED, f"bad subtask kind {msg['next']!r}")
+        got = run.syncs.setdefault(msg["seq"], {})
+        got[msg["index"]] = msg["next"]
+        if len(got) < len(job.workers):
+            return
+        del run.syncs[msg["seq"]]
+        kinds = set(got.values())
+        if len(kinds) != 1:
+            return self._end(job, JobState.FAILED,
+                             f"executors disagree on the next subtask after {msg['seq']}: {got}")
+        out = M.encode("enqueue", job=job.id, seq=msg["seq"] + 1, kind=kinds.pop())
+        for name in job.workers:
+            self._send(self.workers[name].ident, out)
 
     def _on_epoch_done(self, ident: bytes, msg: M.Message) -> None:
         jr = self._exec_run(ident, msg)
@@ -457,8 +507,13 @@ class Master:
         if jr is None:
             return
         job, run = jr
+        timings = run.timings.pop(msg["epoch"], {})
         job.epochs.append({"epoch": msg["epoch"], "metrics": msg["metrics"],
-                           "timings": run.timings.pop(msg["epoch"], {}), "time": time.time()})
+                           "timings": timings, "time": time.time()})
+        job.update_profile(timings, len(job.workers))
+        self._jobs_log.write(json.dumps({"t": time.time(), "job": job.id, "epoch": msg["epoch"],
+                                         "workers": job.workers, "profile": job.profile,
+                                         "timings": timings}) + "\n")
         if msg["stop"]:
             run.stopping = True
         self.db.save(job)

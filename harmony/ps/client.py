@@ -7,6 +7,7 @@ values travel as raw ZeroMQ frames (zero-copy on both ends).
 from __future__ import annotations
 
 import itertools
+from typing import Callable
 
 import numpy as np
 import zmq
@@ -23,7 +24,11 @@ class PSError(RuntimeError):
 
 class PSClient:
     def __init__(self, ctx: zmq.Context, peers: list[str], owner: np.ndarray, dim: int,
-                 dtype: str = "float32", timeout_s: float = 120.0) -> None:
+                 dtype: str = "float32", timeout_s: float = 120.0,
+                 throttle: Callable[[int, int, str], object] | None = None) -> None:
+        """``throttle(peer, nbytes, "out"|"in")`` is called for every transfer
+        (network emulation of local clusters); None for a real network."""
+        self.throttle = throttle
         self.peers = list(peers)
         self.owner = np.asarray(owner, dtype=np.int64)
         self.nblocks = len(self.owner)
@@ -95,6 +100,10 @@ class PSClient:
             self.bytes_sent += k.nbytes
             pending[p] = (rid, sel, len(k))
         got = self._collect(pending)
+        if self.throttle is not None:
+            for p, (rid, sel, n) in pending.items():
+                self.throttle(p, n * 8, "out")
+                self.throttle(p, n * self.dim * self.dtype.itemsize, "in")
         if len(routes) == 1:
             p = routes[0][0]
             rows = _frame_array(got[p].frames[0], self.dtype, (len(keys), self.dim))
@@ -123,3 +132,6 @@ class PSClient:
             self.bytes_sent += k.nbytes + v.nbytes
             pending[p] = (rid, sel, len(k))
         self._collect(pending)
+        if self.throttle is not None:
+            for p, (rid, sel, n) in pending.items():
+                self.throttle(p, n * (8 + self.dim * self.dtype.itemsize), "out")

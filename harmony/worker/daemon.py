@@ -25,7 +25,9 @@ import psutil
 import zmq
 
 from harmony.comm import messages as M
-from harmony.comm.zmqutil import make_socket
+from harmony.comm.zmqutil import bind_random, make_socket
+from harmony.worker.netem import NetEm, job_token
+from harmony.worker.queues import QueueError, ResourceQueues, Sub
 
 log = logging.getLogger("harmony.worker")
 
@@ -65,11 +67,22 @@ def _tail(path: str, n: int = 2000) -> str:
 class Daemon:
     def __init__(self, master: str, name: str | None = None, host: str = "127.0.0.1",
                  cpus: int | None = None, memory: int | None = None,
-                 state_dir: str | None = None) -> None:
+                 state_dir: str | None = None, cpu_set: list[int] | None = None,
+                 netem: str | None = None) -> None:
         self.master = master
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.host = host
-        self.cpus = cpus or psutil.cpu_count(logical=True) or 1
+        self.cpu_set = sorted(cpu_set) if cpu_set else None
+        if self.cpu_set:
+            # an emulated machine: this daemon and its executors on these cores
+            os.sched_setaffinity(0, self.cpu_set)
+        self.cpus = cpus or (len(self.cpu_set) if self.cpu_set else None) \
+            or psutil.cpu_count(logical=True) or 1
+        self.netem_path = netem
+        self.netem = NetEm(netem) if netem else None
+        if self.netem is not None and self.name not in self.netem.index:
+            raise ValueError(f"machine {self.name!r} is not in the network emulation "
+                             f"({self.netem.names})")
         self.memory = memory or psutil.virtual_memory().total
         self.state_dir = os.path.abspath(state_dir or os.path.join(
             os.path.expanduser("~/.harmony/workers"), self.name))
@@ -77,6 +90,18 @@ class Daemon:
         self.ctx = zmq.Context()
         self.sock = make_socket(self.ctx, zmq.DEALER, identity=f"w:{self.name}:{os.getpid()}".encode())
         self.sock.connect(master)
+        # executors of this machine talk to the daemon here (subtask queues)
+        self.xsock = make_socket(self.ctx, zmq.ROUTER)
+        self.xendpoint = bind_random(self.xsock, "127.0.0.1")
+        self.queues = ResourceQueues()
+        self.xident: dict[str, bytes] = {}           # job -> executor identity
+        self.pending: dict[str, list[bytes]] = {}    # grants waiting for a hello
+        self.events_path = os.path.join(self.state_dir, "queue-events.jsonl")
+        self._events = open(self.events_path, "a", buffering=1)
+        self.busy = {"cpu": 0.0, "net": 0.0}
+        self._running: dict[tuple[str, int], tuple[float, str]] = {}  # -> (start, kind)
+        self._stats_prev: dict | None = None
+        self._cpu_last: dict[int, float] = {}
         self.execs: dict[str, ExecProc] = {}
         self.registered = False
         self.hb_interval = 1.0
@@ -100,16 +125,23 @@ class Daemon:
                  self.memory / 2**30, self.master)
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.xsock, zmq.POLLIN)
         try:
             while not self._stop:
                 try:
-                    if poller.poll(100):
-                        while True:
-                            try:
-                                frames = self.sock.recv_multipart(zmq.NOBLOCK)
-                            except zmq.Again:
-                                break
-                            self._handle(frames)
+                    ready = dict(poller.poll(100))
+                    while self.xsock in ready:
+                        try:
+                            frames = self.xsock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._handle_exec(frames)
+                    while self.sock in ready:
+                        try:
+                            frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._handle(frames)
                 except zmq.ZMQError as exc:
                     if exc.errno != zmq.EINTR:
                         raise
@@ -117,7 +149,8 @@ class Daemon:
                 if now - self._last_send >= self.hb_interval:
                     self._last_send = now
                     if self.registered:
-                        self._send("heartbeat", name=self.name, executors=sorted(self.execs))
+                        self._send("heartbeat", name=self.name, executors=sorted(self.execs),
+                                   stats=self._stats(now))
                         if now - self._last_ack > 5 * self.hb_interval:
                             log.warning("no reply from master for %.0fs; re-registering",
                                         now - self._last_ack)
@@ -142,7 +175,11 @@ class Daemon:
                 ep.proc.wait()
         self.execs.clear()
         self.sock.close(linger=0)
+        self.xsock.close(linger=0)
         self.ctx.term()
+        self._events.close()
+        if self.netem is not None:
+            self.netem.close()
         log.info("worker %s stopped", self.name)
 
     # -- messages from the master ------------------------------------------------
@@ -166,7 +203,13 @@ class Daemon:
                 log.warning("master error: %s: %s", msg["code"], msg["message"])
         elif msg.type == "launch":
             self._launch(msg)
+        elif msg.type == "enqueue":
+            try:
+                self._apply(self.queues.enqueue(Sub(msg["job"], msg["seq"], msg["kind"])))
+            except QueueError as exc:
+                log.warning("enqueue refused: %s", exc)
         elif msg.type == "kill":
+            self._drop(msg["job"])
             ep = self.execs.get(msg["job"])
             if ep is not None:
                 log.info("stopping executor of %s", msg["job"])
@@ -188,16 +231,22 @@ class Daemon:
         spec = {"job": job, "index": msg["index"], "count": msg["count"],
                 "attempt": msg["attempt"], "app_name": msg["app_name"],
                 "app_source": msg["app_source"], "args": msg["args"],
-                "master": self.master, "host": self.host, "worker": self.name}
+                "master": self.master, "host": self.host, "worker": self.name,
+                "daemon": self.xendpoint, "netem": self.netem_path}
         spec_path = os.path.join(d, "spec.msgpack")
         with open(spec_path, "wb") as fh:
             fh.write(msgpack.packb(spec, use_bin_type=True))
         log_path = os.path.join(d, "executor.log")
+        env = dict(os.environ)
+        threads = str(self.cpus)  # numeric libraries use this machine's cores only
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "NUMEXPR_NUM_THREADS", "HARMONY_THREADS"):
+            env[var] = threads
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "harmony.worker.executor", spec_path],
                 stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent, cwd=d)
+                start_new_session=True, preexec_fn=_die_with_parent, cwd=d, env=env)
         self.execs[job] = ExecProc(job, msg["index"], msg["attempt"], proc, d, log_path)
         log.info("started executor %d of %s (attempt %d, pid %d)", msg["index"], job,
                  msg["attempt"], proc.pid)
@@ -219,8 +268,117 @@ class Daemon:
                     ep.proc.kill()
                 continue
             del self.execs[job]
+            self._drop(job)
             tail = _tail(ep.log_path) if code != 0 else ""
             log.info("executor of %s exited with %s", job, code)
             self._send("exec_exited", job=job, index=ep.index, code=int(code), log_tail=tail)
             if code == 0:
                 shutil.rmtree(ep.dir, ignore_errors=True)
+
+    # -- subtask queues ------------------------------------------------------------
+    def _log_event(self, ev: str, sub: Sub, role: str = "") -> None:
+        self._events.write(f'{{"t": {time.time():.6f}, "ev": "{ev}", "job": "{sub.job}", '
+                           f'"seq": {sub.seq}, "kind": "{sub.kind}", "role": "{role}"}}\n')
+
+    def _apply(self, actions: list[tuple]) -> None:
+        for act in actions:
+            if act[0] == "grant":
+                _, sub, role = act
+                self._running[(sub.job, sub.seq)] = (time.time(), sub.kind)
+                self._log_event("grant", sub, role)
+                if role == "primary" and self.netem is not None:
+                    self.netem.set_primary(self.name, job_token(sub.job))
+                payload = M.encode("grant", seq=sub.seq, role=role)
+                ident = self.xident.get(sub.job)
+                if ident is None:
+                    self.pending.setdefault(sub.job, []).append(payload)
+                else:
+                    self._xsend(ident, payload)
+            elif act[0] == "promote":
+                sub = act[1]
+                self._log_event("promote", sub, "primary")
+                if self.netem is not None:
+                    self.netem.set_primary(self.name, job_token(sub.job))
+        if self.netem is not None and self.queues.primary() is None:
+            self.netem.set_primary(self.name, 0)
+
+    def _xsend(self, ident: bytes, payload: bytes) -> None:
+        try:
+            self.xsock.send_multipart([ident, payload])
+        except zmq.ZMQError as exc:
+            log.warning("executor unreachable: %s", exc)
+
+    def _drop(self, job: str) -> None:
+        now = time.time()
+        for key in [k for k in self._running if k[0] == job]:
+            start, kind = self._running.pop(key)
+            self.busy[kind] += now - start
+        self.xident.pop(job, None)
+        self.pending.pop(job, None)
+        self._apply(self.queues.drop_job(job))
+
+    def _handle_exec(self, frames: list[bytes]) -> None:
+        ident = frames[0]
+        try:
+            msg = M.decode(frames[1:])
+        except M.ProtocolError as exc:
+            log.warning("malformed message from an executor: %s", exc)
+            return self._xsend(ident, M.error("bad_message", str(exc)))
+        if msg.type == "hello":
+            ep = self.execs.get(msg["job"])
+            if ep is None or ep.attempt != msg["attempt"]:
+                return self._xsend(ident, M.encode("abort", reason="not an executor of this machine"))
+            self.xident[msg["job"]] = ident
+            for payload in self.pending.pop(msg["job"], []):
+                self._xsend(ident, payload)
+        elif msg.type == "sub_done":
+            if self.xident.get(msg["job"]) != ident:
+                return self._xsend(ident, M.error("unexpected", "sub_done from a stranger"))
+            key = (msg["job"], msg["seq"])
+            try:
+                acts = self.queues.done(*key)
+            except QueueError as exc:
+                return self._xsend(ident, M.error("bad_request", str(exc)))
+            start, kind = self._running.pop(key, (None, "?"))
+            if start is not None:
+                self.busy[kind] += time.time() - start
+            self._log_event("done", Sub(msg["job"], msg["seq"], kind))
+            self._apply(acts)
+        else:
+            self._xsend(ident, M.error("unexpected", f"the daemon does not accept {msg.type!r}"))
+
+    def _stats(self, now: float) -> dict:
+        """Utilization of this machine since the last heartbeat: CPU from the
+        executors' CPU time (psutil), network from the emulated links, and
+        the busy time of both subtask queues."""
+        dcpu = 0.0
+        seen: dict[int, float] = {}
+        for ep in self.execs.values():
+            try:
+                t = psutil.Process(ep.proc.pid).cpu_times()
+            except psutil.Error:
+                continue
+            total = t.user + t.system
+            seen[ep.proc.pid] = total
+            dcpu += total - self._cpu_last.get(ep.proc.pid, 0.0)
+        self._cpu_last = seen
+        eg = ing = 0.0
+        if self.netem is not None:
+            eg, ing, _ = self.netem.counters(self.name)
+        running = {"cpu": 0.0, "net": 0.0}
+        for start, kind in self._running.values():
+            running[kind] += now - start
+        cur = {"t": now, "eg": eg, "in": ing,
+               "q_cpu": self.busy["cpu"] + running["cpu"],
+               "q_net": self.busy["net"] + running["net"]}
+        prev, self._stats_prev = self._stats_prev, cur
+        if prev is None:
+            return {"t": now}
+        dt = max(now - prev["t"], 1e-6)
+        out = {"t": now, "dt": dt, "cpu": min(1.0, max(0.0, dcpu) / (dt * self.cpus)),
+               "q_cpu": min(1.0, (cur["q_cpu"] - prev["q_cpu"]) / dt),
+               "q_net": min(1.0, (cur["q_net"] - prev["q_net"]) / (2 * dt))}
+        if self.netem is not None:
+            out["net"] = min(1.0, max(cur["eg"] - prev["eg"], cur["in"] - prev["in"])
+                             / (dt * self.netem.rate))
+        return out

@@ -27,6 +27,7 @@ from harmony.ps.client import PSClient, PSError
 from harmony.ps.keymap import block_of
 from harmony.ps.server import ShardServer, ShardTable
 from harmony.store.blocks import BlockStore
+from harmony.worker.netem import NetEm, job_token
 
 log = logging.getLogger("harmony.executor")
 
@@ -55,8 +56,15 @@ class Executor:
         ident = f"x:{self.job}:{self.index}:{self.attempt}:{os.getpid()}".encode()
         self.ctl = make_socket(self.ctx, zmq.DEALER, identity=ident)
         self.ctl.connect(spec["master"])
+        self.dsock = make_socket(self.ctx, zmq.DEALER, identity=ident)
+        if spec.get("daemon"):
+            self.dsock.connect(spec["daemon"])
+        self.netem = NetEm(spec["netem"]) if spec.get("netem") else None
         self.server: ShardServer | None = None
         self.client: PSClient | None = None
+        self.queued = False
+        self.seq = 0
+        self.net_wait = 0.0   # seconds spent in emulated transfers
 
     def send(self, mtype: str, **fields) -> None:
         self.ctl.send(M.encode(mtype, job=self.job, index=self.index, **fields))
@@ -99,12 +107,18 @@ class Executor:
                                    num_keys=spec.num_keys, dim=spec.dim,
                                    model_blocks=opts.model_blocks, local_blocks=len(store)))
             start = self.wait("job_start")
+            self.queued = start["mode"] == "queued"
             owner = np.asarray(start["owner"], dtype=np.int64)
             all_keys = np.arange(spec.num_keys, dtype=np.int64)
             mine = all_keys[owner[block_of(all_keys, start["model_blocks"])] == self.index]
             table.load(mine, app.init_rows(mine))
-            self.client = PSClient(self.ctx, start["peers"], owner, spec.dim, spec.dtype)
-            self.barrier(-1, 0)  # every shard initialized before the first pull
+            self.client = PSClient(self.ctx, start["peers"], owner, spec.dim, spec.dtype,
+                                   throttle=self._throttle_fn(start["machines"]))
+            if self.queued:
+                self.dsock.send(M.encode("hello", job=self.job, index=self.index,
+                                         attempt=self.attempt))
+            else:
+                self.barrier(-1, 0)  # every shard initialized before the first pull
             self._train(app, opts, store, table)
             self.send("exec_finished")
             return 0
@@ -131,37 +145,93 @@ class Executor:
         except zmq.ZMQError:
             pass
 
+    def _throttle_fn(self, machines: list[str]):
+        if self.netem is None:
+            return None
+        me, token = self.spec["worker"], job_token(self.job)
+
+        def throttle(peer: int, nbytes: int, direction: str) -> None:
+            other = machines[peer]
+            src, dst = (me, other) if direction == "out" else (other, me)
+            self.net_wait += self.netem.transfer(src, dst, nbytes, token)
+        return throttle
+
+    def _sub(self, kind: str, fn):
+        """Run one subtask. In queued (Harmony) mode: report the previous
+        subtask to the master's synchronizer, wait for this machine's
+        daemon to grant the CPU or NET slot, run, and release the slot."""
+        if not self.queued:
+            return fn()
+        self.send("sync", seq=self.seq, next=kind)
+        self.seq += 1
+        while True:
+            msg = M.decode(self.dsock.recv_multipart())
+            if msg.type == "grant" and msg["seq"] == self.seq:
+                break
+            if msg.type == "abort":
+                raise Aborted(msg["reason"])
+            if msg.type == "error":
+                raise RuntimeError(f"daemon: {msg['code']}: {msg['message']}")
+        try:
+            return fn()
+        finally:
+            self.dsock.send(M.encode("sub_done", job=self.job, seq=self.seq))
+
     def _train(self, app: App, opts, store: BlockStore, table: ShardTable) -> None:
         assert self.client is not None
         blocks = list(store)
         groups = block_groups(blocks, opts.iters_per_epoch)
         for epoch in range(opts.max_epochs):
             tm = {"pull": 0.0, "comp": 0.0, "push": 0.0, "sync": 0.0}
+            self.net_wait = 0.0
             t_epoch = time.perf_counter()
+            client = self.client
             for it, group in enumerate(groups):
-                t0 = time.perf_counter()
+                step = Step(epoch, it, opts.iters_per_epoch)
                 keys = app.keys(group)
-                rows = self.client.pull(keys)
-                rows.flags.writeable = False
-                t1 = time.perf_counter()
-                deltas = app.compute(group, keys, rows, Step(epoch, it, opts.iters_per_epoch))
-                t2 = time.perf_counter()
-                self.client.push(keys, deltas)
-                t3 = time.perf_counter()
-                self.barrier(epoch, it)
-                t4 = time.perf_counter()
-                tm["pull"] += t1 - t0
-                tm["comp"] += t2 - t1
-                tm["push"] += t3 - t2
-                tm["sync"] += t4 - t3
+                box = {}
+
+                def pull():
+                    t = time.perf_counter()
+                    rows = client.pull(keys)
+                    rows.flags.writeable = False
+                    box["rows"] = rows
+                    tm["pull"] += time.perf_counter() - t
+
+                def comp():
+                    t = time.perf_counter()
+                    box["deltas"] = app.compute(group, keys, box["rows"], step)
+                    tm["comp"] += time.perf_counter() - t
+
+                def push():
+                    t = time.perf_counter()
+                    client.push(keys, box["deltas"])
+                    tm["push"] += time.perf_counter() - t
+
+                t0 = time.perf_counter()
+                self._sub("net", pull)
+                self._sub("cpu", comp)
+                self._sub("net", push)
+                if not self.queued:
+                    self.barrier(epoch, it)
+                tm["sync"] += time.perf_counter() - t0
+            tm["sync"] -= tm["pull"] + tm["comp"] + tm["push"]
             tm["train"] = time.perf_counter() - t_epoch
+            tm["iters"] = float(len(groups))
             t0 = time.perf_counter()
             keys = app.keys(blocks)
-            sums = _plain(app.objective(blocks, keys, self.client.pull(keys)))
-            with table.lock:
-                for k, v in _plain(app.model_objective(table.keys, table.rows)).items():
-                    sums[k] = sums.get(k, 0.0) + v
+            box = {}
+            self._sub("net", lambda: box.__setitem__("rows", client.pull(keys)))
+
+            def evaluate():
+                box["sums"] = _plain(app.objective(blocks, keys, box["rows"]))
+                with table.lock:
+                    for k, v in _plain(app.model_objective(table.keys, table.rows)).items():
+                        box["sums"][k] = box["sums"].get(k, 0.0) + v
+            self._sub("cpu", evaluate)
+            sums = box["sums"]
             tm["eval"] = time.perf_counter() - t0
+            tm["net_wait"] = self.net_wait
             self.send("epoch_done", epoch=epoch, sums=sums, timings=tm)
             total = self.wait("epoch_sums")
             metrics = _plain(app.metrics(total["sums"]))
@@ -174,6 +244,9 @@ class Executor:
                 return
 
     def close(self) -> None:
+        if self.netem is not None:
+            self.netem.close()
+        self.dsock.close(linger=100)
         if self.client is not None:
             self.client.close()
         if self.server is not None:

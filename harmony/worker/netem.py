@@ -1,0 +1,156 @@
+"""Network emulation for local clusters: a per-machine bandwidth cap.
+
+On one host, loopback makes the network practically free, and co-location
+effects vanish. A local cluster therefore models every emulated machine's
+NIC as two links, egress and ingress, of ``rate`` bytes/s each. Every PS
+transfer between two *different* emulated machines reserves time on the
+sender's egress and the receiver's ingress (virtual-time link model: a chunk
+of n bytes occupies a link for n/rate seconds, starting when both links are
+free). The transferring thread then sleeps until its reservation ends.
+Traffic within one machine is free, as on real hardware.
+
+Why this and not network namespaces with ``tc``: it needs no root or
+CAP_NET_ADMIN (CI may have neither), it is deterministic, and it can express
+the NET queue's priorities. The *primary* network subtask of a machine
+reserves on a priority track that ignores the secondary's reservations. The
+*secondary* reserves behind everything, so it only uses time the primary
+leaves idle, and yields when they contend.
+
+The state is one small memory-mapped file per cluster, shared by all
+executor processes and daemons, and guarded by ``flock``. Per machine it
+holds the busy-until times of both tracks of both links, byte counters for
+utilization, and the token of the job that is the machine's current
+primary.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import mmap
+import os
+import struct
+import time
+import zlib
+
+# per machine: eg_all, eg_pri, in_all, in_pri, eg_bytes, in_bytes, busy_s, primary
+_FIELDS = 8
+_F = struct.Struct("<7dq")
+CHUNK = 256 * 1024
+
+
+def job_token(job: str) -> int:
+    return zlib.crc32(job.encode()) + 1  # never 0 (0 = no primary)
+
+
+def parse_rate(text: str) -> float:
+    """'50M', '50MB/s' (bytes/s) or '400Mbit', '1Gbps' (bits/s) -> bytes/s."""
+    t = text.strip().lower().removesuffix("/s")
+    bits = t.endswith(("bps", "bit"))
+    if bits:
+        t = t[:-3]
+    elif t.endswith("b"):
+        t = t[:-1]
+    mult = 1.0
+    if t and t[-1] in "kmgt":
+        mult = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[t[-1]]
+        t = t[:-1]
+    try:
+        val = float(t) * mult
+    except ValueError:
+        raise ValueError(f"not a bandwidth: {text!r} (e.g. 50MB/s, 400Mbit)") from None
+    if val <= 0:
+        raise ValueError(f"bandwidth must be positive: {text!r}")
+    return val / 8 if bits else val
+
+
+class NetEm:
+    """Shared link state of all emulated machines of one local cluster."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with open(path + ".json") as fh:
+            meta = json.load(fh)
+        self.rate = float(meta["rate"])
+        self.names: list[str] = meta["machines"]
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self._fd = os.open(path, os.O_RDWR)
+        self._mm = mmap.mmap(self._fd, _F.size * len(self.names))
+
+    @staticmethod
+    def create(path: str, machines: list[str], rate: float) -> "NetEm":
+        with open(path + ".json", "w") as fh:
+            json.dump({"rate": rate, "machines": machines}, fh)
+        with open(path, "wb") as fh:
+            fh.write(b"\0" * (_F.size * len(machines)))
+        return NetEm(path)
+
+    def close(self) -> None:
+        self._mm.close()
+        os.close(self._fd)
+
+    def _get(self, m: int) -> list:
+        return list(_F.unpack_from(self._mm, m * _F.size))
+
+    def _put(self, m: int, rec: list) -> None:
+        _F.pack_into(self._mm, m * _F.size, *rec)
+
+    def set_primary(self, machine: str, token: int) -> None:
+        m = self.index[machine]
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            rec = self._get(m)
+            rec[7] = token
+            self._put(m, rec)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def counters(self, machine: str) -> tuple[float, float, float]:
+        """(egress bytes, ingress bytes, link busy seconds) since creation."""
+        rec = self._get(self.index[machine])
+        return rec[4], rec[5], rec[6]
+
+    def reserve(self, src: str, dst: str, nbytes: int, token: int = 0) -> float:
+        """Reserve ``nbytes`` from src to dst; return when the transfer ends
+        (time.monotonic). Priority: ``token`` equal to src's or dst's current
+        primary puts the chunk on the priority track."""
+        s, d = self.index[src], self.index[dst]
+        dur = nbytes / self.rate
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            now = time.monotonic()
+            a, b = self._get(s), self._get(d)
+            primary = token != 0 and (a[7] == token or b[7] == token)
+            if primary:
+                start = max(now, a[1], b[3])
+                end = start + dur
+                a[1], b[3] = end, end
+                a[0], b[2] = max(a[0], end), max(b[2], end)
+            else:
+                start = max(now, a[0], b[2])
+                end = start + dur
+                a[0], b[2] = end, end
+            a[4] += nbytes
+            b[5] += nbytes
+            a[6] += dur
+            self._put(s, a)
+            if d != s:
+                self._put(d, b)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return end
+
+    def transfer(self, src: str, dst: str, nbytes: int, token: int = 0) -> float:
+        """Pay for a transfer in chunks (so that concurrent transfers
+        interleave) and sleep until it is done. Returns seconds waited."""
+        if src == dst or nbytes <= 0:
+            return 0.0
+        t0 = time.monotonic()
+        left = nbytes
+        while left > 0:
+            n = min(CHUNK, left)
+            end = self.reserve(src, dst, n, token)
+            left -= n
+            delay = end - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        return time.monotonic() - t0
