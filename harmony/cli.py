@@ -168,11 +168,15 @@ def cmd_jobs(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(jobs, indent=2))
         return 0
-    print(f"{'JOB':10} {'APP':8} {'STATE':10} {'MACH':>4} {'EPOCHS':>6} {'OBJECTIVE':>14}  WORKERS")
+    print(f"{'JOB':10} {'APP':8} {'STATE':10} {'MACH':>4} {'EPOCHS':>6} {'OBJECTIVE':>12} "
+          f"{'T_CPU':>7} {'T_NET':>7} {'T_ITER':>7}  WORKERS")
     for j in jobs:
         obj = "" if j["objective"] is None else f"{j['objective']:.6g}"
+        p = j.get("profile") or {}
+        prof = " ".join(f"{p[k]:7.3f}" if k in p else f"{'':7}"
+                        for k in ("t_cpu", "t_net", "t_iter"))
         print(f"{j['id']:10} {j['app'][:8]:8} {j['state']:10} {j['machines']:>4} "
-              f"{j['epochs']:>6} {obj:>14}  {','.join(j['workers'])}")
+              f"{j['epochs']:>6} {obj:>12} {prof}  {','.join(j['workers'])}")
     return 0
 
 
@@ -187,6 +191,12 @@ def cmd_status(a: argparse.Namespace) -> int:
     print(f"machines   {st['machines']}  {', '.join(st['workers'])}")
     print(f"elapsed    {st['elapsed']:.1f}s")
     print("time in    " + ", ".join(f"{k} {v:.1f}s" for k, v in st["state_time"].items()))
+    p = st.get("profile") or {}
+    if p:
+        print(f"profile    Tcpu {p['t_cpu']:.3f}s  Tnet {p['t_net']:.3f}s  "
+              f"iteration {p['t_iter']:.3f}s  (moving averages at {p['machines']} machines)")
+    if st.get("group"):
+        print(f"group      {st['group']}")
     if st.get("error"):
         print(f"error      {st['error']}")
     if st["epochs"]:

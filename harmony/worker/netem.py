@@ -12,9 +12,10 @@ Traffic within one machine is free, as on real hardware.
 Why this and not network namespaces with ``tc``: it needs no root or
 CAP_NET_ADMIN (CI may have neither), it is deterministic, and it can express
 the NET queue's priorities. The *primary* network subtask of a machine
-reserves on a priority track that ignores the secondary's reservations. The
-*secondary* reserves behind everything, so it only uses time the primary
-leaves idle, and yields when they contend.
+reserves as soon as the link is free. The *secondary* backs off while the
+primary has used the link within the last chunk time, so it only uses time
+the primary leaves idle, and yields (at chunk granularity) when they
+contend.
 
 The state is one small memory-mapped file per cluster, shared by all
 executor processes and daemons, and guarded by ``flock``. Per machine it
@@ -109,26 +110,34 @@ class NetEm:
         rec = self._get(self.index[machine])
         return rec[4], rec[5], rec[6]
 
-    def reserve(self, src: str, dst: str, nbytes: int, token: int = 0) -> float:
-        """Reserve ``nbytes`` from src to dst; return when the transfer ends
-        (time.monotonic). Priority: ``token`` equal to src's or dst's current
-        primary puts the chunk on the priority track."""
+    def reserve(self, src: str, dst: str, nbytes: int, token: int = 0) -> tuple[float, bool]:
+        """Try to reserve ``nbytes`` from src to dst. Returns (time, True)
+        with the end of the reserved transfer (time.monotonic), or
+        (time, False) when a secondary must back off until that time
+        because the primary is using the link. ``token`` equal to src's or
+        dst's current primary makes the chunk primary."""
         s, d = self.index[src], self.index[dst]
         dur = nbytes / self.rate
+        gap = CHUNK / self.rate
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             now = time.monotonic()
             a, b = self._get(s), self._get(d)
             primary = token != 0 and (a[7] == token or b[7] == token)
+            if not primary:
+                # the secondary only fills gaps: while the primary has used
+                # the link within the last chunk time, it backs off
+                busy_until = max(a[1], b[3])
+                if busy_until > now - gap and (a[7] or b[7]):
+                    return busy_until + gap, False
+            # no two reservations of a link overlap, so the cap holds; a link
+            # that sat idle may catch up one chunk (a token bucket of one chunk
+            # of burst), so a thread's oversleep does not lower the rate
+            start = max(now - gap, a[0], b[2])
+            end = start + dur
+            a[0], b[2] = end, end
             if primary:
-                start = max(now, a[1], b[3])
-                end = start + dur
                 a[1], b[3] = end, end
-                a[0], b[2] = max(a[0], end), max(b[2], end)
-            else:
-                start = max(now, a[0], b[2])
-                end = start + dur
-                a[0], b[2] = end, end
             a[4] += nbytes
             b[5] += nbytes
             a[6] += dur
@@ -137,7 +146,7 @@ class NetEm:
                 self._put(d, b)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
-        return end
+        return end, True
 
     def transfer(self, src: str, dst: str, nbytes: int, token: int = 0) -> float:
         """Pay for a transfer in chunks (so that concurrent transfers
@@ -148,8 +157,9 @@ class NetEm:
         left = nbytes
         while left > 0:
             n = min(CHUNK, left)
-            end = self.reserve(src, dst, n, token)
-            left -= n
+            end, ok = self.reserve(src, dst, n, token)
+            if ok:
+                left -= n
             delay = end - time.monotonic()
             if delay > 0:
                 time.sleep(delay)

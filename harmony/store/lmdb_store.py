@@ -1,0 +1,618 @@
+"""LMDB-backed block storage for one job on one machine: spilled input blocks,
+spilled model blocks and (through :mod:`harmony.store.checkpoint`) checkpoints.
+
+Layout and the one-environment-per-job decision
+-----------------------------------------------
+Everything of job ``J`` on a machine lives under ``ROOT/J/``::
+
+    ROOT/J/OWNER    flock'ed by the one process using the directory (pid inside)
+    ROOT/J/spill/   LMDB env, sync=False: spilled input blocks ("input" db) and
+                    spilled model blocks ("model" db). Scratch: rebuilt from the
+                    input (and the latest checkpoint) by every new owner.
+    ROOT/J/ckpt/    LMDB env, sync=True: model checkpoints (checkpoint.py).
+
+One environment per *job* (not one per machine), because:
+
+* cleanup is ``rm -rf ROOT/J`` (job finished) or ``rm -rf ROOT/J/spill``
+  (executor crashed); nothing has to be deleted key by key inside a shared
+  file, whose pages LMDB would keep anyway (LMDB files never shrink);
+* isolation: a job that fills its map or the disk gets a ``StoreFullError``
+  in its own environment; a full or damaged file of one job can never take
+  another job's data with it, and a per-job hard cap (``max_map_size``) is a
+  disk quota;
+* LMDB allows one write transaction per environment: per-job envs do not
+  serialize the spill writes of co-located jobs behind one lock;
+* exactly one process (the job's executor) opens the env, which is what LMDB
+  wants (an env must not be opened twice in one process) and makes the
+  ``OWNER`` lock meaningful.
+
+The cost is one sparse memory map and a few file descriptors per job, and
+there are only a handful of jobs per machine.
+
+Spill and checkpoints are *separate* environments because durability is a
+per-environment setting: the spill cache runs with ``sync=False`` (fast; after
+a crash it is deleted, since it can be rebuilt), while ``MDB_NOSYNC`` lets a
+system crash corrupt the whole environment, so checkpoints live in an env
+opened with ``sync=True, metasync=True``.
+
+LMDB handled as a database
+--------------------------
+* The map is sparse: ``map_size`` costs address space, not disk. It starts at
+  ``map_size`` and, on ``MapFullError``, the transaction is aborted, the map is
+  grown (doubled, or more for a large value) and the write is retried. Growing
+  needs no live transaction in the process, so every transaction holds a
+  shared lock and growth takes it exclusively.
+* ``max_map_size`` is a hard cap (a per-job disk quota). Reaching it, or a
+  write that the OS refuses for lack of room (``ENOSPC``, ``EDQUOT``, a file
+  size limit; LMDB reports a short write as ``EIO``), raises
+  :class:`StoreFullError` naming the path, the job, the bytes needed and the
+  room left. The failed transaction is aborted by LMDB, so what was committed
+  before stays readable.
+* ``writemap`` stays off: with a writable map a full disk becomes a SIGBUS
+  that kills the process instead of an error.
+* Every stored block carries a CRC-32 trailer (``zlib.crc32``, ~6 GB/s here),
+  checked on every read; a bad or missing block raises :class:`BlockLoadError`
+  naming the block. Checkpoints use SHA-256 in their manifest instead.
+* Stale state: a new owner takes ``flock(OWNER)`` (released by the kernel when
+  a process dies, so it is never stale itself); if another live process holds
+  it the open fails with :class:`StoreBusyError`. The spill env is always
+  deleted and recreated on open (it is scratch); the checkpoint env is kept
+  and its stale reader slots are cleared (``reader_check``).
+  :func:`sweep_stale` does the same for every job dir no process owns (for a
+  worker daemon at start-up).
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+import resource
+import shutil
+import socket
+import struct
+import threading
+import time
+import zlib
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator, TypeVar
+
+import lmdb
+
+from harmony.store.blocks import Block, BlockFormatError, export_block, import_block
+
+log = logging.getLogger("harmony.store.lmdb")
+
+MiB = 1 << 20
+DEFAULT_MAP_SIZE = 1 << 30        # sparse: address space only
+DEFAULT_TXN_BYTES = 256 * MiB     # put_many splits bigger batches (bounds dirty memory)
+_JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_KEY = struct.Struct(">Q")        # big-endian: cursor order == block id order
+_TRAILER = struct.Struct("<4sIQ")  # magic, crc32(payload), len(payload)
+_TMAGIC = b"HSC1"
+
+T = TypeVar("T")
+
+
+class StoreError(Exception):
+    """An LMDB store failed (other than a full disk or a bad block)."""
+
+
+class StoreFullError(StoreError):
+    """No room: the env reached its hard cap or the disk/file limit is hit."""
+
+    def __init__(self, path: str, job: str, needed: int, available: int | None,
+                 reason: str) -> None:
+        avail = "unknown" if available is None else f"{available} bytes"
+        super().__init__(f"store full: job {job}, {path}: {reason} "
+                         f"(needed {needed} bytes, room left {avail})")
+        self.path, self.job, self.needed, self.available = path, job, needed, available
+
+
+class StoreBusyError(StoreError):
+    """Another live process owns the job directory."""
+
+
+class BlockLoadError(StoreError):
+    """A block could not be loaded: missing, corrupt, or the read failed."""
+
+    def __init__(self, block_id: int, where: str, reason: str) -> None:
+        super().__init__(f"block {block_id} ({where}): {reason}")
+        self.block_id, self.where, self.reason = block_id, where, reason
+
+
+def _key(block_id: int) -> bytes:
+    if block_id < 0:
+        raise ValueError(f"block id must be >= 0, got {block_id}")
+    return _KEY.pack(block_id)
+
+
+def frame(payload: bytes | memoryview) -> bytes:
+    """``payload`` + trailer (magic, CRC-32, length)."""
+    return b"".join([payload, _TRAILER.pack(_TMAGIC, zlib.crc32(payload), len(payload))])
+
+
+def unframe(value: bytes | memoryview) -> memoryview:
+    """Check the trailer of a stored value; return the payload (a view).
+    Raises ``ValueError`` with the reason if the value is damaged."""
+    mv = memoryview(value)
+    if len(mv) < _TRAILER.size:
+        raise ValueError(f"truncated value ({len(mv)} bytes)")
+    magic, crc, n = _TRAILER.unpack(mv[len(mv) - _TRAILER.size:])
+    if magic != _TMAGIC:
+        raise ValueError("bad trailer (truncated or overwritten value)")
+    if n != len(mv) - _TRAILER.size:
+        raise ValueError(f"length mismatch: trailer says {n} bytes, "
+                         f"value holds {len(mv) - _TRAILER.size}")
+    payload = mv[:n]
+    if zlib.crc32(payload) != crc:
+        raise ValueError("checksum mismatch (CRC-32): corrupt data")
+    return payload
+
+
+class _ResizeLock:
+    """Shared for transactions, exclusive for ``set_mapsize`` (which needs no
+    live transaction in the process). Waiting resizers block new readers."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._active = 0
+        self._resizing = False
+        self._waiting = 0
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cv:
+            while self._resizing or self._waiting:
+                self._cv.wait()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._active -= 1
+                if self._active == 0:
+                    self._cv.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cv:
+            self._waiting += 1
+            while self._resizing or self._active:
+                self._cv.wait()
+            self._waiting -= 1
+            self._resizing = True
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._resizing = False
+                self._cv.notify_all()
+
+
+def room_left(path: str) -> int:
+    """Bytes a file under ``path`` can still grow by: free disk space, capped by
+    this process's file size limit (RLIMIT_FSIZE) minus the data file's size."""
+    free = shutil.disk_usage(path).free
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != resource.RLIM_INFINITY:
+        data = os.path.join(path, "data.mdb")
+        size = os.path.getsize(data) if os.path.exists(data) else 0
+        free = min(free, max(0, soft - size))
+    return free
+
+
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_FULL_TEXT = ("No space left", "Disk quota", "File too large")
+
+
+class LmdbEnv:
+    """One LMDB environment with map growth, a hard cap and clear errors.
+
+    Thread-safe: reads may run in several threads; writes are serialized.
+    """
+
+    def __init__(self, path: str, *, job: str, sync: bool,
+                 map_size: int = DEFAULT_MAP_SIZE, max_map_size: int | None = None,
+                 max_dbs: int = 8) -> None:
+        if max_map_size is not None and max_map_size < map_size:
+            map_size = max_map_size
+        self.path, self.job, self.sync = path, job, sync
+        self.max_map_size = max_map_size
+        os.makedirs(path, exist_ok=True)
+        try:
+            self.env = lmdb.open(path, map_size=map_size, subdir=True, max_dbs=max_dbs,
+                                 sync=sync, metasync=sync, writemap=False, meminit=False,
+                                 max_spare_txns=4)
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open LMDB env {path} (job {job}): {exc}") from exc
+        self._rw = _ResizeLock()
+        self._wlock = threading.Lock()
+        self._dbs: dict[str, object] = {}
+        self.grows = 0   # number of map growths (for tests and logs)
+        self.closed = False
+
+    # -- databases -----------------------------------------------------------
+    def db(self, name: str):
+        with self._wlock:
+            if name not in self._dbs:
+                # open_db writes (creates the db) on first use: same retry path
+                def _open():
+                    return self.env.open_db(name.encode(), create=True)
+                self._dbs[name] = self._retry_full(_open, 4096, lambda f: f())
+            return self._dbs[name]
+
+    @property
+    def map_size(self) -> int:
+        return int(self.env.info()["map_size"])
+
+    # -- transactions ----------------------------------------------------------
+    def read(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """Run ``fn(txn)`` in a read txn with ``buffers=True``: values are views
+        into the map, valid only inside ``fn``."""
+        with self._rw.shared():
+            with self.env.begin(buffers=True) as txn:
+                return fn(txn)
+
+    def write(self, fn: Callable[[lmdb.Transaction], T], size_hint: int) -> T:
+        """Run ``fn(txn)`` in one write txn and commit it, growing the map and
+        retrying on ``MapFullError``. ``fn`` must be safe to re-run (it is run
+        again from scratch after a growth). ``size_hint``: bytes it writes."""
+        def attempt(f):
+            with self._rw.shared():
+                with self.env.begin(write=True) as txn:   # commit on exit, abort on error
+                    return f(txn)
+        with self._wlock:
+            return self._retry_full(fn, size_hint, attempt)
+
+    def _retry_full(self, fn, size_hint: int, attempt):
+        while True:
+            try:
+                return attempt(fn)
+            except lmdb.MapFullError:
+                self._grow(size_hint)
+            except (lmdb.TxnFullError, lmdb.BadValsizeError) as exc:
+                raise StoreError(f"{self.path} (job {self.job}): {exc}") from exc
+            except lmdb.Error as exc:
+                self._write_failed(exc, size_hint)
+
+    def _grow(self, need: int) -> None:
+        cur = self.map_size
+        new = max(cur * 2, cur + 2 * need + 4 * MiB)
+        new = -(-new // MiB) * MiB
+        if self.max_map_size is not None:
+            if cur >= self.max_map_size:
+                raise StoreFullError(self.path, self.job, need, None,
+                                     f"environment reached its cap of {self.max_map_size} bytes")
+            new = min(new, self.max_map_size)
+        left = room_left(self.path)
+        if need > left:
+            raise StoreFullError(self.path, self.job, need, left, "not enough disk space")
+        with self._rw.exclusive():
+            self.env.set_mapsize(new)
+        self.grows += 1
+        log.info("%s: map grown %d -> %d MiB (job %s)", self.path, cur // MiB, new // MiB,
+                 self.job)
+
+    def _write_failed(self, exc: lmdb.Error, need: int) -> None:
+        text = str(exc)
+        left = room_left(self.path)
+        code = exc.args[1] if len(exc.args) > 1 and isinstance(exc.args[1], int) else None
+        full = (isinstance(exc, lmdb.DiskError) or code in _FULL_ERRNOS
+                or any(t in text for t in _FULL_TEXT)
+                # LMDB turns a short write (disk full in mid-write) into EIO
+                or ("Input/output error" in text and left < need + 4 * MiB))
+        if full:
+            raise StoreFullError(self.path, self.job, need, left, f"write refused: {text}") from exc
+        raise StoreError(f"{self.path} (job {self.job}): write failed: {text}") from exc
+
+    def sync_now(self) -> None:
+        self.env.sync(True)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            with self._rw.exclusive():
+                self.env.close()
+
+
+class LmdbBlockStore:
+    """Blocks in one named database of an :class:`LmdbEnv`; the same interface
+    as :class:`harmony.store.blocks.BlockStore` where it makes sense.
+
+    Values are ``export_block(block)`` plus a CRC-32 trailer; ``get`` checks it
+    and raises :class:`BlockLoadError` (naming the block) if the block is
+    missing or damaged. Thread-safe.
+    """
+
+    def __init__(self, env: LmdbEnv, name: str, txn_bytes: int = DEFAULT_TXN_BYTES) -> None:
+        self.env, self.name = env, name
+        self.txn_bytes = txn_bytes
+        self._db = env.db(name)
+
+    def _where(self) -> str:
+        return f"job {self.env.job}, {self.env.path} [{self.name}]"
+
+    # -- write -------------------------------------------------------------------
+    def put(self, block: Block) -> int:
+        """Store (or replace) a block; returns the bytes stored."""
+        return self.put_bytes(block.id, export_block(block))
+
+    def put_bytes(self, block_id: int, payload: bytes | memoryview) -> int:
+        key, value = _key(block_id), frame(payload)
+        self.env.write(lambda txn: txn.put(key, value, db=self._db), len(value))
+        return len(value)
+
+    def put_many(self, blocks: Iterable[Block]) -> int:
+        """Store many blocks in as few transactions as possible (each at most
+        ``txn_bytes``, so the txn's dirty pages stay bounded)."""
+        total = 0
+        batch: list[tuple[bytes, bytes]] = []
+        size = 0
+
+        def flush():
+            items = list(batch)
+            self.env.write(lambda txn: [txn.put(k, v, db=self._db) for k, v in items], size)
+
+        for blk in blocks:
+            value = frame(export_block(blk))
+            batch.append((_key(blk.id), value))
+            size += len(value)
+            total += len(value)
+            if size >= self.txn_bytes:
+                flush()
+                batch, size = [], 0
+        if batch:
+            flush()
+        return total
+
+    def remove(self, block_id: int) -> None:
+        key = _key(block_id)
+        found = self.env.write(lambda txn: txn.delete(key, db=self._db), 0)
+        if not found:
+            raise KeyError(f"block {block_id} is not in {self._where()}")
+
+    def discard(self, block_id: int) -> bool:
+        key = _key(block_id)
+        return bool(self.env.write(lambda txn: txn.delete(key, db=self._db), 0))
+
+    def clear(self) -> None:
+        self.env.write(lambda txn: txn.drop(self._db, delete=False), 0)
+
+    # -- read ----------------------------------------------------------------------
+    def get(self, block_id: int) -> Block:
+        """Load a block (one copy: from the map straight into its arrays)."""
+        key = _key(block_id)
+
+        def load(txn):
+            value = txn.get(key, db=self._db)
+            if value is None:
+                raise BlockLoadError(block_id, self._where(), "not in store")
+            try:
+                return import_block(unframe(value))
+            except (ValueError, BlockFormatError) as exc:
+                raise BlockLoadError(block_id, self._where(), str(exc)) from None
+        try:
+            blk = self.env.read(load)
+        except lmdb.Error as exc:
+            raise BlockLoadError(block_id, self._where(), f"LMDB read failed: {exc}") from exc
+        if blk.id != block_id:
+            raise BlockLoadError(block_id, self._where(), f"holds block {blk.id} instead")
+        return blk
+
+    def get_bytes(self, block_id: int) -> bytes:
+        """The checked payload (``export_block`` bytes) of a block, as a copy."""
+        key = _key(block_id)
+
+        def load(txn):
+            value = txn.get(key, db=self._db)
+            if value is None:
+                raise BlockLoadError(block_id, self._where(), "not in store")
+            try:
+                return bytes(unframe(value))
+            except ValueError as exc:
+                raise BlockLoadError(block_id, self._where(), str(exc)) from None
+        return self.env.read(load)
+
+    def ids(self) -> list[int]:
+        def scan(txn):
+            return [_KEY.unpack(bytes(k))[0]
+                    for k in txn.cursor(db=self._db).iternext(keys=True, values=False)]
+        return self.env.read(scan)
+
+    def __contains__(self, block_id: int) -> bool:
+        key = _key(block_id)
+        return self.env.read(lambda txn: txn.get(key, db=self._db) is not None)
+
+    def size(self, block_id: int) -> int:
+        """Stored payload bytes of a block."""
+        key = _key(block_id)
+
+        def n(txn):
+            v = txn.get(key, db=self._db)
+            if v is None:
+                raise KeyError(f"block {block_id} is not in {self._where()}")
+            return len(v) - _TRAILER.size
+        return self.env.read(n)
+
+    def total_bytes(self) -> int:
+        def scan(txn):
+            return sum(len(v) - _TRAILER.size for _, v in txn.cursor(db=self._db))
+        return self.env.read(scan)
+
+    def __len__(self) -> int:
+        return int(self.env.read(lambda txn: txn.stat(self._db)["entries"]))
+
+    def __iter__(self) -> Iterator[Block]:
+        for bid in self.ids():
+            yield self.get(bid)
+
+
+# ---------------------------------------------------------------------------
+# The job directory: owner lock, spill env, checkpoint env
+
+
+def _check_job(job: str) -> str:
+    if not _JOB_RE.fullmatch(job):
+        raise ValueError(f"bad job id for a store directory: {job!r}")
+    return job
+
+
+def _try_lock(path: str) -> int | None:
+    """flock ``path`` (created if missing); None if another process holds it.
+    Guards against the lock-file-was-replaced race by comparing inodes."""
+    while True:
+        os.makedirs(os.path.dirname(path), exist_ok=True)   # a sweeper may have removed it
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)   # the file was removed/replaced under us: lock the new one
+
+
+def _read_owner(path: str) -> dict:
+    try:
+        with open(path) as fh:
+            text = fh.read().strip()
+        return json.loads(text) if text else {}
+    except (OSError, ValueError):
+        return {}
+
+
+class JobStorage:
+    """The on-disk storage of one job on one machine (see the module doc).
+
+    ``input`` and ``model`` are :class:`LmdbBlockStore` s in the spill env;
+    ``checkpoints`` is a :class:`harmony.store.checkpoint.CheckpointStore`.
+    """
+
+    def __init__(self, root: str, job: str, *, map_size: int = DEFAULT_MAP_SIZE,
+                 max_map_size: int | None = None, ckpt_map_size: int = DEFAULT_MAP_SIZE,
+                 ckpt_max_map_size: int | None = None, lock_wait_s: float = 2.0) -> None:
+        self.job = _check_job(job)
+        self.dir = os.path.join(root, job)
+        os.makedirs(self.dir, exist_ok=True)
+        self._owner_path = os.path.join(self.dir, "OWNER")
+        deadline = time.monotonic() + lock_wait_s
+        while True:
+            fd = _try_lock(self._owner_path)
+            if fd is not None:
+                break
+            if time.monotonic() >= deadline:
+                who = _read_owner(self._owner_path)
+                raise StoreBusyError(f"{self.dir} (job {job}) is in use by pid "
+                                     f"{who.get('pid', '?')} on {who.get('host', '?')}")
+            time.sleep(0.05)
+        self._lock_fd = fd
+        prev = _read_owner(self._owner_path)
+        #: the previous owner did not close cleanly (crashed or was killed)
+        self.recovered = bool(prev)
+        if prev:
+            log.warning("%s: previous owner pid %s did not close; discarding its spill cache",
+                        self.dir, prev.get("pid"))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                  "since": time.time()}).encode(), 0)
+        self.spill_path = os.path.join(self.dir, "spill")
+        self.ckpt_path = os.path.join(self.dir, "ckpt")
+        shutil.rmtree(self.spill_path, ignore_errors=True)   # scratch: always rebuilt
+        self._ckpt_opts = dict(map_size=ckpt_map_size, max_map_size=ckpt_max_map_size)
+        self._ckpt = None
+        try:
+            self.spill_env = LmdbEnv(self.spill_path, job=job, sync=False, map_size=map_size,
+                                     max_map_size=max_map_size)
+            self.input = LmdbBlockStore(self.spill_env, "input")
+            self.model = LmdbBlockStore(self.spill_env, "model")
+        except BaseException:
+            self._release()
+            raise
+        self.closed = False
+
+    @property
+    def checkpoints(self):
+        """The job's checkpoint store (opened on first use; kept across runs)."""
+        if self._ckpt is None:
+            from harmony.store.checkpoint import CheckpointStore
+            env = LmdbEnv(self.ckpt_path, job=self.job, sync=True, **self._ckpt_opts)
+            try:
+                env.env.reader_check()   # stale reader slots of a dead process
+            except lmdb.Error:
+                pass
+            self._ckpt = CheckpointStore(env)
+        return self._ckpt
+
+    def has_checkpoints(self) -> bool:
+        return os.path.exists(os.path.join(self.ckpt_path, "data.mdb"))
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            os.ftruncate(self._lock_fd, 0)   # empty OWNER = closed cleanly
+            os.close(self._lock_fd)           # releases the flock
+            self._lock_fd = None
+
+    def close(self) -> None:
+        """Close both envs, delete the spill cache, release ownership.
+        Checkpoints stay on disk."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.spill_env.close()
+            if self._ckpt is not None:
+                self._ckpt.close()
+            shutil.rmtree(self.spill_path, ignore_errors=True)
+        finally:
+            self._release()
+
+    def destroy(self) -> None:
+        """The job is over here: close and delete the whole job directory."""
+        self.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "JobStorage":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def sweep_stale(root: str) -> list[str]:
+    """Delete the spill caches of job directories under ``root`` that no live
+    process owns (left by crashed executors); keep their checkpoints. A job
+    directory with no checkpoint is removed entirely. Returns the job dirs
+    cleaned. Safe to run while executors are using other job dirs."""
+    cleaned = []
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return cleaned
+    for name in names:
+        d = os.path.join(root, name)
+        owner = os.path.join(d, "OWNER")
+        if not (_JOB_RE.fullmatch(name) and os.path.isfile(owner)):
+            continue
+        fd = _try_lock(owner)
+        if fd is None:
+            continue   # a live process owns it
+        try:
+            if os.path.exists(os.path.join(d, "spill")) or _read_owner(owner):
+                shutil.rmtree(os.path.join(d, "spill"), ignore_errors=True)
+                os.ftruncate(fd, 0)
+                cleaned.append(d)
+            if not os.path.exists(os.path.join(d, "ckpt", "data.mdb")):
+                shutil.rmtree(d, ignore_errors=True)
+                if d not in cleaned:
+                    cleaned.append(d)
+        finally:
+            os.close(fd)
+    return cleaned

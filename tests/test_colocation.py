@@ -1,0 +1,131 @@
+"""Co-located execution on emulated machines: queues, synchronizer, modes."""
+import json
+import os
+import time
+
+import pytest
+
+from harmony.client import Client
+from harmony.cluster import LocalCluster
+from apps_for_tests import TOY_APP
+from conftest import run_cli, wait_state
+
+STEADY = ["--keys", "100000", "--sleep", "0.03", "--iters-per-epoch", "2"]
+
+
+@pytest.fixture(scope="module")
+def hcluster(tmp_path_factory):
+    cl = LocalCluster(2, str(tmp_path_factory.mktemp("hcl")), port=0, mode="harmony",
+                      cpus_per_machine=1, net_bandwidth="40MB/s", heartbeat_timeout=3.0)
+    cl.start()
+    yield cl
+    cl.stop()
+
+
+def events(cl, machine):
+    path = os.path.join(cl.state_dir, "workers", machine, "queue-events.jsonl")
+    return [json.loads(line) for line in open(path)]
+
+
+def intervals(evs, kind, role=None):
+    """[start, end, job, seq] of subtasks from the daemon's grant/done log."""
+    start, out = {}, []
+    for e in evs:
+        key = (e["job"], e["seq"])
+        if e["ev"] == "grant" and e["kind"] == kind and (role is None or e["role"] == role):
+            start[key] = e["t"]
+        elif e["ev"] == "promote" and e["kind"] == kind and role == "primary":
+            start[key] = e["t"]
+        elif e["ev"] == "done" and key in start:
+            out.append((start.pop(key), e["t"], *key))
+    return sorted(out)
+
+
+def overlaps(iv):
+    return [(a, b) for a, b in zip(iv, iv[1:]) if b[0] < a[1] - 1e-6]
+
+
+def test_harmony_queues_and_synchronizer(hcluster):
+    with Client(hcluster.endpoint) as c:
+        jobs = [c.submit("toy.py", TOY_APP, ["--max-epochs", "6", *STEADY], machines=2)
+                for _ in range(3)]
+        for j in jobs:
+            st = wait_state(c, j, ("finished", "failed"))
+            assert st["state"] == "finished", st["error"]
+        stats = [w["utilization"] for w in c.cluster()["workers"]]
+    assert all("net" in s and "q_cpu" in s for s in stats)
+    per_machine = {m: events(hcluster, m) for m in ("m0", "m1")}
+    for m, evs in per_machine.items():
+        mine = [e for e in evs if e["job"] in jobs]
+        cpu = intervals(mine, "cpu")
+        assert len(cpu) == 3 * 6 * (2 + 1), m   # 2 COMPs per epoch + 1 evaluation
+        assert not overlaps(cpu), f"two COMPs at once on {m}"
+        assert not overlaps(intervals(mine, "net", "primary")), f"two NET primaries on {m}"
+        assert len({e["job"] for e in mine if e["role"] == "secondary"}) > 0
+    # the same order of co-located jobs' subtasks on every machine
+    order = {m: [(e["job"], e["seq"], e["kind"]) for e in evs
+                 if e["ev"] == "grant" and e["job"] in jobs]
+             for m, evs in per_machine.items()}
+    for kind in ("cpu", "net"):
+        assert [x for x in order["m0"] if x[2] == kind] == \
+               [x for x in order["m1"] if x[2] == kind]
+
+
+def test_profiles_converge_on_a_steady_job(hcluster):
+    with Client(hcluster.endpoint) as c:
+        job = c.submit("toy.py", TOY_APP, ["--max-epochs", "8", *STEADY], machines=2)
+        st = wait_state(c, job, ("finished", "failed"))
+    assert st["state"] == "finished"
+    p = st["profile"]
+    assert p["machines"] == 2 and p["samples"] == 8
+    assert p["t_cpu"] == pytest.approx(0.03, rel=0.3)      # the app's COMP time
+    # 100,000 keys x 2 floats, half on the other machine, pulled and pushed at 40 MB/s
+    assert p["t_net"] > 0.8 * (2 * 100_000 * 8 * 0.5 + 100_000 * 16 * 0.5) / 40e6
+    rec = [json.loads(line) for line in
+           open(os.path.join(hcluster.state_dir, "master", "metrics", "jobs.jsonl"))]
+    hist = [r["profile"] for r in rec if r["job"] == job]
+    assert len(hist) == 8
+    for k in ("t_cpu", "t_net", "t_iter"):
+        last = [h[k] for h in hist[-3:]]
+        assert max(last) < 1.1 * min(last), (k, last)
+    r = run_cli("jobs", "--master", hcluster.endpoint)
+    assert "T_CPU" in r.stdout and job in r.stdout
+
+
+def test_a_failing_job_does_not_stall_its_group(hcluster):
+    with Client(hcluster.endpoint) as c:
+        good = c.submit("toy.py", TOY_APP, ["--max-epochs", "5", *STEADY], machines=2)
+        bad = c.submit("toy.py", TOY_APP, ["--max-epochs", "5", "--crash", "raise", *STEADY],
+                       machines=2)
+        assert wait_state(c, bad, ("finished", "failed"))["state"] == "failed"
+        st = wait_state(c, good, ("finished", "failed"), timeout=60)
+        assert st["state"] == "finished", st["error"]
+
+
+def test_explicit_groups_place_jobs_together(hcluster):
+    with Client(hcluster.endpoint) as c:
+        a = c.submit("toy.py", TOY_APP, ["--max-epochs", "3", *STEADY], 1, group="g1")
+        b = c.submit("toy.py", TOY_APP, ["--max-epochs", "3", *STEADY], 1, group="g1")
+        other = c.submit("toy.py", TOY_APP, ["--max-epochs", "3", *STEADY], 1)
+        sts = [wait_state(c, j, ("finished", "failed")) for j in (a, b, other)]
+    assert all(s["state"] == "finished" for s in sts)
+    assert sts[0]["workers"] == sts[1]["workers"] != sts[2]["workers"]
+
+
+@pytest.mark.parametrize("mode", ["isolated", "naive"])
+def test_isolated_runs_jobs_one_after_another_naive_shares(tmp_path, mode):
+    cl = LocalCluster(2, str(tmp_path / mode), port=0, mode=mode, cpus_per_machine=1)
+    cl.start()
+    try:
+        with Client(cl.endpoint) as c:
+            jobs = [c.submit("toy.py", TOY_APP, ["--max-epochs", "4", *STEADY], 2)
+                    for _ in range(2)]
+            sts = [wait_state(c, j, ("finished", "failed")) for j in jobs]
+    finally:
+        cl.stop()
+    assert all(s["state"] == "finished" for s in sts)
+    first, second = sorted(sts, key=lambda s: s["started"])
+    if mode == "isolated":
+        assert second["started"] >= first["ended"]
+    else:
+        assert second["started"] < first["ended"]

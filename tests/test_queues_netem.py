@@ -1,0 +1,133 @@
+"""The subtask queues (pure state machine) and the network emulation."""
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from harmony.ps.client import PSClient
+from harmony.ps.server import ShardServer, ShardTable
+from harmony.worker.netem import NetEm, job_token, parse_rate
+from harmony.worker.queues import QueueError, ResourceQueues, Sub
+
+
+def grants(acts):
+    return [(a[1].job, a[1].seq, a[2]) for a in acts if a[0] == "grant"]
+
+
+def test_cpu_queue_runs_one_comp_at_a_time_in_fifo_order():
+    q = ResourceQueues()
+    assert grants(q.enqueue(Sub("a", 1, "cpu"))) == [("a", 1, "cpu")]
+    assert grants(q.enqueue(Sub("b", 1, "cpu"))) == []
+    assert grants(q.enqueue(Sub("c", 1, "cpu"))) == []
+    assert grants(q.done("a", 1)) == [("b", 1, "cpu")]
+    assert grants(q.done("b", 1)) == [("c", 1, "cpu")]
+    with pytest.raises(QueueError):
+        q.done("b", 1)
+
+
+def test_net_queue_primary_secondary_and_promotion():
+    q = ResourceQueues()
+    assert grants(q.enqueue(Sub("a", 1, "net"))) == [("a", 1, "primary")]
+    assert grants(q.enqueue(Sub("b", 1, "net"))) == [("b", 1, "secondary")]
+    assert grants(q.enqueue(Sub("c", 1, "net"))) == []           # at most two at once
+    assert grants(q.enqueue(Sub("d", 1, "cpu"))) == [("d", 1, "cpu")]  # CPU independent
+    acts = q.done("a", 1)
+    assert ("promote", Sub("b", 1, "net")) in acts
+    assert grants(acts) == [("c", 1, "secondary")]
+    assert q.primary() == Sub("b", 1, "net")
+
+
+def test_dropping_a_job_frees_its_slots():
+    q = ResourceQueues()
+    q.enqueue(Sub("bad", 1, "net"))
+    q.enqueue(Sub("ok", 1, "net"))
+    q.enqueue(Sub("x", 1, "net"))
+    acts = q.drop_job("bad")
+    assert ("promote", Sub("ok", 1, "net")) in acts and grants(acts) == [("x", 1, "secondary")]
+    with pytest.raises(QueueError, match="already has"):
+        q.enqueue(Sub("ok", 2, "cpu"))  # one subtask per job at a time
+
+
+def test_parse_rate():
+    assert parse_rate("50MB/s") == parse_rate("400Mbit") == 50e6
+    assert parse_rate("1Gbps") == 125e6
+    for bad in ("fast", "-3M", "0"):
+        with pytest.raises(ValueError):
+            parse_rate(bad)
+
+
+@pytest.fixture
+def netem(tmp_path):
+    em = NetEm.create(str(tmp_path / "netem.bin"), ["m0", "m1", "m2"], 20e6)
+    yield em
+    em.close()
+
+
+def test_bandwidth_cap_holds_on_a_bulk_ps_transfer(netem):
+    """A 6 MB push from m1 to a shard on m0 through the real PS client."""
+    ctx = zmq.Context()
+    table = ShardTable(256, "float32", None)
+    n = 6 * 2**20 // (4 * 256)
+    table.load(np.arange(n), np.zeros((n, 256), np.float32))
+    srv = ShardServer(ctx, "127.0.0.1", table)
+    srv.start()
+    waited = []
+
+    def throttle(peer, nbytes, direction):
+        src, dst = ("m1", "m0") if direction == "out" else ("m0", "m1")
+        waited.append(netem.transfer(src, dst, nbytes))
+    client = PSClient(ctx, [srv.endpoint], np.zeros(1, np.int64), 256, throttle=throttle)
+    try:
+        payload = np.ones((n, 256), np.float32)
+        t = time.perf_counter()
+        client.push(np.arange(n), payload)
+        elapsed = time.perf_counter() - t
+        rate = (payload.nbytes + 8 * n) / elapsed
+        assert rate == pytest.approx(20e6, rel=0.10)
+        assert table.rows[0, 0] == 1.0
+        eg, _, _ = netem.counters("m1")
+        _, ing, _ = netem.counters("m0")
+        assert eg == ing == payload.nbytes + 8 * n
+    finally:
+        client.close()
+        srv.stop()
+        ctx.term()
+
+
+def test_same_machine_traffic_is_free(netem):
+    assert netem.transfer("m1", "m1", 50_000_000) == 0.0
+
+
+def test_concurrent_transfers_share_the_link(netem):
+    """Two 2 MB transfers into m0 at once take as long as 4 MB alone."""
+    out = {}
+
+    def go(src):
+        out[src] = netem.transfer(src, "m0", 2_000_000)
+    ts = [threading.Thread(target=go, args=(s,)) for s in ("m1", "m2")]
+    t = time.perf_counter()
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    assert time.perf_counter() - t == pytest.approx(4e6 / 20e6, rel=0.10)
+    assert min(out.values()) > 0.6 * 4e6 / 20e6   # interleaved in chunks, not one after the other
+
+
+def test_primary_gets_the_link_and_secondary_yields(netem):
+    netem.set_primary("m0", job_token("prim"))
+    out = {}
+
+    def go(job):
+        out[job] = netem.transfer("m1", "m0", 2_000_000, job_token(job))
+    ts = [threading.Thread(target=go, args=(j,)) for j in ("sec", "prim")]
+    for th in ts:
+        th.start()
+        time.sleep(0.005)
+    for th in ts:
+        th.join()
+    alone = 2e6 / 20e6
+    assert out["prim"] < 1.25 * alone          # barely slowed by the secondary
+    assert out["sec"] > 1.5 * alone             # the secondary waited for it
