@@ -26,8 +26,10 @@ test-all: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) bench/ps_throughput.py
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) bench/ps_throughput.py --reps 60
 	$(PY) bench/nmf_epoch.py
+	$(PY) bench/colocation.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -38,11 +38,15 @@ class Decision:
 
 
 def least_loaded(view: ClusterView) -> Decision:
-    """Co-location (the naive and harmony modes): FIFO; start each waiting
-    job on the ``machines`` least-loaded live workers, so jobs share
-    machines. A job with an explicit group goes to the machines its group
-    already runs on. A job asking for more machines than the cluster has
-    waits, and so do the jobs behind it (no overtaking)."""
+    """Co-location (the naive and harmony modes), FIFO without overtaking.
+
+    A job without a group starts on the ``machines`` least-loaded live
+    workers, so jobs share machines. An explicit job group is placed as a
+    unit: its first job picks machines that host no other group, its later
+    jobs join those machines, and a group that finds no such machines waits.
+    Until the Harmony scheduler decides grouping, this is how complementary
+    jobs are grouped by hand (``harmony submit --group G``).
+    """
     load = {w.name: w.jobs for w in view.workers}
     order = {w.name: i for i, w in enumerate(view.workers)}
     homes: dict[str, list[str]] = {}
@@ -53,15 +57,21 @@ def least_loaded(view: ClusterView) -> Decision:
     for job in view.waiting:
         if job.machines > len(load):
             break
-        home = homes.get(job.group) if job.group else None
-        if home and len(home) >= job.machines:
+        if not job.group:
+            chosen = sorted(load, key=lambda n: (load[n], order[n]))[:job.machines]
+        elif job.group in homes:
+            home = homes[job.group]
+            if len(home) < job.machines:
+                break
             chosen = sorted(home, key=lambda n: (load[n], order[n]))[:job.machines]
         else:
-            chosen = sorted(load, key=lambda n: (load[n], order[n]))[:job.machines]
+            taken = {n for ms in homes.values() for n in ms}
+            free = [n for n in load if n not in taken]
+            if len(free) < job.machines:
+                break
+            chosen = sorted(free, key=lambda n: (load[n], order[n]))[:job.machines]
+            homes[job.group] = chosen
         dec.start[job.id] = chosen
-        if job.group:
-            homes.setdefault(job.group, [])
-            homes[job.group] = sorted(set(homes[job.group]) | set(chosen), key=order.get)
         for n in chosen:
             load[n] += 1
     return dec

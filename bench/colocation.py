@@ -1,0 +1,169 @@
+"""Co-location benchmark: isolated vs naive vs harmony, side by side.
+
+2 emulated machines (1 core each, a per-machine bandwidth cap), a mix of 4
+NMF jobs at DoP 2, all submitted at once, run to completion in each mode on a
+fresh local cluster. In naive and harmony mode the jobs are grouped by hand
+into two complementary pairs (``--group``: one CPU-heavy + one
+network-heavy job), which run one after the other on both machines, as the
+Harmony scheduler would group them; ``--one-group`` co-locates all four at
+once instead. Isolated runs one job at a time on both machines.
+
+  cpu-heavy x2 : few items, many ratings, high rank  -> long COMP, tiny COMM
+  net-heavy x2 : many items, few ratings             -> big PULL/PUSH, short COMP
+
+The cap is chosen so that the network-heavy job's COMM time is comparable to
+the CPU-heavy job's COMP time. Reports makespan, mean JCT and average CPU and
+network utilization, as ratios to isolated, and writes a per-machine
+utilization timeline PNG.
+
+    python bench/colocation.py [--epochs 8] [--bandwidth 20MB/s] [--out bench/out]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harmony.client import Client  # noqa: E402
+from harmony.cluster import LocalCluster  # noqa: E402
+from harmony.datagen.nmf import gen_nmf  # noqa: E402
+
+MODES = ("isolated", "naive", "harmony")
+
+
+def make_jobs(tmp: str, a: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    cpu_data = os.path.join(tmp, "cpu.txt")
+    net_data = os.path.join(tmp, "net.txt")
+    gen_nmf(cpu_data, users=a.cpu_users, items=500, rank=8, per_user=a.cpu_per_user, seed=1)
+    gen_nmf(net_data, users=a.net_users, items=a.net_items, rank=8, per_user=10, seed=2)
+    common = ["--max-epochs", str(a.epochs), "--holdout", "0",
+              "--iters-per-epoch", str(a.iters)]
+    cpu = ["--input", cpu_data, "--rank", str(a.cpu_rank), *common]
+    net = ["--input", net_data, "--rank", "32", "--batch-size", "4096", *common]
+    # (name, args, group): two complementary pairs, as Harmony would group them
+    return [("cpu-heavy-1", cpu, "pair1"), ("net-heavy-1", net, "pair1"),
+            ("cpu-heavy-2", cpu, "pair2"), ("net-heavy-2", net, "pair2")]
+
+
+def run_mode(mode: str, jobs, tmp: str, a) -> dict:
+    src = (ROOT / "apps" / "nmf.py").read_text()
+    sd = os.path.join(tmp, mode)
+    with LocalCluster(2, sd, port=0, mode=mode, cpus_per_machine=1,
+                      net_bandwidth=a.bandwidth) as cl, Client(cl.endpoint) as c:
+        # isolated ignores groups; naive and harmony run the pairs one after
+        # another, each pair sharing both machines
+        ids = {c.submit("nmf.py", src, args, machines=2, name=name,
+                        group=None if a.one_group else group): name
+               for name, args, group in jobs}
+        while True:
+            sts = {j: c.status(j) for j in ids}
+            if all(s["state"] in ("finished", "failed", "cancelled") for s in sts.values()):
+                break
+            time.sleep(0.5)
+        time.sleep(1.2)  # one more utilization sample after the end
+    bad = [f"{ids[j]}: {s['error']}" for j, s in sts.items() if s["state"] != "finished"]
+    if bad:
+        raise SystemExit(f"{mode}: jobs failed: {bad}")
+    t0 = min(s["submitted"] for s in sts.values())
+    t1 = max(s["ended"] for s in sts.values())
+    samples = [json.loads(line) for line in
+               open(os.path.join(sd, "master", "metrics", "machines.jsonl"))]
+    samples = [s for s in samples if t0 <= s["t"] - s["dt"] / 2 <= t1]
+    # windows where >= 2 jobs (one of each kind) run at once
+    spans = [(s["started"], s["ended"], ids[j]) for j, s in sts.items()]
+
+    def kinds_running(t):
+        return {n.split("-")[0] for a_, b_, n in spans if a_ <= t <= b_}
+    both = [s for s in samples if kinds_running(s["t"] - s["dt"] / 2) == {"cpu", "net"}]
+    jct = {ids[j]: s["ended"] - s["submitted"] for j, s in sts.items()}
+    return {"mode": mode, "makespan": t1 - t0, "mean_jct": statistics.mean(jct.values()),
+            "jct": jct, "cpu": statistics.mean(s["cpu"] for s in samples),
+            "net": statistics.mean(s["net"] for s in samples),
+            "cpu_both": statistics.mean(s["cpu"] for s in both) if both else float("nan"),
+            "net_both": statistics.mean(s["net"] for s in both) if both else float("nan"),
+            "t0": t0, "samples": samples, "spans": spans}
+
+
+def plot(results: list[dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(results), 2, figsize=(12, 2.6 * len(results)),
+                             sharey=True, squeeze=False)
+    span = max(r["makespan"] for r in results)
+    for row, r in enumerate(results):
+        for col, m in enumerate(("m0", "m1")):
+            ax = axes[row][col]
+            ss = [s for s in r["samples"] if s["machine"] == m]
+            t = [s["t"] - r["t0"] for s in ss]
+            ax.step(t, [100 * s["cpu"] for s in ss], where="pre", label="CPU")
+            ax.step(t, [100 * s["net"] for s in ss], where="pre", label="network")
+            ax.set_xlim(0, span * 1.02)
+            ax.set_ylim(0, 105)
+            ax.set_title(f"{r['mode']}: machine {m} (makespan {r['makespan']:.1f}s)", fontsize=9)
+            if col == 0:
+                ax.set_ylabel("utilization %")
+            if row == len(results) - 1:
+                ax.set_xlabel("seconds since submission")
+    axes[0][0].legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--bandwidth", default="12MB/s")
+    ap.add_argument("--cpu-users", type=int, default=16000)
+    ap.add_argument("--cpu-per-user", type=int, default=60)
+    ap.add_argument("--cpu-rank", type=int, default=64)
+    ap.add_argument("--net-users", type=int, default=20000)
+    ap.add_argument("--net-items", type=int, default=150000)
+    ap.add_argument("--iters", type=int, default=4, help="iterations per epoch")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--one-group", action="store_true",
+                    help="co-locate all 4 jobs at once instead of two complementary pairs")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "out"))
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="harmony-coloc-") as tmp:
+        jobs = make_jobs(tmp, a)
+        results = []
+        for mode in a.modes.split(","):
+            r = run_mode(mode, jobs, tmp, a)
+            results.append(r)
+            print(f"{mode:9} makespan {r['makespan']:6.1f}s  mean JCT {r['mean_jct']:6.1f}s  "
+                  f"CPU {100 * r['cpu']:5.1f}%  net {100 * r['net']:5.1f}%  "
+                  f"(both kinds running: CPU {100 * r['cpu_both']:5.1f}% "
+                  f"net {100 * r['net_both']:5.1f}%)  JCTs "
+                  + " ".join(f"{k}={v:.1f}" for k, v in sorted(r["jct"].items())), flush=True)
+    base = next((r for r in results if r["mode"] == "isolated"), results[0])
+    print(f"\n4 NMF jobs (2 CPU-heavy, 2 network-heavy), DoP 2, 2 machines x 1 core, "
+          f"{a.bandwidth} per machine; ratios to {base['mode']} from this run")
+    print(f"{'mode':9} {'makespan':>9} {'speedup':>8} {'mean JCT':>9} {'speedup':>8} "
+          f"{'CPU util':>9} {'net util':>9}")
+    for r in results:
+        print(f"{r['mode']:9} {r['makespan']:8.1f}s {base['makespan'] / r['makespan']:7.2f}x "
+              f"{r['mean_jct']:8.1f}s {base['mean_jct'] / r['mean_jct']:7.2f}x "
+              f"{100 * r['cpu']:8.1f}% {100 * r['net']:8.1f}%")
+    png = os.path.join(a.out, "colocation.png")
+    try:
+        plot(results, png)
+        print(f"timeline: {png}")
+    except ImportError:
+        print("matplotlib not installed: no plot (pip install matplotlib)")
+    with open(os.path.join(a.out, "colocation.json"), "w") as fh:
+        json.dump([{k: v for k, v in r.items() if k not in ("samples",)} for r in results], fh,
+                  indent=1)
+
+
+if __name__ == "__main__":
+    main()
