@@ -338,8 +338,11 @@ class CheckpointStore:
         return torn
 
     def _prune(self) -> None:
+        # only versions with an intact manifest count towards ``keep``: a
+        # damaged newest manifest must not push the good ones out
         keys = self._manifest_keys()
-        old = keys[:-self.keep] if len(keys) > self.keep else []
+        good = [i.version for i in self.versions()]
+        old = good[:-self.keep] if len(good) > self.keep else []
         torn = sorted(self._data_versions() - set(keys))
         if old or torn:
             def drop(txn):

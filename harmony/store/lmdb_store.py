@@ -80,8 +80,10 @@ from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, TypeVar
 
 import lmdb
+import msgpack
+import numpy as np
 
-from harmony.store.blocks import Block, BlockFormatError, export_block, import_block
+from harmony.store.blocks import _MAGIC, Block, BlockFormatError, import_block
 
 log = logging.getLogger("harmony.store.lmdb")
 
@@ -132,6 +134,72 @@ def _key(block_id: int) -> bytes:
 def frame(payload: bytes | memoryview) -> bytes:
     """``payload`` + trailer (magic, CRC-32, length)."""
     return b"".join([payload, _TRAILER.pack(_TMAGIC, zlib.crc32(payload), len(payload))])
+
+
+_scratch = threading.local()
+
+
+def frame_block(block: Block) -> memoryview:
+    """``frame(export_block(block))`` in one pass, into a per-thread scratch
+    buffer that is reused (no fresh allocation, hence no page faults, per
+    block; the CRC runs over data just written, still in cache). The view is
+    valid until the same thread frames the next block: hand it to ``txn.put``
+    (which copies) at once. Byte-identical to ``frame(export_block(block))``
+    (a test checks it); ``export_block_into`` in blocks.py would be its home."""
+    arrays = []
+    meta = []
+    for name, arr in block.arrays.items():
+        arr = np.ascontiguousarray(arr)          # as export_block (0-d becomes 1-d)
+        arrays.append(arr)
+        meta.append([name, arr.dtype.str, list(arr.shape), arr.nbytes])
+    head = msgpack.packb({"id": int(block.id), "arrays": meta}, use_bin_type=True)
+    n = 8 + len(head) + sum(a.nbytes for a in arrays)
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or len(buf) < n + _TRAILER.size:
+        buf = _scratch.buf = bytearray(max(n + _TRAILER.size, 2 * len(buf or b"")))
+    mv = memoryview(buf)
+    mv[0:4] = _MAGIC
+    struct.pack_into("<I", buf, 4, len(head))
+    mv[8:8 + len(head)] = head
+    off = 8 + len(head)
+    for arr in arrays:
+        if arr.nbytes:
+            np.frombuffer(buf, np.uint8, arr.nbytes, off)[:] = arr.reshape(-1).view(np.uint8)
+            off += arr.nbytes
+    _TRAILER.pack_into(buf, n, _TMAGIC, zlib.crc32(mv[:n]), n)
+    return mv[:n + _TRAILER.size]
+
+
+def decode_block(value: bytes | memoryview, verify: bool = True) -> Block:
+    """Check the trailer of a stored block, import it (the one copy out of the
+    map) and verify the CRC over the *copies*: reading the map only once, and
+    CRC-32 over cache-hot copies runs 2-3x faster here than over mapped pages.
+    Raises ``ValueError``/``BlockFormatError`` with the reason if damaged."""
+    mv = memoryview(value)
+    if len(mv) < _TRAILER.size:
+        raise ValueError(f"truncated value ({len(mv)} bytes)")
+    magic, crc, n = _TRAILER.unpack(mv[len(mv) - _TRAILER.size:])
+    if magic != _TMAGIC:
+        raise ValueError("bad trailer (truncated or overwritten value)")
+    if n != len(mv) - _TRAILER.size:
+        raise ValueError(f"length mismatch: trailer says {n} bytes, "
+                         f"value holds {len(mv) - _TRAILER.size}")
+    payload = mv[:n]
+    try:
+        blk = import_block(payload)  # checks the layout covers the payload exactly
+    except BlockFormatError:
+        raise
+    except Exception as exc:         # e.g. a damaged dtype or shape in the header
+        raise BlockFormatError(f"corrupt block header: {exc.__class__.__name__}: {exc}") from None
+    if verify:
+        hlen = struct.unpack("<I", payload[4:8])[0]
+        c = zlib.crc32(payload[:8 + hlen])
+        for arr in blk.arrays.values():
+            if arr.nbytes:
+                c = zlib.crc32(arr, c)
+        if c != crc:
+            raise ValueError("checksum mismatch (CRC-32): corrupt data")
+    return blk
 
 
 def unframe(value: bytes | memoryview) -> memoryview:
@@ -327,9 +395,10 @@ class LmdbBlockStore:
     missing or damaged. Thread-safe.
     """
 
-    def __init__(self, env: LmdbEnv, name: str, txn_bytes: int = DEFAULT_TXN_BYTES) -> None:
+    def __init__(self, env: LmdbEnv, name: str, txn_bytes: int = DEFAULT_TXN_BYTES,
+                 verify: bool = True) -> None:
         self.env, self.name = env, name
-        self.txn_bytes = txn_bytes
+        self.txn_bytes, self.verify = txn_bytes, verify
         self._db = env.db(name)
 
     def _where(self) -> str:
@@ -338,7 +407,14 @@ class LmdbBlockStore:
     # -- write -------------------------------------------------------------------
     def put(self, block: Block) -> int:
         """Store (or replace) a block; returns the bytes stored."""
-        return self.put_bytes(block.id, export_block(block))
+        key = _key(block.id)
+        size = 8 + block.nbytes
+
+        def fn(txn):
+            value = frame_block(block)
+            txn.put(key, value, db=self._db)
+            return len(value)
+        return self.env.write(fn, size)
 
     def put_bytes(self, block_id: int, payload: bytes | memoryview) -> int:
         key, value = _key(block_id), frame(payload)
@@ -349,23 +425,30 @@ class LmdbBlockStore:
         """Store many blocks in as few transactions as possible (each at most
         ``txn_bytes``, so the txn's dirty pages stay bounded)."""
         total = 0
-        batch: list[tuple[bytes, bytes]] = []
+        batch: list[Block] = []
         size = 0
 
-        def flush():
+        def flush() -> int:
             items = list(batch)
-            self.env.write(lambda txn: [txn.put(k, v, db=self._db) for k, v in items], size)
+
+            def fn(txn):
+                n = 0
+                for blk in items:
+                    value = frame_block(blk)
+                    txn.put(_key(blk.id), value, db=self._db)
+                    n += len(value)
+                return n
+            return self.env.write(fn, size)
 
         for blk in blocks:
-            value = frame(export_block(blk))
-            batch.append((_key(blk.id), value))
-            size += len(value)
-            total += len(value)
+            _key(blk.id)
+            batch.append(blk)
+            size += blk.nbytes + 4096
             if size >= self.txn_bytes:
-                flush()
+                total += flush()
                 batch, size = [], 0
         if batch:
-            flush()
+            total += flush()
         return total
 
     def remove(self, block_id: int) -> None:
@@ -391,7 +474,7 @@ class LmdbBlockStore:
             if value is None:
                 raise BlockLoadError(block_id, self._where(), "not in store")
             try:
-                return import_block(unframe(value))
+                return decode_block(value, self.verify)
             except (ValueError, BlockFormatError) as exc:
                 raise BlockLoadError(block_id, self._where(), str(exc)) from None
         try:
@@ -528,6 +611,7 @@ class JobStorage:
         shutil.rmtree(self.spill_path, ignore_errors=True)   # scratch: always rebuilt
         self._ckpt_opts = dict(map_size=ckpt_map_size, max_map_size=ckpt_max_map_size)
         self._ckpt = None
+        self._ckpt_lock = threading.Lock()
         try:
             self.spill_env = LmdbEnv(self.spill_path, job=job, sync=False, map_size=map_size,
                                      max_map_size=max_map_size)
@@ -541,15 +625,16 @@ class JobStorage:
     @property
     def checkpoints(self):
         """The job's checkpoint store (opened on first use; kept across runs)."""
-        if self._ckpt is None:
-            from harmony.store.checkpoint import CheckpointStore
-            env = LmdbEnv(self.ckpt_path, job=self.job, sync=True, **self._ckpt_opts)
-            try:
-                env.env.reader_check()   # stale reader slots of a dead process
-            except lmdb.Error:
-                pass
-            self._ckpt = CheckpointStore(env)
-        return self._ckpt
+        with self._ckpt_lock:
+            if self._ckpt is None:
+                from harmony.store.checkpoint import CheckpointStore
+                env = LmdbEnv(self.ckpt_path, job=self.job, sync=True, **self._ckpt_opts)
+                try:
+                    env.env.reader_check()   # stale reader slots of a dead process
+                except lmdb.Error:
+                    pass
+                self._ckpt = CheckpointStore(env)
+            return self._ckpt
 
     def has_checkpoints(self) -> bool:
         return os.path.exists(os.path.join(self.ckpt_path, "data.mdb"))

@@ -1,0 +1,266 @@
+"""The α controller (pure) and memory-pressure measurement."""
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from harmony.store.alpha import (AlphaController, Observation, Thresholds, estimate_input_bytes,
+                                 initial_alpha, max_disk_blocks)
+from harmony.store.memory import MemoryProbe, parse_budget, tree_memory
+from harmony.store.reload import ReloadStats
+
+GB = 1e9
+
+
+class SteadyJob:
+    """A simulated job on a machine: memory = other jobs + model (unless
+    spilled) + in-memory input blocks + the reload working set; stalls follow
+    the overlap model behind the bound (first disk-block loaded during PULL)."""
+
+    def __init__(self, N=20, block=0.1 * GB, other=1.0 * GB, model=0.5 * GB, budget=4.0 * GB,
+                 tbproc=0.05, tbload=0.1, depth=2, noise=0.0, seed=0):
+        self.__dict__.update(locals())
+        self.rng = random.Random(seed)
+
+    def observe(self, ctl: AlphaController) -> Observation:
+        n = ctl.n
+        used = (self.other + (0 if ctl.spill_model else self.model)
+                + (self.N - n) * self.block + min(n, self.depth) * self.block)
+        used *= 1 + self.noise * self.rng.uniform(-1, 1)
+        stall = max(0.0, (n - 1) * self.tbload - (self.N - 1) * self.tbproc) if n else 0.0
+        return Observation(int(used), int(self.budget), stall_s=stall,
+                           comp_s=self.N * self.tbproc + stall, tbproc=self.tbproc,
+                           tbload=self.tbload if n else None, blocks_total=self.N,
+                           block_bytes=self.block)
+
+    def run(self, ctl: AlphaController, steps: int = 60):
+        trace = []
+        for _ in range(steps):
+            obs = self.observe(ctl)
+            d = ctl.step(obs)
+            trace.append((obs, d))
+        return trace
+
+
+def test_initial_alpha_from_sizes():
+    # fits: no disk-blocks
+    assert initial_alpha(1 * GB, 0.5 * GB, 4 * GB) == 0.0
+    # room under target (0.6·4 − 1 − 0.5 = 0.9 GB) for 0.9 of 2 GB of input
+    assert initial_alpha(2 * GB, 0.5 * GB, 4 * GB, 1 * GB) == pytest.approx(0.55)
+    assert initial_alpha(2 * GB, 0.5 * GB, 4 * GB, 1 * GB, num_blocks=20) == pytest.approx(0.55)
+    assert initial_alpha(2 * GB, 0.5 * GB, 4 * GB, 1 * GB, num_blocks=8) == pytest.approx(0.625)
+    # no room at all
+    assert initial_alpha(2 * GB, 3 * GB, 4 * GB) == 1.0
+    assert initial_alpha(0, 1, 10) == 0.0
+    assert estimate_input_bytes([100, 120, 110], 30) == 3300
+    c = AlphaController.from_estimate(20, int(2 * GB), int(3.5 * GB), int(4 * GB))
+    assert c.alpha == 1.0 and c.spill_model      # even all on disk the model does not fit
+    c = AlphaController.from_estimate(20, int(2 * GB), int(0.5 * GB), int(4 * GB), int(1 * GB))
+    assert c.n == 11 and not c.spill_model and c.block_bytes == pytest.approx(0.1 * GB)
+
+
+def test_bound_formula_matches_the_inequality():
+    for B in range(1, 30):
+        for tbproc, tbload in ((0.05, 0.1), (0.1, 0.05), (0.01, 0.5), (0.3, 0.3)):
+            m = max_disk_blocks(tbproc, tbload, B)
+            assert tbproc * (B - 1) >= tbload * (m - 1) - 1e-12
+            if m < B:
+                assert tbproc * (B - 1) < tbload * m
+    assert max_disk_blocks(None, None, 10) == 10 and max_disk_blocks(0.1, 0.0, 10) == 10
+
+
+@pytest.mark.parametrize("n0,noise", [(0, 0.0), (20, 0.0), (0, 0.03), (5, 0.03), (18, 0.05)])
+def test_converges_on_a_steady_job_without_oscillating(n0, noise):
+    job = SteadyJob(noise=noise, seed=n0)
+    ctl = AlphaController(job.N, n0 / job.N)
+    trace = job.run(ctl, 80)
+    ns = [d.disk_blocks for _, d in trace]
+    tail = ns[-40:]
+    assert len(set(tail)) == 1, ns                           # settled
+    moves = [d.direction for _, d in trace if d.direction]
+    reversals = sum(1 for a, b in zip(moves, moves[1:]) if a != b)
+    assert reversals <= 2, ns
+    obs = job.observe(ctl)
+    frac = obs.mem_used / obs.mem_budget
+    assert frac < Thresholds().spill + noise
+    assert obs.stall_s == 0.0                                # inside the stall bound
+    assert ctl.n <= max_disk_blocks(job.tbproc, job.tbload, job.N)
+    assert not ctl.spill_model
+
+
+@pytest.mark.parametrize("known_size", [True, False])
+def test_no_oscillation_when_one_block_is_wider_than_the_band(known_size):
+    """One block is 15% of the budget, wider than the 10% [target, spill) band:
+    no position of α lands inside it, and the controller must still settle."""
+    job = SteadyJob(N=6, block=0.6 * GB, budget=4 * GB, other=0.5 * GB, noise=0.02)
+    ctl = AlphaController(job.N, 0.0)
+    ns = []
+    for _ in range(60):
+        obs = job.observe(ctl)
+        if not known_size:
+            obs = Observation(**{**obs.__dict__, "block_bytes": None})
+        ns.append(ctl.step(obs).disk_blocks)
+    assert len(set(ns[-45:])) == 1, ns
+    assert ctl.reversals <= 2
+
+
+def test_rises_under_memory_pressure():
+    job = SteadyJob(budget=3.0 * GB, tbload=0.01)            # 0 disk-blocks: 3.5/3 of budget
+    ctl = AlphaController(job.N, 0.0)
+    trace = job.run(ctl, 30)
+    ns = [d.disk_blocks for _, d in trace]
+    assert trace[0][1].direction == +1 and trace[0][1].reason == "terminate threshold"
+    assert ns[0] == job.N and trace[0][1].pause_job          # > 0.95: all at once
+    assert ns == sorted(ns, reverse=True)                    # then back down, carefully,
+    o = job.observe(ctl)                                     # staying under spill
+    assert all(ob.mem_used / ob.mem_budget < 0.70 for ob, _ in trace[1:])
+    assert o.mem_used / o.mem_budget < 0.70 and ctl.n < job.N
+    job2 = SteadyJob(budget=4.5 * GB, tbload=0.01)           # 0.78 of budget: climb
+    ctl2 = AlphaController(job2.N, 0.0)
+    ns2 = [d.disk_blocks for _, d in job2.run(ctl2, 30)]
+    assert ns2[0] > 0 and ns2 == sorted(ns2) and ns2[-1] > ns2[0]   # up, then holds
+    o = job2.observe(ctl2)
+    assert o.mem_used / o.mem_budget < 0.70
+
+
+def test_falls_when_reload_stalls_comp():
+    job = SteadyJob(tbload=0.3, budget=4.2 * GB)
+    ctl = AlphaController(job.N, 0.8)                        # too many disk-blocks
+    trace = job.run(ctl, 40)
+    first = trace[0][1]
+    assert first.direction == -1 and first.reason == "reload stalls COMP"
+    ns = [d.disk_blocks for _, d in trace]
+    assert ns == sorted(ns, reverse=True) and ns[-1] < 16
+    bound = max_disk_blocks(job.tbproc, job.tbload, job.N)   # 4
+    # stops where memory would cross spill, or at the bound
+    o = job.observe(ctl)
+    assert ctl.n <= bound or o.mem_used + job.block >= 0.70 * job.budget
+
+
+def test_memory_plentiful_brings_blocks_back():
+    job = SteadyJob(budget=16 * GB)
+    ctl = AlphaController(job.N, 0.75)
+    ns = [d.disk_blocks for _, d in job.run(ctl, 30)]
+    assert ns[-1] == 0 and ns == sorted(ns, reverse=True)
+
+
+def test_bound_respected_below_pause_but_not_above():
+    # between spill and pause: α stops at the stall bound
+    job = SteadyJob(tbload=0.5, budget=4.7 * GB)
+    ctl = AlphaController(job.N, 0.0)
+    trace = job.run(ctl, 30)
+    bound = max_disk_blocks(job.tbproc, job.tbload, job.N)   # 2
+    assert ctl.n == bound and trace[-1][1].reason == "memory short but at the stall bound"
+    # above pause: memory wins over stalls
+    job = SteadyJob(tbload=0.5, budget=4.0 * GB)
+    ctl = AlphaController(job.N, 0.0)
+    job.run(ctl, 30)
+    assert ctl.n > bound
+    o = job.observe(ctl)
+    assert o.mem_used / o.mem_budget < 0.80
+
+
+def test_model_spill_only_at_alpha_one_and_back_when_memory_frees():
+    th = Thresholds()
+    ctl = AlphaController(10, 0.9, block_bytes=1.0, model_bytes=30)
+    d = ctl.step(Observation(75, 100))                       # short: first α → 1
+    assert d.alpha == 1.0 and not d.spill_model
+    d = ctl.step(Observation(74, 100))                       # α = 1 and still short
+    assert d.spill_model and not d.pause_job and "spill model" in d.reason
+    d = ctl.step(Observation(85, 100))                       # pause with all spilled
+    assert d.pause_job and d.spill_model
+    d = ctl.step(Observation(96, 100))                       # terminate
+    assert d.pause_job and d.alpha == 1.0
+    d = ctl.step(Observation(65, 100))                       # in band: hold, keep spilled
+    assert d.spill_model and d.direction == 0
+    d = ctl.step(Observation(20, 100))                       # room for the model again
+    assert not d.spill_model and d.alpha == 1.0
+    assert th.target < th.spill < th.pause < th.terminate
+
+
+def test_observation_from_reload_stats():
+    st = ReloadStats(blocks=10, disk_blocks=3, load_s=[0.1, 0.1, 0.1], store_s=[0.05] * 3,
+                     proc_s=[0.02] * 10, stall_s=0.04)
+    o = Observation.from_pass(st, 50, 100, block_bytes=7)
+    assert o.tbload == pytest.approx(0.15) and o.tbproc == pytest.approx(0.02)
+    assert o.comp_s == pytest.approx(0.24) and o.blocks_total == 10 and o.block_bytes == 7
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        Thresholds(target=0.8, spill=0.7)
+    with pytest.raises(ValueError):
+        AlphaController(0)
+    with pytest.raises(ValueError):
+        AlphaController(10, 1.5)
+    with pytest.raises(ValueError):
+        AlphaController(10).step(Observation(1, 0))
+
+
+# -- memory.py ----------------------------------------------------------------------
+
+
+def test_parse_budget():
+    assert parse_budget("8G") == 8 << 30
+    assert parse_budget("8GiB") == 8 << 30
+    assert parse_budget("512m") == 512 << 20
+    assert parse_budget("1.5T") == int(1.5 * (1 << 40))
+    assert parse_budget("1048576") == 1 << 20
+    assert parse_budget("75%", total=1000) == 750
+    assert 0 < parse_budget("50%") < parse_budget("100%")
+    assert parse_budget(4096) == 4096
+    for bad in ("", "8X", "-1G", "0", "150%", "0%", "G", -5):
+        with pytest.raises(ValueError):
+            parse_budget(bad)
+
+
+def test_anonymous_memory_excludes_mapped_file_pages(tmp_path):
+    """LMDB reads pages through mmap: they show in RSS but are page cache,
+    so they must not count as memory pressure."""
+    path = tmp_path / "f"
+    size = 64 << 20
+    with open(path, "wb") as fh:
+        fh.truncate(size)
+    before = tree_memory(children=False)
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), size, prot=mmap.PROT_READ)
+        total = sum(mm[i] for i in range(0, size, 4096))     # touch every page
+        mid = tree_memory(children=False)
+        mm.close()
+    assert total == 0
+    assert mid.rss - before.rss > 48 << 20
+    assert mid.anon - before.anon < 16 << 20
+    a = np.ones(64 << 17)                                    # 64 MiB anonymous
+    after = tree_memory(children=False)
+    assert after.anon - mid.anon > 48 << 20
+    del a
+
+
+def test_probe_counts_the_process_tree():
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import sys, numpy as np; a = np.ones(48 << 17); "
+                              "print('ok', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ok"
+        probe = MemoryProbe("64G")
+        s = probe.sample()
+        alone = tree_memory(children=False)
+        assert s.used >= alone.anon + (40 << 20)             # the child's 48 MiB
+        assert tree_memory().procs >= 2
+        assert s.budget == 64 << 30 and s.effective_budget <= s.budget
+        assert 0 < s.fraction < 1 and s.available > 0 and s.t <= time.time()
+        tight = MemoryProbe("1M", anon=False).sample()       # plain RSS, tiny budget
+        assert tight.used >= s.used and tight.fraction > 1.0
+        assert MemoryProbe("1G", pid=os.getpid(), children=False).sample().used == \
+            pytest.approx(tree_memory(children=False).anon, rel=0.2)
+    finally:
+        child.stdin.close()
+        child.wait(10)
