@@ -91,6 +91,8 @@ class Step:
     iters_per_epoch: int
 
 
+MAX_BLOCKS = 65536
+
 # Options every app gets from the runtime.
 COMMON_OPTIONS = [
     Option("max_epochs", int, 10, "stop after this many epochs"),
@@ -218,6 +220,9 @@ def parse_app_args(cls: type[App], args: list[str]) -> argparse.Namespace:
     for name in ("max_epochs", "iters_per_epoch", "blocks", "model_blocks"):
         if getattr(ns, name) < 1:
             raise AppError(f"bad app options: --{name.replace('_', '-')} must be >= 1")
+    for name in ("blocks", "model_blocks"):
+        if getattr(ns, name) > MAX_BLOCKS:
+            raise AppError(f"bad app options: --{name.replace('_', '-')} must be <= {MAX_BLOCKS}")
     return ns
 
 

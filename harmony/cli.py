@@ -157,6 +157,7 @@ def cmd_submit(a: argparse.Namespace, app_args: list[str]) -> int:
     with Client(a.master) as c:
         job = c.submit(name, src, app_args, a.machines, a.name, a.group)
         print(job, flush=True)
+        a._following = job
         if a.wait:
             return follow(c, job)
     return 0
@@ -377,6 +378,12 @@ def main(argv: list[str] | None = None) -> int:
                 "cluster": cmd_cluster, "demo": cmd_demo, "data": cmd_data}[a.cmd](a)
     except ClientError as exc:
         return _die(str(exc), 3 if exc.code == "unreachable" else 1)
+    except KeyboardInterrupt:
+        job = getattr(a, "_following", None)
+        if job:
+            print(f"\n{job} continues on the cluster; 'harmony cancel {job}' stops it",
+                  file=sys.stderr)
+        return 130
     except ValueError as exc:
         return _die(str(exc), 2)
     except BrokenPipeError:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from harmony.client import Client, ClientError
 from harmony.worker.netem import NetEm, parse_rate
 
@@ -20,6 +22,20 @@ class ClusterError(RuntimeError):
 
 def default_state_dir() -> str:
     return os.path.join(DEFAULT_HOME, "local")
+
+
+def _start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _ours(info: dict) -> list[int]:
+    """The recorded pids that still belong to the processes we started."""
+    started = info.get("started") or [None] * len(info.get("pids", []))
+    return [pid for pid, t in zip(info.get("pids", []), started)
+            if t is not None and _start_time(pid) == t]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -78,7 +94,7 @@ class LocalCluster:
         os.makedirs(self.state_dir, exist_ok=True)
         if os.path.exists(self.info_path):
             old = json.load(open(self.info_path))
-            if any(_pid_alive(p) for p in old.get("pids", [])):
+            if _ours(old):
                 raise ClusterError(f"a local cluster is already running from {self.state_dir} "
                                    f"(master {old.get('endpoint')}); run 'harmony cluster down'")
             os.unlink(self.info_path)
@@ -118,9 +134,7 @@ class LocalCluster:
                 ["harmony.worker", "start", "--master", self.endpoint, "--name", name,
                  "--host", self.host, "--state-dir", os.path.join(self.state_dir, "workers", name),
                  "--log-level", self.log_level, *extra], f"worker-{name}.log"))
-        with open(self.info_path, "w") as fh:
-            json.dump({"endpoint": self.endpoint, "pids": [p.pid for p in self.procs],
-                       "machines": self.machines}, fh)
+        self._write_info()
         with Client(self.endpoint, timeout_s=5) as c:
             while True:
                 try:
@@ -135,6 +149,13 @@ class LocalCluster:
                                        + os.path.join(self.state_dir, "logs"))
                 time.sleep(0.1)
         return self.endpoint
+
+    def _write_info(self) -> None:
+        # start times guard 'cluster down' against pids reused by other programs
+        with open(self.info_path, "w") as fh:
+            json.dump({"endpoint": self.endpoint, "pids": [p.pid for p in self.procs],
+                       "started": [_start_time(p.pid) for p in self.procs],
+                       "machines": self.machines, "mode": self.mode}, fh)
 
     def stop(self, timeout: float = 15.0) -> None:
         stop_pids([p.pid for p in self.procs], timeout)
@@ -158,7 +179,7 @@ class LocalCluster:
 def stop_pids(pids: list[int], timeout: float = 15.0) -> None:
     """SIGTERM the workers (pids[1:]) and wait, then the master (pids[0]);
     SIGKILL whatever is still alive after ``timeout``."""
-    for group in (pids[1:], pids[:1]):
+    for group in ([p for p in pids[1:] if p > 0], [p for p in pids[:1] if p > 0]):
         for pid in group:
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -187,6 +208,8 @@ def cluster_down(state_dir: str | None = None) -> bool:
     if not os.path.exists(path):
         return False
     info = json.load(open(path))
-    stop_pids(info.get("pids", []))
+    alive = set(_ours(info))
+    # keep positions (pids[0] is the master); drop pids now owned by others
+    stop_pids([p if p in alive else -1 for p in info.get("pids", [])])
     os.unlink(path)
     return True

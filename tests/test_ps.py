@@ -71,8 +71,8 @@ def test_malformed_requests_get_error_replies(shards):
     s.connect(servers[0].endpoint)
     try:
         for frames in ([b"garbage"],
-                       [M.encode("pull", rid=4, n=3), b"\x00" * 5],     # wrong frame size
-                       [M.encode("push", rid=5, n=1, dim=DIM + 1), b"\x00" * 8, b"\x00" * 20],
+                       [M.encode("pull", rid=4, n=3, tag=""), b"\x00" * 5],     # wrong frame size
+                       [M.encode("push", rid=5, n=1, dim=DIM + 1, tag=""), b"\x00" * 8, b"\x00" * 20],
                        [msgpack.packb({"t": "cancel", "job": "x"})]):
             s.send_multipart(frames)
             assert s.poll(5000)

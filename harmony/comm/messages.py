@@ -47,7 +47,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "registered": {"heartbeat_interval": _NUM},
     "heartbeat": {"name": str, "executors": list, "stats": (dict, _OPT)},
     "hb_ack": {},
-    "exec_exited": {"job": str, "index": int, "code": int, "log_tail": str},
+    "exec_exited": {"job": str, "index": int, "attempt": int, "code": int, "log_tail": str},
     # master -> worker daemon
     "launch": {"job": str, "index": int, "count": int, "app_name": str,
                "app_source": str, "args": list, "attempt": int},
@@ -68,6 +68,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                      "stop": bool},
     "exec_failed": {"job": str, "index": int, "error": str},
     "exec_finished": {"job": str, "index": int},
+    "ping": {"job": str, "index": int},
+    "pong": {},
     # master -> job executor
     "job_start": {"peers": list, "owner": list, "model_blocks": int, "mode": str,
                   "machines": list},
@@ -75,8 +77,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "epoch_sums": {"epoch": int, "sums": dict},
     "abort": {"reason": str},
     # PS data plane (executor <-> server shard); arrays follow as raw frames
-    "pull": {"rid": int, "n": int},                 # frames: keys int64[n]
-    "push": {"rid": int, "n": int, "dim": int},     # frames: keys, values[n, dim]
+    # "tag" names the job attempt: a shard refuses requests of another attempt
+    "pull": {"rid": int, "n": int, "tag": str},               # frames: keys int64[n]
+    "push": {"rid": int, "n": int, "dim": int, "tag": str},   # frames: keys, values[n, dim]
     "rows": {"rid": int, "n": int, "dim": int},     # frames: values[n, dim]
     "ack": {"rid": int},
     "ps_error": {"rid": int, "message": str},

@@ -15,13 +15,13 @@ class JobDB:
     def __init__(self, state_dir: str) -> None:
         os.makedirs(state_dir, exist_ok=True)
         self.path = os.path.join(state_dir, "master.lmdb")
+        # fsync is explicit: job records (state changes) are synced, per-epoch
+        # metric rows are not (a crash may lose the last seconds of metrics)
         self.env = lmdb.open(self.path, map_size=MAP_SIZE, max_dbs=4, subdir=True,
-                             sync=True, metasync=True)
+                             sync=False, metasync=False)
         self.jobs = self.env.open_db(b"jobs")
         self.meta = self.env.open_db(b"meta")
-
-    def close(self) -> None:
-        self.env.close()
+        self.epochs = self.env.open_db(b"epochs")
 
     def _write(self, fn) -> None:
         while True:
@@ -35,13 +35,42 @@ class JobDB:
     def save(self, job: Job) -> None:
         data = msgpack.packb(job.to_record(), use_bin_type=True)
         self._write(lambda txn: txn.put(job.id.encode(), data, db=self.jobs))
+        self.env.sync(True)
+
+    def save_epoch(self, job_id: str, epoch: dict) -> None:
+        key = f"{job_id}/{epoch['epoch']:09d}".encode()
+        data = msgpack.packb(epoch, use_bin_type=True)
+        self._write(lambda txn: txn.put(key, data, db=self.epochs))
+
+    def clear_epochs(self, job_id: str) -> None:
+        prefix = f"{job_id}/".encode()
+
+        def clear(txn):
+            cur = txn.cursor(db=self.epochs)
+            if cur.set_range(prefix):
+                while cur.key().startswith(prefix):
+                    if not cur.delete():
+                        break
+        self._write(clear)
 
     def load_all(self) -> list[Job]:
         out = []
         with self.env.begin() as txn:
             for _, v in txn.cursor(db=self.jobs):
-                out.append(Job.from_record(msgpack.unpackb(v, raw=False)))
+                job = Job.from_record(msgpack.unpackb(v, raw=False))
+                prefix = f"{job.id}/".encode()
+                cur = txn.cursor(db=self.epochs)
+                if cur.set_range(prefix):
+                    for k, e in cur:
+                        if not k.startswith(prefix):
+                            break
+                        job.epochs.append(msgpack.unpackb(e, raw=False))
+                out.append(job)
         return out
+
+    def close(self) -> None:
+        self.env.sync(True)
+        self.env.close()
 
     def next_seq(self) -> int:
         box = []

@@ -59,6 +59,7 @@ class Job:
     state_time: dict[str, float] = field(default_factory=dict)  # seconds per state
     entered: float = field(default_factory=time.time)
     group: str = ""                                     # explicit job group, if any
+    reason: str = ""                                    # why it is waiting, if known
     profile: dict[str, float] = field(default_factory=dict)  # moving averages
 
     def update_profile(self, timings: dict[str, float], machines: int,
@@ -100,24 +101,29 @@ class Job:
                 "submitted": self.submitted, "started": self.started, "ended": self.ended,
                 "error": self.error, "group": self.group, "profile": self.profile}
 
-    def detail(self, now: float | None = None) -> dict[str, Any]:
+    def detail(self, now: float | None = None, max_epochs: int | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now
         d = self.summary()
         st = dict(self.state_time)
         if not self.state.terminal:
             st[self.state.value] = st.get(self.state.value, 0.0) + (now - self.entered)
-        d.update({"args": self.args, "attempt": self.attempt, "epochs": self.epochs,
+        shown = self.epochs if max_epochs is None else self.epochs[-max_epochs:]
+        d.update({"args": self.args, "attempt": self.attempt, "epochs": shown,
+                  "epochs_total": len(self.epochs), "reason": self.reason,
                   "events": self.events, "state_time": st,
                   "elapsed": ((self.ended or now) - self.started) if self.started else 0.0})
         return d
 
     def to_record(self) -> dict[str, Any]:
+        """The durable record, without the epochs (stored one row each)."""
         d = asdict(self)
         d["state"] = self.state.value
+        d["epochs"] = []
         return d
 
     @classmethod
     def from_record(cls, d: dict[str, Any]) -> "Job":
         d = dict(d)
         d["state"] = JobState(d["state"])
-        return cls(**d)
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})

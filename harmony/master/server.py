@@ -28,6 +28,8 @@ from harmony.master.jobs import MAX_ATTEMPTS, Job, JobState
 log = logging.getLogger("harmony.master")
 
 HEARTBEAT_INTERVAL = 1.0
+LAUNCH_GRACE = 3.0          # s: a launched executor shows up in heartbeats by then
+MAX_STATUS_EPOCHS = 1000    # epochs returned by a status request
 MAX_APP_SOURCE = 4 * 1024 * 1024
 
 
@@ -178,9 +180,14 @@ class Master:
 
     # -- transport ---------------------------------------------------------------
     def _send(self, ident: bytes, payload: bytes) -> bool:
+        """Send without ever blocking the master: a peer whose queue is full
+        (a client that stopped reading) or that vanished loses this reply."""
         try:
-            self.sock.send_multipart([ident, payload])
+            self.sock.send_multipart([ident, payload], zmq.NOBLOCK)
             return True
+        except zmq.Again:
+            log.warning("peer %r is not reading; reply dropped", ident)
+            return False
         except zmq.ZMQError as exc:
             log.warning("send to %r failed: %s", ident, exc)
             return False
@@ -240,7 +247,7 @@ class Master:
         job = self.jobs.get(msg["job"])
         if job is None:
             return self._send(ident, M.error("unknown_job", f"no job {msg['job']!r}"))
-        self._send(ident, M.encode("status", job=job.detail()))
+        self._send(ident, M.encode("status", job=job.detail(max_epochs=MAX_STATUS_EPOCHS)))
 
     def _on_cancel(self, ident: bytes, msg: M.Message) -> None:
         job = self.jobs.get(msg["job"])
@@ -290,11 +297,20 @@ class Master:
         self._reconcile(w, msg["executors"])
 
     def _reconcile(self, w: Worker, executors: list) -> None:
-        """Kill executors a daemon runs for jobs that are not running there."""
-        for jid in set(executors):
-            job = self.jobs.get(jid) if isinstance(jid, str) else None
+        """Kill executors a daemon runs for jobs that are not running there,
+        and requeue jobs that should run there but whose executor is gone
+        (e.g. the daemon restarted), after a grace period for launches."""
+        reported = {j for j in executors if isinstance(j, str)}
+        for jid in reported:
+            job = self.jobs.get(jid)
             if job is None or job.state != JobState.RUNNING or w.name not in job.workers:
-                self._send(w.ident, M.encode("kill", job=str(jid)))
+                self._send(w.ident, M.encode("kill", job=jid))
+        now = time.time()
+        for job in self._jobs_on(w.name):
+            run = self.runs.get(job.id)
+            if job.id not in reported and run is not None and not run.stopping \
+                    and now - run.launched > LAUNCH_GRACE:
+                self._retry_or_fail(job, f"its executor on worker {w.name} is gone")
 
     def _on_exec_exited(self, ident: bytes, msg: M.Message) -> None:
         name = self.by_ident.get(ident, "?")
@@ -302,11 +318,14 @@ class Master:
         if job is None or job.state != JobState.RUNNING or name not in job.workers:
             return
         run = self.runs.get(job.id)
+        if run is not None and msg["attempt"] != run.attempt:
+            return  # a late report about an earlier attempt
         code = msg["code"]
         if run is not None and msg["index"] in run.finished:
             return
         if code == 0 and run is not None and run.stopping:
-            return
+            # a clean exit after the stop decision: as good as exec_finished
+            return self._finish_index(job, run, msg["index"])
         how = f"signal {-code}" if code < 0 else f"code {code}"
         tail = msg["log_tail"].strip()
         self._end(job, JobState.FAILED,
@@ -335,14 +354,22 @@ class Master:
         live = [w for w in self.workers.values() if w.alive]
         waiting = sorted((j for j in self.jobs.values() if j.state == JobState.WAITING),
                          key=lambda j: (j.submitted, j.id))
+        for job in waiting:
+            job.reason = "no live workers" if not live else ""
         if not waiting or not live:
             return
+        # a job larger than the live cluster waits without blocking the others
+        waiting = [j for j in waiting if j.machines <= len(live)] + \
+            [j for j in waiting if j.machines > len(live)]
         view = P.ClusterView(
             workers=tuple(P.WorkerView(w.name, w.cpus, w.memory, len(self._jobs_on(w.name)),
                                        tuple(sorted({j.group for j in self._jobs_on(w.name)
                                                      if j.group})))
                           for w in sorted(live, key=lambda w: w.name)),
             waiting=tuple(P.JobView(j.id, j.machines, j.submitted, j.group) for j in waiting))
+        for job in waiting:
+            job.reason = (f"needs {job.machines} machines; {len(live)} alive"
+                          if job.machines > len(live) else "")
         for jid, machines in self.policy(view).start.items():
             self._launch(self.jobs[jid], machines)
 
@@ -350,6 +377,7 @@ class Master:
         job.attempt += 1
         job.workers = list(machines)
         job.epochs = []
+        self.db.clear_epochs(job.id)
         job.error = None
         job.transition(JobState.RUNNING, f"attempt {job.attempt} on {', '.join(machines)}")
         self.runs[job.id] = Run(job.attempt, time.time())
@@ -511,12 +539,18 @@ class Master:
         job.epochs.append({"epoch": msg["epoch"], "metrics": msg["metrics"],
                            "timings": timings, "time": time.time()})
         job.update_profile(timings, len(job.workers))
+        self.db.save_epoch(job.id, job.epochs[-1])
         self._jobs_log.write(json.dumps({"t": time.time(), "job": job.id, "epoch": msg["epoch"],
                                          "workers": job.workers, "profile": job.profile,
                                          "timings": timings}) + "\n")
         if msg["stop"]:
             run.stopping = True
-        self.db.save(job)
+            self.db.save(job)
+
+    def _on_ping(self, ident: bytes, msg: M.Message) -> None:
+        """An executor waiting for a long time checks that its job still runs."""
+        if self._exec_run(ident, msg) is not None:
+            self._send(ident, M.encode("pong"))
 
     def _on_exec_failed(self, ident: bytes, msg: M.Message) -> None:
         jr = self._exec_run(ident, msg)
@@ -531,7 +565,10 @@ class Master:
         if jr is None:
             return
         job, run = jr
-        run.finished.add(msg["index"])
+        self._finish_index(job, run, msg["index"])
+
+    def _finish_index(self, job: Job, run: Run, index: int) -> None:
+        run.finished.add(index)
         if len(run.finished) == len(job.workers):
             if not run.stopping:
                 return self._end(job, JobState.FAILED, "executors finished without a stop decision")

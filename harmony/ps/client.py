@@ -25,10 +25,12 @@ class PSError(RuntimeError):
 class PSClient:
     def __init__(self, ctx: zmq.Context, peers: list[str], owner: np.ndarray, dim: int,
                  dtype: str = "float32", timeout_s: float = 120.0,
-                 throttle: Callable[[int, int, str], object] | None = None) -> None:
+                 throttle: Callable[[int, int, str], object] | None = None,
+                 tag: str = "") -> None:
         """``throttle(peer, nbytes, "out"|"in")`` is called for every transfer
         (network emulation of local clusters); None for a real network."""
         self.throttle = throttle
+        self.tag = tag
         self.peers = list(peers)
         self.owner = np.asarray(owner, dtype=np.int64)
         self.nblocks = len(self.owner)
@@ -96,7 +98,7 @@ class PSClient:
         pending = {}
         for p, sel, k in routes:
             rid = next(self._rid)
-            self.socks[p].send_multipart([M.encode("pull", rid=rid, n=len(k)), k], copy=False)
+            self.socks[p].send_multipart([M.encode("pull", rid=rid, n=len(k), tag=self.tag), k], copy=False)
             self.bytes_sent += k.nbytes
             pending[p] = (rid, sel, len(k))
         got = self._collect(pending)
@@ -128,7 +130,7 @@ class PSClient:
             v = deltas if sel is None else np.ascontiguousarray(deltas[sel])
             rid = next(self._rid)
             self.socks[p].send_multipart(
-                [M.encode("push", rid=rid, n=len(k), dim=self.dim), k, v], copy=False)
+                [M.encode("push", rid=rid, n=len(k), dim=self.dim, tag=self.tag), k, v], copy=False)
             self.bytes_sent += k.nbytes + v.nbytes
             pending[p] = (rid, sel, len(k))
         self._collect(pending)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import traceback
 from typing import Callable
 
 import numpy as np
@@ -19,6 +20,10 @@ from harmony.comm import messages as M
 from harmony.comm.zmqutil import bind_random, make_socket
 
 log = logging.getLogger(__name__)
+
+
+class AppUpdateError(Exception):
+    """The app's update function failed on the server."""
 
 
 class ShardTable:
@@ -47,6 +52,8 @@ class ShardTable:
 
     def index(self, keys: np.ndarray) -> np.ndarray | slice:
         n = len(self.keys)
+        if len(keys) == 0:
+            return np.zeros(0, dtype=np.int64)
         if len(keys) == n and n and keys[0] == self.keys[0] and keys[-1] == self.keys[-1] \
                 and np.array_equal(keys, self.keys):
             return slice(None)  # the whole shard, in order: no gather needed
@@ -71,10 +78,14 @@ class ShardTable:
                 np.add(self.rows, deltas, out=self.rows)
             else:
                 self.rows[idx] += deltas
-        elif isinstance(idx, slice):
-            self.rows[...] = self.update(self.rows, deltas)
         else:
-            self.rows[idx] = self.update(self.rows[idx], deltas)
+            cur = self.rows if isinstance(idx, slice) else self.rows[idx]
+            new = self.update(cur, deltas)
+            if not isinstance(new, np.ndarray) or new.shape != cur.shape:
+                raise AppUpdateError(
+                    f"the app's update() returned {type(new).__name__} "
+                    f"{getattr(new, 'shape', '')}, expected an array of shape {cur.shape}")
+            self.rows[idx] = new
 
 
 def _frame_array(frame, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -88,8 +99,9 @@ def _frame_array(frame, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
 class ShardServer:
     """Serves one ShardTable on a ROUTER socket from a background thread."""
 
-    def __init__(self, ctx: zmq.Context, host: str, table: ShardTable) -> None:
+    def __init__(self, ctx: zmq.Context, host: str, table: ShardTable, tag: str = "") -> None:
         self.table = table
+        self.tag = tag          # the job attempt it serves; "" accepts any
         self.sock = make_socket(ctx, zmq.ROUTER)
         self.endpoint = bind_random(self.sock, host)
         self._stop = threading.Event()
@@ -123,9 +135,14 @@ class ShardServer:
             ident, body = frames[0].bytes, frames[1:]
             try:
                 reply, live = self._handle(body)
-            except (M.ProtocolError, KeyError, ValueError) as exc:
+            except Exception as exc:  # never let one request kill the shard
                 self.errors += 1
-                log.warning("bad PS request: %s", exc)
+                if not isinstance(exc, (M.ProtocolError, KeyError, ValueError)):
+                    tb = traceback.extract_tb(exc.__traceback__)
+                    exc = AppUpdateError(f"{exc.__class__.__name__}: {exc}"
+                                         + (f" (at {tb[-1].filename}:{tb[-1].lineno})"
+                                            if tb else ""))
+                log.warning("PS request failed: %s", exc)
                 rid = 0
                 try:
                     rid = int(M.decode(body[:1]).get("rid", 0))
@@ -149,6 +166,9 @@ class ShardServer:
         t = self.table
         if msg.type not in ("pull", "push"):
             raise M.ProtocolError(f"unexpected {msg.type!r} on a PS shard")
+        if self.tag and msg["tag"] != self.tag:
+            raise ValueError(f"request for job attempt {msg['tag']!r}; this shard serves "
+                             f"{self.tag!r}")
         if not t.ready:
             raise ValueError("shard not initialized yet")
         n = msg["n"]

@@ -96,6 +96,7 @@ class Daemon:
         self.queues = ResourceQueues()
         self.xident: dict[str, bytes] = {}           # job -> executor identity
         self.pending: dict[str, list[bytes]] = {}    # grants waiting for a hello
+        self.deferred: dict[str, Sub] = {}           # enqueues that overtook a release
         self.events_path = os.path.join(self.state_dir, "queue-events.jsonl")
         self._events = open(self.events_path, "a", buffering=1)
         self.busy = {"cpu": 0.0, "net": 0.0}
@@ -204,8 +205,15 @@ class Daemon:
         elif msg.type == "launch":
             self._launch(msg)
         elif msg.type == "enqueue":
+            sub = Sub(msg["job"], msg["seq"], msg["kind"])
+            cur = self.queues.current(sub.job)
+            if cur is not None and cur.seq < sub.seq:
+                # the master's enqueue of the next subtask overtook the
+                # executor's release of the previous one: apply it on release
+                self.deferred[sub.job] = sub
+                return
             try:
-                self._apply(self.queues.enqueue(Sub(msg["job"], msg["seq"], msg["kind"])))
+                self._apply(self.queues.enqueue(sub))
             except QueueError as exc:
                 log.warning("enqueue refused: %s", exc)
         elif msg.type == "kill":
@@ -271,9 +279,21 @@ class Daemon:
             self._drop(job)
             tail = _tail(ep.log_path) if code != 0 else ""
             log.info("executor of %s exited with %s", job, code)
-            self._send("exec_exited", job=job, index=ep.index, code=int(code), log_tail=tail)
-            if code == 0:
+            self._send("exec_exited", job=job, index=ep.index, attempt=ep.attempt,
+                       code=int(code), log_tail=tail)
+            if code == 0 or ep.term_sent is not None:
                 shutil.rmtree(ep.dir, ignore_errors=True)
+            else:
+                self._prune_failed()
+
+    def _prune_failed(self, keep: int = 20) -> None:
+        """Keep the directories (logs) of the newest failed executors only."""
+        root = os.path.join(self.state_dir, "jobs")
+        live = {ep.dir for ep in self.execs.values()}
+        dirs = sorted((os.path.join(root, d) for d in os.listdir(root)), key=os.path.getmtime)
+        old = [d for d in dirs if d not in live]
+        for d in old[:max(0, len(old) - keep)]:
+            shutil.rmtree(d, ignore_errors=True)
 
     # -- subtask queues ------------------------------------------------------------
     def _log_event(self, ev: str, sub: Sub, role: str = "") -> None:
@@ -315,6 +335,7 @@ class Daemon:
             self.busy[kind] += now - start
         self.xident.pop(job, None)
         self.pending.pop(job, None)
+        self.deferred.pop(job, None)
         self._apply(self.queues.drop_job(job))
 
     def _handle_exec(self, frames: list[bytes]) -> None:
@@ -343,6 +364,9 @@ class Daemon:
             if start is not None:
                 self.busy[kind] += time.time() - start
             self._log_event("done", Sub(msg["job"], msg["seq"], kind))
+            nxt = self.deferred.pop(msg["job"], None)
+            if nxt is not None:
+                acts += self.queues.enqueue(nxt)
             self._apply(acts)
         else:
             self._xsend(ident, M.error("unexpected", f"the daemon does not accept {msg.type!r}"))

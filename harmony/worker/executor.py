@@ -32,7 +32,15 @@ from harmony.worker.netem import NetEm, job_token
 log = logging.getLogger("harmony.executor")
 
 
+PING_AFTER_S = 10.0       # ping the master after this long without a word
+MASTER_TIMEOUT_S = 60.0   # and give up after this long
+
+
 class Aborted(Exception):
+    pass
+
+
+class MasterLost(Exception):
     pass
 
 
@@ -64,21 +72,39 @@ class Executor:
         self.client: PSClient | None = None
         self.queued = False
         self.seq = 0
+        self.last_contact = self.last_ping = time.monotonic()
         self.net_wait = 0.0   # seconds spent in emulated transfers
 
     def send(self, mtype: str, **fields) -> None:
         self.ctl.send(M.encode(mtype, job=self.job, index=self.index, **fields))
 
+    def _from_master(self, msg: M.Message) -> None:
+        self.last_contact = time.monotonic()
+        if msg.type == "abort":
+            raise Aborted(msg["reason"])
+        if msg.type == "error":
+            raise RuntimeError(f"master: {msg['code']}: {msg['message']}")
+
+    def _liveness(self) -> None:
+        """While waiting long, ping the master; give up when it is gone."""
+        quiet = time.monotonic() - self.last_contact
+        if quiet > MASTER_TIMEOUT_S:
+            raise MasterLost(f"no word from the master for {quiet:.0f}s")
+        if quiet > PING_AFTER_S and time.monotonic() - self.last_ping > PING_AFTER_S:
+            self.last_ping = time.monotonic()
+            self.send("ping")
+
     def wait(self, mtype: str) -> M.Message:
         while True:
+            if not self.ctl.poll(1000):
+                self._liveness()
+                continue
             msg = M.decode(self.ctl.recv_multipart())
+            self._from_master(msg)
             if msg.type == mtype:
                 return msg
-            if msg.type == "abort":
-                raise Aborted(msg["reason"])
-            if msg.type == "error":
-                raise RuntimeError(f"master: {msg['code']}: {msg['message']}")
-            log.warning("ignoring unexpected %s while waiting for %s", msg.type, mtype)
+            if msg.type != "pong":
+                log.warning("ignoring unexpected %s while waiting for %s", msg.type, mtype)
 
     def barrier(self, epoch: int, it: int) -> None:
         self.send("barrier", epoch=epoch, iter=it)
@@ -100,7 +126,8 @@ class Executor:
             # the default update (add) runs in place on the shard
             update = None if type(app).update is App.update else app.update
             table = ShardTable(spec.dim, spec.dtype, update)
-            self.server = ShardServer(self.ctx, s["host"], table)
+            tag = f"{self.job}:{self.attempt}"
+            self.server = ShardServer(self.ctx, s["host"], table, tag=tag)
             self.server.start()
             self.ctl.send(M.encode("exec_ready", job=self.job, index=self.index,
                                    attempt=self.attempt, endpoint=self.server.endpoint,
@@ -113,7 +140,7 @@ class Executor:
             mine = all_keys[owner[block_of(all_keys, start["model_blocks"])] == self.index]
             table.load(mine, app.init_rows(mine))
             self.client = PSClient(self.ctx, start["peers"], owner, spec.dim, spec.dtype,
-                                   throttle=self._throttle_fn(start["machines"]))
+                                   throttle=self._throttle_fn(start["machines"]), tag=tag)
             if self.queued:
                 self.dsock.send(M.encode("hello", job=self.job, index=self.index,
                                          attempt=self.attempt))
@@ -125,6 +152,9 @@ class Executor:
         except Aborted as exc:
             log.info("aborted by master: %s", exc)
             return 3
+        except MasterLost as exc:
+            log.error("giving up: %s", exc)
+            return 4
         except (AppError, PSError) as exc:
             self._fail(str(exc))
             return 1
@@ -165,6 +195,11 @@ class Executor:
         self.send("sync", seq=self.seq, next=kind)
         self.seq += 1
         while True:
+            while self.ctl.poll(0):  # pongs, aborts
+                self._from_master(M.decode(self.ctl.recv_multipart()))
+            if not self.dsock.poll(1000):
+                self._liveness()
+                continue
             msg = M.decode(self.dsock.recv_multipart())
             if msg.type == "grant" and msg["seq"] == self.seq:
                 break

@@ -71,6 +71,10 @@ class ResourceQueues:
             acts.append(("promote", self.net_run[0]))
         return acts + self._grant()
 
+    def current(self, job: str) -> Sub | None:
+        """The job's subtask that is queued or running here, if any."""
+        return self._find(job)
+
     def _find(self, job: str) -> Sub | None:
         for s in (self.cpu_run, *self.net_run, *self.cpu_wait, *self.net_wait):
             if s is not None and s.job == job:
