@@ -13,9 +13,10 @@ Why this and not network namespaces with ``tc``: it needs no root or
 CAP_NET_ADMIN (CI may have neither), it is deterministic, and it can express
 the NET queue's priorities. The *primary* network subtask of a machine
 reserves as soon as the link is free. The *secondary* backs off while the
-primary has used the link within the last chunk time, so it only uses time
-the primary leaves idle, and yields (at chunk granularity) when they
-contend.
+primary has used the link within the last chunk time, so it uses the time
+the primary leaves idle and yields when they contend, except for one chunk
+per ``SECONDARY_EVERY`` primary chunks, so that a small secondary transfer is
+never starved behind a long primary one.
 
 The state is one small memory-mapped file per cluster, shared by all
 executor processes and daemons, and guarded by ``flock``. Per machine it
@@ -33,9 +34,10 @@ import struct
 import time
 import zlib
 
-# per machine: eg_all, eg_pri, in_all, in_pri, eg_bytes, in_bytes, busy_s, primary
-_FIELDS = 8
-_F = struct.Struct("<7dq")
+# per machine: eg_all, eg_pri, in_all, in_pri, eg_bytes, in_bytes, busy_s, primary,
+# primary chunks since the secondary last sent
+_F = struct.Struct("<7dqd")
+SECONDARY_EVERY = 3   # under contention the secondary sends 1 chunk per 3 of the primary
 CHUNK = 256 * 1024
 
 
@@ -125,11 +127,14 @@ class NetEm:
             a, b = self._get(s), self._get(d)
             primary = token != 0 and (a[7] == token or b[7] == token)
             if not primary:
-                # the secondary only fills gaps: while the primary has used
-                # the link within the last chunk time, it backs off
+                # the secondary fills the gaps the primary leaves; while the
+                # primary keeps the link busy it backs off, except for one
+                # chunk per SECONDARY_EVERY primary chunks (it is never starved)
                 busy_until = max(a[1], b[3])
-                if busy_until > now - gap and (a[7] or b[7]):
+                if busy_until > now - gap and (a[7] or b[7]) \
+                        and max(a[8], b[8]) < SECONDARY_EVERY:
                     return busy_until + gap, False
+                a[8] = b[8] = 0.0
             # no two reservations of a link overlap, so the cap holds; a link
             # that sat idle may catch up one chunk (a token bucket of one chunk
             # of burst), so a thread's oversleep does not lower the rate
@@ -138,6 +143,8 @@ class NetEm:
             a[0], b[2] = end, end
             if primary:
                 a[1], b[3] = end, end
+                a[8] += 1
+                b[8] += 1
             a[4] += nbytes
             b[5] += nbytes
             a[6] += dur
