@@ -1,0 +1,338 @@
+"""Lasso regression by distributed proximal gradient descent (FISTA).
+
+Minimizes ``F(w) = 1/(2n) ||y - X w||^2 + lam ||w||_1`` (scikit-learn's
+``Lasso(alpha=lam, fit_intercept=False)``; with ``--intercept`` an
+unpenalized intercept is added). Samples are hashed to input blocks by row
+number; each machine keeps its blocks as CSR matrices.
+
+**The problem.** The soft-thresholding step of a proximal method needs the
+*whole* gradient ``g = sum over machines of X_b^T (X_b v - y_b) / n``. It is
+not additive, so it cannot run on the servers as the machines' deltas arrive
+one at a time. Also, a machine's PULL of iteration ``i`` may already see
+PUSHes of iteration ``i`` from faster machines (the runtime only guarantees
+that pushes of ``i`` are applied before anyone pulls for ``i + 1``), so a
+value that is rewritten during an iteration cannot be read reliably in it.
+
+**The design.** The proximal step runs on the workers, identically on every
+machine, from state that nobody writes while it is being read:
+
+* one epoch = one full-gradient pass = one proximal step. Its
+  ``--iters-per-epoch`` iterations each process one group of blocks;
+* the model has two *slots*, used in alternate epochs. Row ``j`` (feature
+  ``j``; key ``num_features`` is the intercept) is
+  ``[e_A, x_A, v_A, g_A,  e_B, x_B, v_B, g_B]``: per slot the epoch ``e`` it
+  belongs to, the iterate ``x_e``, the extrapolated point ``v_e`` and the
+  gradient at ``v_e``. Key ``num_features + 1`` holds FISTA's scalars
+  ``t_e, beta_e`` in the same layout;
+* in every iteration of epoch ``e`` every machine reads slot ``(e-1) % 2``,
+  complete since the end of epoch ``e - 1`` and not written in epoch ``e``,
+  and computes the same step (bit for bit, same inputs, same code)::
+
+      x_e = soft_threshold(v - eta g, eta lam)        (v, g, x, t: epoch e-1)
+      t_e = (1 + sqrt(1 + 4 t^2)) / 2,  beta_e = (t - 1) / t_e
+      v_e = x_e + beta_e (x_e - x)
+      momentum restart (t_e = 1, v_e = x_e) when (v - x_e).(x_e - x) > 0
+
+  then pushes into slot ``e % 2`` its partial gradient at ``v_e``; machine 0
+  also pushes ``x_e``, ``v_e``, ``t_e``, ``beta_e`` (once per epoch, in the
+  first iteration; the others push zeros there);
+* the server update (``update``) is commutative and associative: a delta
+  tagged with a newer epoch than the slot *replaces* the slot, one with the
+  same epoch is *added*, an older one is ignored. So the first push of epoch
+  ``e`` resets the slot of epoch ``e - 2`` (no separate reset step that
+  readers could race with) and ``x_e`` lands exactly (``0 + x_e``);
+* the step size is ``eta = step_scale / L`` with ``L`` the largest eigenvalue
+  of ``X^T X / n`` (with the intercept column if fitted). Every machine reads
+  the whole input, so every machine computes the same ``L`` at read time by
+  Lanczos iterations (ARPACK, fixed start vector) on the training rows: all
+  of them when they have at most ``--lipschitz-sample-nnz`` nonzeros, else a
+  hashed row sample of about that size (the same sample on every machine),
+  whose estimate is then raised by 5%;
+* one sparse product ``X_b x`` and one ``X_b^T r`` per block and epoch:
+  ``X_b v_e = (1 + beta_e) X_b x_e - beta_e X_b x_(e-1)`` from
+  ``X_b x_(e-1)``, kept per block from the previous epoch (one float per
+  sample; without it ``X_b x`` and ``X_b v`` come from one two-column
+  product);
+* the objective of epoch ``e`` is ``F(x_e)``. Its data term is a by-product
+  of the gradient pass (``X_b x_e``), so evaluating it costs no extra pass;
+  ``||x_e||_1`` and the support size ``nnz`` are summed over the server
+  shards.
+
+Without ``--accel`` it is plain ISTA (``v = x``). The iterations of an epoch
+split one gradient pass into smaller PULL/COMP/PUSH subtasks without changing
+the result. 1 or m machines compute the same iterates up to the rounding of
+the partial-gradient sums. A run on one machine, or on two with one
+iteration per epoch (a replace followed by one commutative add), is
+bit-for-bit reproducible; otherwise the order in which pushes arrive may
+change the last bits of the sums, never the agreement between machines.
+
+Input: LIBSVM/svmlight lines ``target idx:val ...`` (real targets; ``qid:``
+ignored, ``.gz`` ok; see :mod:`harmony.formats.libsvm`). Make data with
+``harmony data gen lasso``.
+
+CPU/network ratio: every iteration pulls and pushes the whole model
+(``(num_features + 2) x 8`` doubles each way) while COMP costs about
+``3 x nnz`` multiply-adds of the iteration's samples. More samples per
+feature, denser rows, or fewer ``--iters-per-epoch`` make it CPU-heavy;
+many features with few nonzeros, or many iterations per epoch, make it
+network-heavy.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+from harmony.app import App, AppError, InputPart, ModelSpec, Option, Step
+from harmony.formats.libsvm import read_libsvm_blocks
+from harmony.store.blocks import Block
+
+E, X, V, G = 0, 1, 2, 3        # columns within a slot
+SLOT = 4                        # slot s occupies columns [4s, 4s + 4)
+NEVER = -np.inf                 # epoch tag of a delta that must not touch a slot
+
+
+def _csr(indptr, indices, data, ncols: int) -> sp.csr_matrix:
+    return sp.csr_matrix((data, indices, indptr), shape=(len(indptr) - 1, ncols), copy=False)
+
+
+def lipschitz(sample: tuple, ncols: int, intercept: bool) -> float:
+    """Largest eigenvalue of A^T A / m for the sample rows A (= [X 1] with an
+    intercept). Deterministic: ARPACK from a fixed start vector."""
+    ptr, idx, val = sample
+    m = len(ptr) - 1
+    X = _csr(ptr, idx, val, ncols)
+    XT = X.T.tocsr()
+    d = ncols + (1 if intercept else 0)
+
+    def mv(v):
+        v = np.asarray(v, dtype=np.float64).ravel()
+        u = X @ v[:ncols]
+        if intercept:
+            u = u + v[ncols]
+        out = XT @ u
+        if intercept:
+            out = np.append(out, u.sum())
+        return out / m
+
+    frob = (float(np.dot(val, val)) + (m if intercept else 0)) / m   # trace >= lambda_max
+    if d <= 64:                        # small: the exact Gram matrix, in row chunks
+        G = np.zeros((d, d))
+        for s in range(0, m, 65536):
+            A = X[s:s + 65536].toarray()
+            if intercept:
+                A = np.column_stack([A, np.ones(len(A))])
+            G += A.T @ A
+        return float(np.linalg.eigvalsh(G / m)[-1]) * (1 + 1e-9)
+    op = spla.LinearOperator((d, d), matvec=mv, dtype=np.float64)
+    try:
+        ev = spla.eigsh(op, k=1, which="LA", v0=np.ones(d), tol=1e-8, maxiter=10 * d + 1000,
+                        return_eigenvectors=False)
+        return float(ev[0]) * (1 + 1e-6)
+    except spla.ArpackNoConvergence:
+        return frob
+
+
+class Lasso(App):
+    """Lasso regression (squared loss + L1) by distributed proximal gradient (FISTA)."""
+
+    name = "lasso"
+    options = [
+        Option("input", str, None, "training data: LIBSVM 'target idx:val ...' lines (.gz ok)",
+               required=True),
+        Option("test", str, None, "test data (same format) for test_mse"),
+        Option("holdout", float, 0.0, "fraction of --input rows held out for test_mse "
+               "(ignored with --test)"),
+        Option("index_base", str, "auto", "feature index base: 0, 1, or auto (0-based iff index "
+               "0 occurs anywhere in the input files)", choices=("auto", "0", "1")),
+        Option("num_features", int, None, "model width; unset: largest feature index + 1"),
+        Option("lam", float, 0.1, "L1 strength: objective = 1/(2n)||y - Xw||^2 + lam ||w||_1 "
+               "(scikit-learn's alpha)"),
+        Option("accel", bool, True, "FISTA momentum with adaptive restart (--no-accel: ISTA)"),
+        Option("step_scale", float, 1.0, "step size = step_scale / L, L = largest eigenvalue "
+               "of X^T X / n"),
+        Option("intercept", bool, False, "fit an unpenalized intercept"),
+        Option("lipschitz_sample_nnz", int, 4_000_000, "nonzeros used to compute L (all "
+               "training rows if they have fewer, else a hashed sample)"),
+        Option("max_epochs", int, 100, "stop after this many epochs (= proximal steps)"),
+        Option("model_out", str, None, "write the coefficients here at every epoch end "
+               "(machine 0): 'index weight' lines of the nonzeros, the input's index base; "
+               "'intercept b' first with --intercept"),
+    ]
+
+    # -- input ------------------------------------------------------------------
+    def read_input(self, part: InputPart):
+        o = self.opts
+        if o.lam < 0 or not (0 <= o.holdout < 1) or not (0 < o.step_scale) \
+                or o.lipschitz_sample_nnz < 1:
+            raise AppError("bad app options: need lam >= 0, 0 <= holdout < 1, step_scale > 0, "
+                           "lipschitz_sample_nnz >= 1")
+        info, blocks = read_libsvm_blocks(
+            part, o.input, test_path=o.test, holdout=0.0 if o.test else o.holdout, seed=o.seed,
+            index_base=o.index_base, num_features=o.num_features, dtype=np.float64,
+            sample_nnz=o.lipschitz_sample_nnz)
+        self.F = info.num_features
+        self.base = info.index_base
+        self.n_train, self.n_test = info.n_train, info.n_test
+        self.leader = part.index == 0
+        L = lipschitz(info.sample, self.F, o.intercept)
+        if info.sample_fraction < 1.0:
+            L *= 1.05
+        self.L = max(L, 1e-12)
+        self.eta = o.step_scale / self.L
+        self._all_keys = np.arange(self.F + 2, dtype=np.int64)
+        self._x_ref: np.ndarray | None = None    # the x of the latest gradient pass
+        self._x_tag = 0
+        self._prev_ref: np.ndarray | None = None  # the x before it
+        self._Xx: dict[int, tuple[int, np.ndarray]] = {}   # block -> (x tag, X_b x)
+        self._sse: dict[int, tuple[int, float]] = {}   # block -> (x tag, sse at x)
+        for b, a in blocks:
+            yield Block(b, a)
+
+    # -- model --------------------------------------------------------------------
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec(num_keys=self.F + 2, dim=2 * SLOT, dtype="float64")
+
+    def init_rows(self, keys: np.ndarray) -> np.ndarray:
+        rows = np.zeros((len(keys), 2 * SLOT))
+        rows[:, E] = -2.0                            # slot 0: epoch 0 will replace it
+        rows[:, SLOT + E] = -1.0                     # slot 1: "epoch -1", read in epoch 0
+        rows[keys == self.F + 1, SLOT + X] = 1.0     # FISTA's t = 1
+        return rows
+
+    def update(self, rows: np.ndarray, deltas: np.ndarray) -> np.ndarray:
+        """Per slot: a newer epoch replaces, the same epoch adds, an older one
+        is ignored (a commutative, associative combination)."""
+        out = np.array(rows, copy=True)
+        for c in (0, SLOT):
+            de, re = deltas[:, c + E], rows[:, c + E]
+            if not len(de) or (de[0] == NEVER and (de == NEVER).all()):
+                continue                                  # the slot not written now
+            if (de == re).all():
+                out[:, c + 1:c + SLOT] += deltas[:, c + 1:c + SLOT]
+            elif (de > re).all():
+                out[:, c:c + SLOT] = deltas[:, c:c + SLOT]
+            else:
+                newer, same = de > re, de == re
+                out[newer, c:c + SLOT] = deltas[newer, c:c + SLOT]
+                out[same, c + 1:c + SLOT] += deltas[same, c + 1:c + SLOT]
+        return out
+
+    def keys(self, blocks: list[Block]) -> np.ndarray:
+        return self._all_keys                      # the prox step needs every row
+
+    # -- iteration --------------------------------------------------------------------
+    def _step(self, rows: np.ndarray, epoch: int):
+        """(x_e, v_e, t_e, beta_e, x_(e-1)) from the slot of epoch e - 1."""
+        o, F = self.opts, self.F
+        c = SLOT * ((epoch - 1) % 2)
+        if not np.all(rows[:, c + E] == epoch - 1):
+            raise AppError(f"lasso: model slot of epoch {epoch - 1} not found at epoch {epoch} "
+                           "(the model state is out of step with the epochs)")
+        x, v, g = rows[:F + 1, c + X], rows[:F + 1, c + V], rows[:F + 1, c + G]
+        t, beta = rows[F + 1, c + X], rows[F + 1, c + V]
+        if epoch == 0:
+            return x, v, t, beta, x
+        z = v - self.eta * g
+        xn = np.sign(z) * np.maximum(np.abs(z) - self.eta * o.lam, 0.0)
+        xn[F] = z[F] if o.intercept else 0.0
+        if not o.accel or np.dot(v - xn, xn - x) > 0:   # ISTA, or momentum restart
+            return xn, xn, 1.0, 0.0, x
+        tn = (1.0 + math.sqrt(1.0 + 4.0 * t * t)) / 2.0
+        bn = (t - 1.0) / tn
+        return xn, xn + bn * (xn - x), tn, bn, x
+
+    def compute(self, blocks: list[Block], keys: np.ndarray, rows: np.ndarray,
+                step: Step) -> np.ndarray:
+        F = self.F
+        x, v, t, beta, x_prev = self._step(rows, step.epoch)
+        if self._x_ref is None or not np.array_equal(x, self._x_ref):
+            self._prev_ref, self._x_ref = self._x_ref, np.array(x)
+            self._x_tag += 1
+        same = np.array_equal(x, v)
+        prev_ok = self._prev_ref is not None and np.array_equal(x_prev, self._prev_ref)
+        grad = np.zeros(F + 1)
+        for blk in blocks:
+            Xb = _csr(blk["indptr"], blk["indices"], blk["data"], F)
+            y = blk["y"]
+            old = self._Xx.get(blk.id)
+            if same:
+                Xx = Xb @ x[:F]
+                rv = Xx + (v[F] - y)
+            elif old is not None and prev_ok and old[0] == self._x_tag - 1:
+                # v = x + beta (x - x_prev): X v from X x and the kept X x_prev
+                Xx = Xb @ x[:F]
+                rv = (1.0 + beta) * Xx - beta * old[1] + (v[F] - y)
+            else:
+                XP = Xb @ np.column_stack([x[:F], v[:F]])
+                Xx = np.ascontiguousarray(XP[:, 0])
+                rv = XP[:, 1] + (v[F] - y)
+            self._Xx[blk.id] = (self._x_tag, Xx)
+            rx = Xx + (x[F] - y)
+            self._sse[blk.id] = (self._x_tag, float(np.dot(rx, rx)))
+            grad[:F] += Xb.T @ rv
+            grad[F] += rv.sum()
+        if not self.opts.intercept:
+            grad[F] = 0.0
+        c = SLOT * (step.epoch % 2)
+        delta = np.zeros_like(rows)
+        delta[:, E] = delta[:, SLOT + E] = NEVER
+        delta[:, c + E] = step.epoch
+        delta[:F + 1, c + G] = grad / self.n_train
+        if self.leader and step.iter == 0:
+            delta[:F + 1, c + X] = x
+            delta[:F + 1, c + V] = v
+            delta[F + 1, c + X] = t
+            delta[F + 1, c + V] = beta
+        return delta
+
+    # -- objective ----------------------------------------------------------------------
+    def _latest_x(self, rows: np.ndarray) -> np.ndarray:
+        """x of the newest slot, per row."""
+        return np.where(rows[:, E] > rows[:, SLOT + E], rows[:, X], rows[:, SLOT + X])
+
+    def objective(self, blocks: list[Block], keys: np.ndarray, rows: np.ndarray) -> dict:
+        F = self.F
+        x = self._latest_x(rows)[:F + 1]
+        current = self._x_ref is not None and np.array_equal(x, self._x_ref)
+        sse = tsse = tn = 0.0
+        for blk in blocks:
+            st = self._sse.get(blk.id)
+            if current and st is not None and st[0] == self._x_tag:
+                sse += st[1]
+            else:
+                r = _csr(blk["indptr"], blk["indices"], blk["data"], F) @ x[:F] + x[F] - blk["y"]
+                sse += float(np.dot(r, r))
+            if len(blk["t_y"]):
+                r = (_csr(blk["t_indptr"], blk["t_indices"], blk["t_data"], F) @ x[:F]
+                     + x[F] - blk["t_y"])
+                tsse += float(np.dot(r, r))
+                tn += len(r)
+        if self.leader and self.opts.model_out:
+            self._write_model(x)
+        return {"sse": sse, "test_sse": tsse, "test_n": tn}
+
+    def _write_model(self, x: np.ndarray) -> None:
+        path = self.opts.model_out
+        nz = np.flatnonzero(x[:self.F])
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as fh:
+            if self.opts.intercept:
+                fh.write(f"intercept {float(x[self.F])!r}\n")
+            fh.writelines(f"{j + self.base} {float(x[j])!r}\n" for j in nz.tolist())
+        os.replace(tmp, path)
+
+    def model_objective(self, keys: np.ndarray, rows: np.ndarray) -> dict:
+        w = self._latest_x(rows)[keys < self.F]
+        return {"l1": float(np.abs(w).sum()), "nnz": float(np.count_nonzero(w))}
+
+    def metrics(self, s: dict) -> dict:
+        loss = 0.5 * s.get("sse", 0.0) / self.n_train
+        out = {"objective": loss + self.opts.lam * s.get("l1", 0.0), "loss": loss,
+               "nnz": s.get("nnz", 0.0)}
+        if s.get("test_n"):
+            out["test_mse"] = s["test_sse"] / s["test_n"]
+        return out
