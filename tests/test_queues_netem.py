@@ -129,5 +129,6 @@ def test_primary_gets_the_link_and_secondary_yields(netem):
     for th in ts:
         th.join()
     alone = 2e6 / 20e6
-    assert out["prim"] < 1.25 * alone          # barely slowed by the secondary
-    assert out["sec"] > 1.5 * alone             # the secondary waited for it
+    # the secondary gets 1 chunk per 3 of the primary: primary ~1.33x, secondary ~2x
+    assert out["prim"] < 1.5 * alone
+    assert out["sec"] > 1.6 * alone

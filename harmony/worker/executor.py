@@ -245,10 +245,14 @@ class Executor:
 
                 t0 = time.perf_counter()
                 self._sub("net", pull)
+                if not self.queued:
+                    # strict BSP: no machine pushes iteration k before every
+                    # machine pulled it (the synchronizer does this in harmony mode)
+                    self.barrier(epoch, 2 * it)
                 self._sub("cpu", comp)
                 self._sub("net", push)
                 if not self.queued:
-                    self.barrier(epoch, it)
+                    self.barrier(epoch, 2 * it + 1)
                 tm["sync"] += time.perf_counter() - t0
             tm["sync"] -= tm["pull"] + tm["comp"] + tm["push"]
             tm["train"] = time.perf_counter() - t_epoch
