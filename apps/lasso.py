@@ -8,10 +8,10 @@ number; each machine keeps its blocks as CSR matrices.
 **The problem.** The soft-thresholding step of a proximal method needs the
 *whole* gradient ``g = sum over machines of X_b^T (X_b v - y_b) / n``. It is
 not additive, so it cannot run on the servers as the machines' deltas arrive
-one at a time. Also, a machine's PULL of iteration ``i`` may already see
-PUSHes of iteration ``i`` from faster machines (the runtime only guarantees
-that pushes of ``i`` are applied before anyone pulls for ``i + 1``), so a
-value that is rewritten during an iteration cannot be read reliably in it.
+one at a time. (This design was also made robust to a machine's PULL of
+iteration ``i`` seeing PUSHes of iteration ``i`` from faster machines; the
+runtime now runs strict BSP, with a barrier after PULL too, so that no longer
+happens, but nothing here depends on it.)
 
 **The design.** The proximal step runs on the workers, identically on every
 machine, from state that nobody writes while it is being read:
