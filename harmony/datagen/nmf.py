@@ -49,7 +49,26 @@ def gen_nmf(path: str, users: int = 1000, items: int = 500, rank: int = 8,
     return {"users": users, "items": items, "rank": rank, "ratings": n, "noise": noise}
 
 
+# Netflix prize data: 480,189 users, 17,770 movies, ~100 M ratings (~209 per user)
+NETFLIX = {"users": 480_189, "items": 17_770, "per_user": 209}
+
+
+def netflix_shape(scale: float) -> dict:
+    """Netflix-style shape with ``scale`` x the ratings. Users, items and
+    ratings per user each grow with sqrt(scale), the way the papers' "16x
+    Netflix" (1.9 M users, 71 K movies) is built."""
+    if scale <= 0:
+        raise ValueError("--netflix-scale must be > 0")
+    r = scale ** 0.5
+    items = max(2, round(NETFLIX["items"] * r))
+    return {"users": max(1, round(NETFLIX["users"] * r)), "items": items,
+            "per_user": max(1, min(items, round(NETFLIX["per_user"] * r)))}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--netflix-scale", type=float, default=None,
+                   help="Netflix-style shape with this factor of its ~100M ratings (e.g. 0.001: "
+                        "15K users, 562 items, 7 per user); overrides --users/--items/--per-user")
     p.add_argument("--users", type=int, default=1000)
     p.add_argument("--items", type=int, default=500)
     p.add_argument("--rank", type=int, default=8)
@@ -58,5 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def generate(a: argparse.Namespace) -> dict:
-    return gen_nmf(a.out, users=a.users, items=a.items, rank=a.rank, per_user=a.per_user,
-                   noise=a.noise, seed=a.seed)
+    shape = {"users": a.users, "items": a.items, "per_user": a.per_user}
+    if a.netflix_scale is not None:
+        shape = netflix_shape(a.netflix_scale)
+    return gen_nmf(a.out, rank=a.rank, noise=a.noise, seed=a.seed, **shape)
