@@ -111,13 +111,15 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--apps", default="mlr,lasso-tall,lasso-wide")
+    ap.add_argument("--samples-factor", type=float, default=1.0,
+                    help="more samples per epoch on the same model (more COMP per PULL/PUSH)")
     a = ap.parse_args()
     apps = a.apps.split(",")
     common = ["--max-epochs", str(a.epochs)]
     with tempfile.TemporaryDirectory() as tmp:
         if "mlr" in apps:
             s = 0.05 * a.scale
-            n = round(BOSEN["samples"] * s)
+            n = round(BOSEN["samples"] * s * a.samples_factor)
             data = os.path.join(tmp, "mlr.svm")
             shape = gen_mlr(data, samples=n, features=round(BOSEN["features"] * s),
                             classes=round(BOSEN["classes"] * s), nnz=100, seed=0)
@@ -127,7 +129,7 @@ def main() -> None:
         for name, n, f in (("lasso-tall", 100_000, 5_000), ("lasso-wide", 50_000, 20_000)):
             if name not in apps:
                 continue
-            n = round(n * a.scale)
+            n = round(n * a.scale * a.samples_factor)
             data = os.path.join(tmp, f"{name}.svm")
             shape = gen_lasso(data, samples=n, features=f, nonzeros=200, noise=0.5, nnz=100,
                               seed=0)
