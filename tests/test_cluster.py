@@ -83,6 +83,7 @@ def test_bad_input_fails_the_job_with_file_and_line(client, tmp_path):
     job = client.submit("nmf.py", NMF_APP.read_text(), ["--input", str(bad)], machines=2)
     st = wait_state(client, job, ("finished", "failed"))
     assert st["state"] == "failed" and f"{bad}:2: not a number: 'x'" in st["error"]
+    assert "exited with" not in st["error"]      # the error itself, not a log tail
 
 
 def test_cancel_stops_executors(client, cluster, toy_app):

@@ -66,7 +66,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                    "timings": dict},
     "epoch_report": {"job": str, "index": int, "epoch": int, "metrics": dict,
                      "stop": bool},
-    "exec_failed": {"job": str, "index": int, "error": str},
+    "exec_failed": {"job": str, "index": int, "error": str, "attempt": (int, _OPT)},
     "exec_finished": {"job": str, "index": int},
     "ping": {"job": str, "index": int},
     "pong": {},

@@ -553,6 +553,15 @@ class Master:
             self._send(ident, M.encode("pong"))
 
     def _on_exec_failed(self, ident: bytes, msg: M.Message) -> None:
+        job, run = self.jobs.get(msg["job"]), self.runs.get(msg["job"])
+        if ident not in self.exec_ident and job is not None and run is not None \
+                and job.state == JobState.RUNNING and msg.get("attempt") == run.attempt \
+                and 0 <= msg["index"] < len(job.workers):
+            # failed before it was ready (bad app options, bad input): the
+            # error itself, not just a log tail, is what the user should see
+            name = job.workers[msg["index"]]
+            return self._end(job, JobState.FAILED,
+                             f"{msg['error']} (executor {msg['index']} on {name})")
         jr = self._exec_run(ident, msg)
         if jr is None:
             return

@@ -104,6 +104,7 @@ class Daemon:
         self._stats_prev: dict | None = None
         self._cpu_last: dict[int, float] = {}
         self.execs: dict[str, ExecProc] = {}
+        self.retiring: list[ExecProc] = []     # older attempts being stopped
         self.registered = False
         self.hb_interval = 1.0
         self._stop = False
@@ -165,10 +166,11 @@ class Daemon:
             self.shutdown()
 
     def shutdown(self) -> None:
-        for ep in self.execs.values():
+        everyone = list(self.execs.values()) + self.retiring
+        for ep in everyone:
             self._terminate(ep)
         deadline = time.time() + KILL_GRACE_S
-        for ep in list(self.execs.values()):
+        for ep in everyone:
             try:
                 ep.proc.wait(timeout=max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
@@ -228,12 +230,12 @@ class Daemon:
     def _launch(self, msg: M.Message) -> None:
         job = msg["job"]
         old = self.execs.pop(job, None)
-        if old is not None:  # an older attempt of the same job: stop it first
+        if old is not None:
+            # an older attempt of the same job: stop it without blocking the
+            # daemon (its shard refuses the new attempt's requests meanwhile)
+            self._drop(job)
             self._terminate(old)
-            try:
-                old.proc.wait(timeout=KILL_GRACE_S)
-            except subprocess.TimeoutExpired:
-                old.proc.kill()
+            self.retiring.append(old)
         d = os.path.join(self.state_dir, "jobs", f"{job}.{msg['index']}.{msg['attempt']}")
         os.makedirs(d, exist_ok=True)
         spec = {"job": job, "index": msg["index"], "count": msg["count"],
@@ -269,6 +271,14 @@ class Daemon:
 
     def _reap(self) -> None:
         now = time.time()
+        for ep in list(self.retiring):
+            code = ep.proc.poll()
+            if code is None:
+                if ep.term_sent is not None and now - ep.term_sent > KILL_GRACE_S:
+                    ep.proc.kill()
+                continue
+            self.retiring.remove(ep)
+            shutil.rmtree(ep.dir, ignore_errors=True)
         for job, ep in list(self.execs.items()):
             code = ep.proc.poll()
             if code is None:

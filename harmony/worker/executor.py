@@ -173,7 +173,7 @@ class Executor:
     def _fail(self, error: str) -> None:
         log.error("job failed: %s", error)
         try:
-            self.send("exec_failed", error=error[:8000])
+            self.send("exec_failed", error=error[:8000], attempt=self.attempt)
         except zmq.ZMQError:
             pass
 
