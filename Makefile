@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(VENV)/bin/harmony demo
 
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q --reruns 1 --reruns-delay 1
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q
