@@ -106,7 +106,9 @@ def bench(name: str, app: str, args: list[str], samples: int, tmp: str,
     same = abs(epochs[-1]["metrics"]["objective"] / before.history[-1]["objective"] - 1)
     tm = {k: statistics.median(e["timings"].get(k, 0.0) for e in epochs[1:])
           for k in ("pull", "comp", "push", "sync", "eval")}
-    iters = len(cls.comp) // (2 * len(before.epoch_times) * len(refs))
+    # COMP calls per epoch (reference runs only: the cluster's executor is
+    # another process and does not append to these lists)
+    iters = max(1, len(cls.comp) // (len(before.epoch_times) * len(refs)))
     ref_comp = statistics.median(cls.comp) * iters
     ref_eval = statistics.median(cls.eval)
     print(f"{name}: {samples:,} samples/epoch, median of {len(epochs) - 1} epochs "
