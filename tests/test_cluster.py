@@ -2,13 +2,11 @@
 import json
 import time
 
-import numpy as np
 import psutil
 import pytest
 import zmq
 
 from harmony.app import load_app, run_local
-from harmony.client import Client
 from apps_for_tests import TOY_APP
 from conftest import NMF_APP, run_cli, wait_state
 

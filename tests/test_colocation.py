@@ -1,7 +1,6 @@
 """Co-located execution on emulated machines: queues, synchronizer, modes."""
 import json
 import os
-import time
 
 import pytest
 

@@ -1,9 +1,6 @@
 """Regression tests for failure modes found in review."""
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 
 import numpy as np

@@ -170,11 +170,8 @@ def frame_block(block: Block) -> memoryview:
     return mv[:n + _TRAILER.size]
 
 
-def decode_block(value: bytes | memoryview, verify: bool = True) -> Block:
-    """Check the trailer of a stored block, import it (the one copy out of the
-    map) and verify the CRC over the *copies*: reading the map only once, and
-    CRC-32 over cache-hot copies runs 2-3x faster here than over mapped pages.
-    Raises ``ValueError``/``BlockFormatError`` with the reason if damaged."""
+def _split_trailer(value: bytes | memoryview) -> tuple[memoryview, int]:
+    """(payload, stored CRC) of a framed value; ``ValueError`` if damaged."""
     mv = memoryview(value)
     if len(mv) < _TRAILER.size:
         raise ValueError(f"truncated value ({len(mv)} bytes)")
@@ -184,7 +181,15 @@ def decode_block(value: bytes | memoryview, verify: bool = True) -> Block:
     if n != len(mv) - _TRAILER.size:
         raise ValueError(f"length mismatch: trailer says {n} bytes, "
                          f"value holds {len(mv) - _TRAILER.size}")
-    payload = mv[:n]
+    return mv[:n], crc
+
+
+def decode_block(value: bytes | memoryview, verify: bool = True) -> Block:
+    """Check the trailer of a stored block, import it (the one copy out of the
+    map) and verify the CRC over the *copies*: reading the map only once, and
+    CRC-32 over cache-hot copies runs 2-3x faster here than over mapped pages.
+    Raises ``ValueError``/``BlockFormatError`` with the reason if damaged."""
+    payload, crc = _split_trailer(value)
     try:
         blk = import_block(payload)  # checks the layout covers the payload exactly
     except BlockFormatError:
@@ -205,16 +210,7 @@ def decode_block(value: bytes | memoryview, verify: bool = True) -> Block:
 def unframe(value: bytes | memoryview) -> memoryview:
     """Check the trailer of a stored value; return the payload (a view).
     Raises ``ValueError`` with the reason if the value is damaged."""
-    mv = memoryview(value)
-    if len(mv) < _TRAILER.size:
-        raise ValueError(f"truncated value ({len(mv)} bytes)")
-    magic, crc, n = _TRAILER.unpack(mv[len(mv) - _TRAILER.size:])
-    if magic != _TMAGIC:
-        raise ValueError("bad trailer (truncated or overwritten value)")
-    if n != len(mv) - _TRAILER.size:
-        raise ValueError(f"length mismatch: trailer says {n} bytes, "
-                         f"value holds {len(mv) - _TRAILER.size}")
-    payload = mv[:n]
+    payload, crc = _split_trailer(value)
     if zlib.crc32(payload) != crc:
         raise ValueError("checksum mismatch (CRC-32): corrupt data")
     return payload
