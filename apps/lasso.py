@@ -87,7 +87,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from harmony.app import App, AppError, InputPart, ModelSpec, Option, Step
-from harmony.formats.libsvm import read_libsvm_blocks
+from harmony.formats.libsvm import LIBSVM_OPTIONS, read_libsvm_blocks
 from harmony.store.blocks import Block
 
 E, X, V, G = 0, 1, 2, 3        # columns within a slot
@@ -146,9 +146,7 @@ class Lasso(App):
         Option("test", str, None, "test data (same format) for test_mse"),
         Option("holdout", float, 0.0, "fraction of --input rows held out for test_mse "
                "(ignored with --test)"),
-        Option("index_base", str, "auto", "feature index base: 0, 1, or auto (0-based iff index "
-               "0 occurs anywhere in the input files)", choices=("auto", "0", "1")),
-        Option("num_features", int, None, "model width; unset: largest feature index + 1"),
+        *LIBSVM_OPTIONS,
         Option("lam", float, 0.1, "L1 strength: objective = 1/(2n)||y - Xw||^2 + lam ||w||_1 "
                "(scikit-learn's alpha)"),
         Option("accel", bool, True, "FISTA momentum with adaptive restart (--no-accel: ISTA)"),

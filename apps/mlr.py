@@ -50,7 +50,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from harmony.app import App, AppError, InputError, InputPart, ModelSpec, Option, Step
-from harmony.formats.libsvm import read_libsvm_blocks, take_rows
+from harmony.formats.libsvm import LIBSVM_OPTIONS, read_libsvm_blocks, take_rows
 from harmony.store.blocks import Block
 
 EVAL_ROWS = 8192       # samples per vectorized slice in objective()
@@ -110,9 +110,7 @@ class MLR(App):
         Option("test", str, None, "test data (same format); unset: hashed --holdout of --input"),
         Option("holdout", float, 0.1, "fraction of --input rows held out for test metrics "
                "(ignored with --test)"),
-        Option("index_base", str, "auto", "feature index base: 0, 1, or auto (0-based iff index "
-               "0 occurs anywhere in the input files)", choices=("auto", "0", "1")),
-        Option("num_features", int, None, "model width; unset: largest feature index + 1"),
+        *LIBSVM_OPTIONS,
         Option("lr", float, 1.0, "SGD step size"),
         Option("decay", float, 0.9, "step size multiplier per epoch"),
         Option("l2", float, 1e-4, "L2 strength: objective adds l2/2 * ||W||^2 (bias excluded)"),

@@ -40,8 +40,15 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from harmony.app import InputError, InputPart
+from harmony.app import InputError, InputPart, Option
 from harmony.ps.keymap import mix64
+
+# Options of every app that reads LIBSVM input (feature numbering, width)
+LIBSVM_OPTIONS = [
+    Option("index_base", str, "auto", "feature index base: 0, 1, or auto (0-based iff index "
+           "0 occurs anywhere in the input files)", choices=("auto", "0", "1")),
+    Option("num_features", int, None, "model width; unset: largest feature index + 1"),
+]
 
 CHUNK_BYTES = 8 << 20
 MAX_INDEX = 2**31 - 2            # feature indices are stored as int32

@@ -461,8 +461,9 @@ class LmdbBlockStore:
         self.env.write(lambda txn: txn.drop(self._db, delete=False), 0)
 
     # -- read ----------------------------------------------------------------------
-    def get(self, block_id: int) -> Block:
-        """Load a block (one copy: from the map straight into its arrays)."""
+    def _read(self, block_id: int, decode):
+        """Look a value up and decode it; every failure is a BlockLoadError
+        naming the block."""
         key = _key(block_id)
 
         def load(txn):
@@ -470,30 +471,24 @@ class LmdbBlockStore:
             if value is None:
                 raise BlockLoadError(block_id, self._where(), "not in store")
             try:
-                return decode_block(value, self.verify)
+                return decode(value)
             except (ValueError, BlockFormatError) as exc:
                 raise BlockLoadError(block_id, self._where(), str(exc)) from None
         try:
-            blk = self.env.read(load)
+            return self.env.read(load)
         except lmdb.Error as exc:
             raise BlockLoadError(block_id, self._where(), f"LMDB read failed: {exc}") from exc
+
+    def get(self, block_id: int) -> Block:
+        """Load a block (one copy: from the map straight into its arrays)."""
+        blk = self._read(block_id, lambda v: decode_block(v, self.verify))
         if blk.id != block_id:
             raise BlockLoadError(block_id, self._where(), f"holds block {blk.id} instead")
         return blk
 
     def get_bytes(self, block_id: int) -> bytes:
         """The checked payload (``export_block`` bytes) of a block, as a copy."""
-        key = _key(block_id)
-
-        def load(txn):
-            value = txn.get(key, db=self._db)
-            if value is None:
-                raise BlockLoadError(block_id, self._where(), "not in store")
-            try:
-                return bytes(unframe(value))
-            except ValueError as exc:
-                raise BlockLoadError(block_id, self._where(), str(exc)) from None
-        return self.env.read(load)
+        return self._read(block_id, lambda v: bytes(unframe(v)))
 
     def ids(self) -> list[int]:
         def scan(txn):
