@@ -217,6 +217,21 @@ def cmd_cancel(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pause(a: argparse.Namespace) -> int:
+    with Client(a.master) as c:
+        c.pause(a.job)
+    print(f"{a.job} pausing: it checkpoints at the end of its current epoch "
+          f"('harmony resume {a.job}' continues it)")
+    return 0
+
+
+def cmd_resume(a: argparse.Namespace) -> int:
+    with Client(a.master) as c:
+        info = c.resume(a.job, a.machines)
+    print(f"{a.job} {info.get('state', 'waiting')}: resumes from its checkpoint when placed")
+    return 0
+
+
 def cmd_cluster(a: argparse.Namespace) -> int:
     if a.action == "down":
         if cluster_down(a.state_dir):
@@ -333,6 +348,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--json", action="store_true")
     s = with_master(sub.add_parser("cancel", help="cancel a job"))
     s.add_argument("job")
+    s = with_master(sub.add_parser("pause", help="pause a job at its next epoch end "
+                                                 "(checkpoints its model and input state)"))
+    s.add_argument("job")
+    s = with_master(sub.add_parser("resume", help="resume a paused job from its checkpoint"))
+    s.add_argument("job")
+    s.add_argument("--machines", type=int, default=None,
+                   help="resume on this many machines (default: as before)")
     s = with_master(sub.add_parser("cluster", help="local cluster: up, down, status"))
     s.add_argument("action", choices=["up", "down", "status"])
     s.add_argument("--machines", type=int, default=2)
@@ -375,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             return _die(f"unrecognized arguments: {' '.join(rest)}", 2)
         return {"jobs": cmd_jobs, "status": cmd_status, "cancel": cmd_cancel,
+                "pause": cmd_pause, "resume": cmd_resume,
                 "cluster": cmd_cluster, "demo": cmd_demo, "data": cmd_data}[a.cmd](a)
     except ClientError as exc:
         return _die(str(exc), 3 if exc.code == "unreachable" else 1)

@@ -71,6 +71,12 @@ class Client:
     def cancel(self, job: str) -> dict:
         return self.request("cancel", "ok", job=job).get("info") or {}
 
+    def pause(self, job: str) -> dict:
+        return self.request("pause", "ok", job=job).get("info") or {}
+
+    def resume(self, job: str, machines: int | None = None) -> dict:
+        return self.request("resume", "ok", job=job, machines=machines).get("info") or {}
+
     def cluster(self) -> dict:
         m = self.request("cluster_info", "cluster")
         return {"workers": m["workers"], "master": m["master"]}

@@ -39,6 +39,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "job_status": {"job": str},
     "status": {"job": dict},
     "cancel": {"job": str},
+    "pause": {"job": str},
+    "resume": {"job": str, "machines": (int, _OPT)},
     "cluster_info": {},
     "cluster": {"workers": list, "master": dict},
     # worker daemon -> master
@@ -50,7 +52,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "exec_exited": {"job": str, "index": int, "attempt": int, "code": int, "log_tail": str},
     # master -> worker daemon
     "launch": {"job": str, "index": int, "count": int, "app_name": str,
-               "app_source": str, "args": list, "attempt": int},
+               "app_source": str, "args": list, "attempt": int,
+               "ckpt": (str, _OPT), "resume": (dict, _OPT)},
     "kill": {"job": str},
     "enqueue": {"job": str, "seq": int, "kind": str},   # subtask synchronizer
     # job executor <-> its worker daemon (subtask queues)
@@ -68,13 +71,14 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                      "stop": bool},
     "exec_failed": {"job": str, "index": int, "error": str, "attempt": (int, _OPT)},
     "exec_finished": {"job": str, "index": int},
+    "exec_paused": {"job": str, "index": int, "attempt": int, "epoch": int, "version": int},
     "ping": {"job": str, "index": int},
     "pong": {},
     # master -> job executor
     "job_start": {"peers": list, "owner": list, "model_blocks": int, "mode": str,
                   "machines": list},
     "release": {"epoch": int, "iter": int},
-    "epoch_sums": {"epoch": int, "sums": dict},
+    "epoch_sums": {"epoch": int, "sums": dict, "pause": (bool, _OPT)},
     "abort": {"reason": str},
     # PS data plane (executor <-> server shard); arrays follow as raw frames
     # "tag" names the job attempt: a shard refuses requests of another attempt

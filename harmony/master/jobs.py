@@ -9,10 +9,10 @@ from typing import Any
 
 class JobState(str, Enum):
     WAITING = "waiting"
-    PROFILING = "profiling"    # used by the Harmony scheduler (later issue)
-    PROFILED = "profiled"      # used by the Harmony scheduler (later issue)
+    PROFILING = "profiling"    # running on a small group to learn its profile
+    PROFILED = "profiled"      # profiled, paused (checkpointed), waiting for a group
     RUNNING = "running"
-    PAUSED = "paused"          # used by the Harmony scheduler (later issue)
+    PAUSED = "paused"          # checkpointed at an epoch end; resumes from there
     FINISHED = "finished"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -21,10 +21,15 @@ class JobState(str, Enum):
     def terminal(self) -> bool:
         return self in (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)
 
+    @property
+    def active(self) -> bool:
+        """Executors run (a profiling job runs like a running one)."""
+        return self in (JobState.RUNNING, JobState.PROFILING)
+
 
 _ALLOWED = {
     JobState.WAITING: {JobState.RUNNING, JobState.PROFILING, JobState.CANCELLED, JobState.FAILED},
-    JobState.PROFILING: {JobState.PROFILED, JobState.RUNNING, JobState.WAITING,
+    JobState.PROFILING: {JobState.PROFILED, JobState.RUNNING, JobState.WAITING, JobState.PAUSED,
                          JobState.FINISHED, JobState.FAILED, JobState.CANCELLED},
     JobState.PROFILED: {JobState.RUNNING, JobState.WAITING, JobState.CANCELLED, JobState.FAILED},
     JobState.RUNNING: {JobState.PAUSED, JobState.WAITING, JobState.FINISHED, JobState.FAILED,
@@ -61,6 +66,11 @@ class Job:
     group: str = ""                                     # explicit job group, if any
     reason: str = ""                                    # why it is waiting, if known
     profile: dict[str, float] = field(default_factory=dict)  # moving averages
+    # where a paused job resumes: {"dir", "versions" (one per part), "epoch"}
+    resume: dict[str, Any] | None = None
+    held: bool = False                 # paused by the user: only the user resumes it
+    sched_group: str = ""              # the scheduler's group, if any
+    predicted: float | None = None     # its group's predicted iteration time (s)
 
     def update_profile(self, timings: dict[str, float], machines: int,
                        weight: float = 0.3) -> None:
@@ -99,7 +109,8 @@ class Job:
                 "workers": self.workers, "epochs": len(self.epochs),
                 "objective": last.get("metrics", {}).get("objective"),
                 "submitted": self.submitted, "started": self.started, "ended": self.ended,
-                "error": self.error, "group": self.group, "profile": self.profile}
+                "error": self.error, "group": self.group, "profile": self.profile,
+                "sched_group": self.sched_group, "predicted_iter": self.predicted}
 
     def detail(self, now: float | None = None, max_epochs: int | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now

@@ -24,6 +24,7 @@ from harmony.comm.zmqutil import make_socket
 from harmony.master import policy as P
 from harmony.master.jobdb import JobDB
 from harmony.master.jobs import MAX_ATTEMPTS, Job, JobState
+from harmony.worker import jobckpt
 
 log = logging.getLogger("harmony.master")
 
@@ -60,6 +61,10 @@ class Run:
     timings: dict[int, dict] = field(default_factory=dict)
     stopping: bool = False
     finished: set[int] = field(default_factory=set)
+    pausing: bool = False                 # pause at the next epoch end
+    pause_to: list[str] | None = None     # then resume there (a migration)
+    pause_note: str = ""
+    paused: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (epoch, version)
 
 
 class StateDirLocked(RuntimeError):
@@ -118,12 +123,19 @@ class Master:
     # -- lifecycle -------------------------------------------------------------
     def _recover(self) -> None:
         """Jobs that were active when the last master stopped go back to the
-        queue (they restart from epoch 0; nothing is silently dropped)."""
+        queue: they restart from their last pause checkpoint if they have
+        one, else from epoch 0; nothing is silently dropped. Paused jobs stay
+        paused (their checkpoints are on disk)."""
         for job in self.jobs.values():
-            if not job.state.terminal and job.state != JobState.WAITING:
-                job.transition(JobState.WAITING, "master restarted; requeued (restarts from epoch 0)")
+            if job.state.active:
+                where = (f"epoch {job.resume['epoch']} (its last checkpoint)" if job.resume
+                         else "epoch 0")
+                job.transition(JobState.WAITING, f"master restarted; requeued (restarts from {where})")
                 job.workers = []
                 self.db.save(job)
+
+    def ckpt_dir(self, job: Job) -> str:
+        return os.path.join(self.state_dir, "checkpoints", job.id)
 
     def request_stop(self, *_: Any) -> None:
         self._stop = True
@@ -258,6 +270,81 @@ class Master:
         self._end(job, JobState.CANCELLED, "cancelled by user")
         self._send(ident, M.encode("ok", info={"job": job.id, "state": job.state.value}))
 
+    def _on_pause(self, ident: bytes, msg: M.Message) -> None:
+        job = self.jobs.get(msg["job"])
+        if job is None:
+            return self._send(ident, M.error("unknown_job", f"no job {msg['job']!r}"))
+        if not job.state.active or job.id not in self.runs:
+            return self._send(ident, M.error("not_active", f"{job.id} is {job.state.value}, "
+                                                           f"not running"))
+        self.pause_job(job, None, "paused by user")
+        self._send(ident, M.encode("ok", info={"job": job.id, "state": "pausing"}))
+
+    def _on_resume(self, ident: bytes, msg: M.Message) -> None:
+        job = self.jobs.get(msg["job"])
+        if job is None:
+            return self._send(ident, M.error("unknown_job", f"no job {msg['job']!r}"))
+        if job.state not in (JobState.PAUSED, JobState.PROFILED):
+            return self._send(ident, M.error("not_paused", f"{job.id} is {job.state.value}, "
+                                                           f"not paused"))
+        machines = msg.get("machines")
+        if machines is not None:
+            if not 1 <= machines <= 100_000:
+                return self._send(ident, M.error("bad_request", "--machines must be in 1..100000"))
+            job.machines = machines
+        job.transition(JobState.WAITING, "resume requested by user")
+        job.held = False
+        self.db.save(job)
+        self._dirty = True
+        self._send(ident, M.encode("ok", info={"job": job.id, "state": job.state.value}))
+
+    def pause_job(self, job: Job, to: list[str] | None, note: str) -> None:
+        """Pause ``job`` at its next epoch end: every executor checkpoints
+        its model shard and input state and exits; with ``to``, the job then
+        resumes on those machines (a migration)."""
+        run = self.runs.get(job.id)
+        if run is None or run.stopping or not job.state.active:
+            return
+        run.pausing, run.pause_to, run.pause_note = True, to, note
+        if to is None and note == "paused by user":
+            job.held = True
+        log.info("pausing %s at its next epoch end%s", job.id,
+                 f", then resuming on {to}" if to else "")
+
+    def _on_exec_paused(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        if not run.pausing or msg["attempt"] != run.attempt:
+            return self._end(job, JobState.FAILED, "an executor paused without being asked")
+        run.paused[msg["index"]] = (msg["epoch"], msg["version"])
+        if len(run.paused) < len(job.workers):
+            return
+        epochs = {e for e, _ in run.paused.values()}
+        if len(epochs) != 1:
+            return self._end(job, JobState.FAILED, f"executors paused at different epochs "
+                                                   f"{sorted(epochs)}")
+        epoch = epochs.pop()
+        self.runs.pop(job.id, None)
+        for i in run.idents.values():
+            self.exec_ident.pop(i, None)
+        old = list(job.workers)
+        job.resume = {"dir": self.ckpt_dir(job), "epoch": epoch + 1,
+                      "versions": [run.paused[i][1] for i in range(len(old))]}
+        job.workers = []
+        target = JobState.PROFILED if job.state == JobState.PROFILING and run.pause_to is None \
+            and not job.held else JobState.PAUSED
+        job.transition(target, f"{run.pause_note}; checkpointed after epoch {epoch} on "
+                               f"{', '.join(old)}")
+        self.db.save(job)
+        self._dirty = True
+        log.info("%s %s after epoch %d", job.id, target.value, epoch)
+        if run.pause_to:
+            live = [n for n in run.pause_to if n in self.workers and self.workers[n].alive]
+            if len(live) == len(run.pause_to):
+                self._launch(job, live)
+
     def _on_cluster_info(self, ident: bytes, msg: M.Message) -> None:
         ws = [{"name": w.name, "host": w.host, "cpus": w.cpus, "memory": w.memory,
                "alive": w.alive, "last_seen": w.last_seen,
@@ -303,19 +390,19 @@ class Master:
         reported = {j for j in executors if isinstance(j, str)}
         for jid in reported:
             job = self.jobs.get(jid)
-            if job is None or job.state != JobState.RUNNING or w.name not in job.workers:
+            if job is None or not job.state.active or w.name not in job.workers:
                 self._send(w.ident, M.encode("kill", job=jid))
         now = time.time()
         for job in self._jobs_on(w.name):
             run = self.runs.get(job.id)
             if job.id not in reported and run is not None and not run.stopping \
-                    and now - run.launched > LAUNCH_GRACE:
+                    and not run.pausing and now - run.launched > LAUNCH_GRACE:
                 self._retry_or_fail(job, f"its executor on worker {w.name} is gone")
 
     def _on_exec_exited(self, ident: bytes, msg: M.Message) -> None:
         name = self.by_ident.get(ident, "?")
         job = self.jobs.get(msg["job"])
-        if job is None or job.state != JobState.RUNNING or name not in job.workers:
+        if job is None or not job.state.active or name not in job.workers:
             return
         run = self.runs.get(job.id)
         if run is not None and msg["attempt"] != run.attempt:
@@ -323,6 +410,8 @@ class Master:
         code = msg["code"]
         if run is not None and msg["index"] in run.finished:
             return
+        if code == 0 and run is not None and run.pausing:
+            return  # its exec_paused is on the way (another path)
         if code == 0 and run is not None and run.stopping:
             # a clean exit after the stop decision: as good as exec_finished
             return self._finish_index(job, run, msg["index"])
@@ -347,7 +436,7 @@ class Master:
                 self._retry_or_fail(job, f"executors not ready after {self.launch_timeout:.0f}s")
 
     def _jobs_on(self, name: str) -> list[Job]:
-        return [j for j in self.jobs.values() if j.state == JobState.RUNNING and name in j.workers]
+        return [j for j in self.jobs.values() if j.state.active and name in j.workers]
 
     # -- scheduling ------------------------------------------------------------------------
     def _schedule(self) -> None:
@@ -373,20 +462,32 @@ class Master:
         for jid, machines in self.policy(view).start.items():
             self._launch(self.jobs[jid], machines)
 
-    def _launch(self, job: Job, machines: list[str]) -> None:
+    def _launch(self, job: Job, machines: list[str], state: JobState = JobState.RUNNING) -> None:
         job.attempt += 1
         job.workers = list(machines)
-        job.epochs = []
-        self.db.clear_epochs(job.id)
+        if job.resume:
+            # resume: keep the epochs up to the checkpoint, drop any later
+            # ones (an attempt that failed after it)
+            keep = job.resume["epoch"]
+            if len(job.epochs) > keep:
+                job.epochs = job.epochs[:keep]
+                self.db.clear_epochs(job.id)
+                for ep in job.epochs:
+                    self.db.save_epoch(job.id, ep)
+        else:
+            job.epochs = []
+            self.db.clear_epochs(job.id)
         job.error = None
-        job.transition(JobState.RUNNING, f"attempt {job.attempt} on {', '.join(machines)}")
+        how = f" (resumes at epoch {job.resume['epoch']})" if job.resume else ""
+        job.transition(state, f"attempt {job.attempt} on {', '.join(machines)}{how}")
         self.runs[job.id] = Run(job.attempt, time.time())
         self.db.save(job)
         log.info("launching %s attempt %d on %s", job.id, job.attempt, machines)
         for idx, name in enumerate(machines):
             ok = self._send(self.workers[name].ident, M.encode(
                 "launch", job=job.id, index=idx, count=len(machines), app_name=job.app_name,
-                app_source=job.app_source, args=job.args, attempt=job.attempt))
+                app_source=job.app_source, args=job.args, attempt=job.attempt,
+                ckpt=self.ckpt_dir(job), resume=job.resume))
             if not ok:
                 self.workers[name].alive = False
                 self._retry_or_fail(job, f"worker {name} unreachable at launch")
@@ -409,6 +510,8 @@ class Master:
         if state == JobState.FAILED:
             job.error = note
         job.transition(state, note)
+        job.resume = None
+        jobckpt.remove(self.ckpt_dir(job))
         self.db.save(job)
         self._dirty = True
         log.info("%s %s: %s", job.id, state.value, note.splitlines()[0] if note else "")
@@ -431,7 +534,7 @@ class Master:
         job = self.jobs.get(msg["job"])
         run = self.runs.get(msg["job"])
         if key is None or job is None or run is None or key[:2] != (msg["job"], msg["index"]) \
-                or key[2] != run.attempt or job.state != JobState.RUNNING:
+                or key[2] != run.attempt or not job.state.active:
             self._send(ident, M.encode("abort", reason=f"job {msg['job']} is not running here"))
             return None
         return job, run
@@ -442,7 +545,7 @@ class Master:
     def _on_exec_ready(self, ident: bytes, msg: M.Message) -> None:
         job = self.jobs.get(msg["job"])
         run = self.runs.get(msg["job"])
-        if job is None or run is None or job.state != JobState.RUNNING \
+        if job is None or run is None or not job.state.active \
                 or msg["attempt"] != run.attempt or not (0 <= msg["index"] < len(job.workers)):
             return self._send(ident, M.encode("abort", reason=f"job {msg['job']} attempt "
                                                           f"{msg['attempt']} is not running"))
@@ -526,7 +629,7 @@ class Master:
                     timings[k] = max(timings.get(k, 0.0), float(v))
         del run.sums[ep]
         run.timings[ep] = timings
-        out = M.encode("epoch_sums", epoch=ep, sums=total)
+        out = M.encode("epoch_sums", epoch=ep, sums=total, pause=run.pausing or None)
         for i in self._all_idents(run):
             self._send(i, out)
 
@@ -555,7 +658,7 @@ class Master:
     def _on_exec_failed(self, ident: bytes, msg: M.Message) -> None:
         job, run = self.jobs.get(msg["job"]), self.runs.get(msg["job"])
         if ident not in self.exec_ident and job is not None and run is not None \
-                and job.state == JobState.RUNNING and msg.get("attempt") == run.attempt \
+                and job.state.active and msg.get("attempt") == run.attempt \
                 and 0 <= msg["index"] < len(job.workers):
             # failed before it was ready (bad app options, bad input): the
             # error itself, not just a log tail, is what the user should see
@@ -585,6 +688,8 @@ class Master:
             for i in run.idents.values():
                 self.exec_ident.pop(i, None)
             job.transition(JobState.FINISHED, f"{len(job.epochs)} epoch(s)")
+            job.resume = None
+            jobckpt.remove(self.ckpt_dir(job))
             self.db.save(job)
             self._dirty = True
             log.info("%s finished after %d epochs", job.id, len(job.epochs))

@@ -242,7 +242,8 @@ class Daemon:
                 "attempt": msg["attempt"], "app_name": msg["app_name"],
                 "app_source": msg["app_source"], "args": msg["args"],
                 "master": self.master, "host": self.host, "worker": self.name,
-                "daemon": self.xendpoint, "netem": self.netem_path}
+                "daemon": self.xendpoint, "netem": self.netem_path,
+                "ckpt": msg.get("ckpt"), "resume": msg.get("resume")}
         spec_path = os.path.join(d, "spec.msgpack")
         with open(spec_path, "wb") as fh:
             fh.write(msgpack.packb(spec, use_bin_type=True))

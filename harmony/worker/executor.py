@@ -27,6 +27,7 @@ from harmony.ps.client import PSClient, PSError
 from harmony.ps.keymap import block_of
 from harmony.ps.server import ShardServer, ShardTable
 from harmony.store.blocks import BlockStore
+from harmony.worker import jobckpt
 from harmony.worker.netem import NetEm, job_token
 
 log = logging.getLogger("harmony.executor")
@@ -42,6 +43,10 @@ class Aborted(Exception):
 
 class MasterLost(Exception):
     pass
+
+
+class Paused(Exception):
+    """The master paused the job; its checkpoint part is written."""
 
 
 def _plain(d: dict) -> dict:
@@ -121,9 +126,12 @@ class Executor:
             cls = load_app(s["app_source"], s["app_name"])
             opts = parse_app_args(cls, list(s["args"]))
             app: App = cls(opts)
+            # input is always (re)read: it also sets the app's own fields; a
+            # resumed attempt then replaces the blocks' mutable state below
             store = BlockStore()
             for blk in app.read_input(InputPart(self.index, self.count, opts.blocks)):
                 store.put(blk)
+            restored = jobckpt.Restored(self.job, s["resume"]) if s.get("resume") else None
             spec = app.model_spec()
             # the default update (add) runs in place on the shard
             update = None if type(app).update is App.update else app.update
@@ -140,7 +148,18 @@ class Executor:
             owner = np.asarray(start["owner"], dtype=np.int64)
             all_keys = np.arange(spec.num_keys, dtype=np.int64)
             mine = all_keys[owner[block_of(all_keys, start["model_blocks"])] == self.index]
-            table.load(mine, app.init_rows(mine))
+            if restored is None:
+                table.load(mine, app.init_rows(mine))
+            else:
+                restored.load(self.index, self.count, owner)
+                if sorted(restored.inputs) != store.ids():
+                    raise jobckpt.CheckpointError(
+                        f"checkpoint holds input blocks {sorted(restored.inputs)[:8]}... for "
+                        f"executor {self.index}, its input has {store.ids()[:8]}...")
+                for blk in restored.inputs.values():
+                    store.put(blk)
+                table.load(mine, restored.model_rows(mine, spec.dim, spec.dtype))
+                log.info("resumed from checkpoint at epoch %d", restored.epoch)
             self.client = PSClient(self.ctx, start["peers"], owner, spec.dim, spec.dtype,
                                    throttle=self._throttle_fn(start["machines"]), tag=tag)
             if self.queued:
@@ -148,8 +167,11 @@ class Executor:
                                          attempt=self.attempt))
             else:
                 self.barrier(-1, 0)  # every shard initialized before the first pull
-            self._train(app, opts, store, table)
+            self._train(app, opts, store, table, restored.epoch if restored else 0)
             self.send("exec_finished")
+            return 0
+        except Paused as exc:
+            log.info("paused: %s", exc)
             return 0
         except Aborted as exc:
             log.info("aborted by master: %s", exc)
@@ -214,11 +236,12 @@ class Executor:
         finally:
             self.dsock.send(M.encode("sub_done", job=self.job, seq=self.seq))
 
-    def _train(self, app: App, opts, store: BlockStore, table: ShardTable) -> None:
+    def _train(self, app: App, opts, store: BlockStore, table: ShardTable,
+               first_epoch: int = 0) -> None:
         assert self.client is not None
         blocks = list(store)
         groups = block_groups(blocks, opts.iters_per_epoch)
-        for epoch in range(opts.max_epochs):
+        for epoch in range(first_epoch, opts.max_epochs):
             tm = {"pull": 0.0, "comp": 0.0, "push": 0.0, "sync": 0.0}
             self.net_wait = 0.0
             t_epoch = time.perf_counter()
@@ -285,6 +308,25 @@ class Executor:
                                               if math.isfinite(v)})
             if stop:
                 return
+            if total.get("pause"):
+                self._pause(opts, store, table, epoch, len(groups))
+
+    def _pause(self, opts, store: BlockStore, table: ShardTable, epoch: int, iters: int) -> None:
+        """Write this executor's checkpoint part at the epoch boundary (every
+        push of the epoch is applied and evaluated) and tell the master."""
+        if not self.spec.get("ckpt"):
+            raise RuntimeError("asked to pause without a checkpoint directory")
+        t0 = time.perf_counter()
+        with table.lock:
+            keys, rows = table.keys.copy(), table.rows.copy()
+        version = jobckpt.write_part(
+            self.spec["ckpt"], self.job, self.index, keys=keys, rows=rows,
+            model_blocks=self.client.nblocks, inputs=list(store), epoch=epoch,
+            iteration=iters - 1, meta={"attempt": self.attempt, "count": self.count})
+        self.ctl.send(M.encode("exec_paused", job=self.job, index=self.index,
+                               attempt=self.attempt, epoch=epoch, version=version))
+        raise Paused(f"checkpoint v{version} after epoch {epoch} in "
+                     f"{time.perf_counter() - t0:.2f}s")
 
     def close(self) -> None:
         if self.netem is not None:

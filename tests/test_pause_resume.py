@@ -1,0 +1,108 @@
+"""Pause, resume and migration: model and input state survive exactly."""
+import os
+import time
+
+import pytest
+
+from harmony.app import load_app, run_local
+from harmony.client import Client, ClientError
+from conftest import NMF_APP, run_cli, wait_state
+
+NMF_ARGS = ["--rank", "6", "--blocks", "8"]
+
+
+def _wait_epochs(c, job, n, timeout=60):
+    deadline = time.time() + timeout
+    while c.status(job)["epochs_total"] < n:
+        assert time.time() < deadline, c.status(job)
+        time.sleep(0.02)
+
+
+def _pause(c, job):
+    c.pause(job)
+    return wait_state(c, job, ("paused",), timeout=60)
+
+
+def test_pause_resume_on_one_machine_is_bit_identical_to_the_reference(client, ratings):
+    args = ["--input", ratings, "--max-epochs", "12", *NMF_ARGS]
+    ref = run_local(load_app(NMF_APP.read_text(), "nmf.py"), args)
+    job = client.submit("nmf.py", NMF_APP.read_text(), args, machines=1)
+    _wait_epochs(client, job, 2)
+    st = _pause(client, job)
+    at = st["epochs_total"]
+    assert 2 <= at < 12, "paused too late to test anything"
+    assert any("checkpointed after epoch" in e[2] for e in st["events"])
+    # paused: nothing runs, the checkpoint is on disk, and it stays paused
+    time.sleep(0.5)
+    assert client.status(job)["state"] == "paused"
+    client.resume(job)
+    st = wait_state(client, job, ("finished", "failed"))
+    assert st["state"] == "finished", st["error"]
+    got = [e["metrics"]["objective"] for e in st["epochs"]]
+    want = [h["objective"] for h in ref.history]
+    assert got == want          # bit-identical, including the epochs after the resume
+    assert any(f"resumes at epoch {at}" in e[2] for e in st["events"])
+
+
+def test_migration_from_two_machines_to_one_keeps_the_model(client, ratings):
+    args = ["--input", ratings, "--max-epochs", "40", *NMF_ARGS]
+    job = client.submit("nmf.py", NMF_APP.read_text(), args, machines=2)
+    _wait_epochs(client, job, 3)
+    st = _pause(client, job)
+    before = st["epochs"][-1]["metrics"]["objective"]
+    at = st["epochs_total"]
+    client.resume(job, machines=1)
+    _wait_epochs(client, job, at + 1)
+    st = client.status(job)
+    assert len(st["workers"]) == 1
+    after = st["epochs"][at]["metrics"]["objective"]
+    first = st["epochs"][0]["metrics"]["objective"]
+    # training continued from the checkpointed model, not from scratch
+    assert after <= before * 1.05 and after < first * 0.9
+    client.cancel(job)
+
+
+def test_pause_and_resume_errors(client, ratings):
+    with pytest.raises(ClientError, match="no job"):
+        client.pause("job-9999")
+    job = client.submit("nmf.py", NMF_APP.read_text(),
+                        ["--input", ratings, "--max-epochs", "2", *NMF_ARGS], machines=1)
+    wait_state(client, job, ("finished",))
+    with pytest.raises(ClientError, match="not running"):
+        client.pause(job)
+    with pytest.raises(ClientError, match="not paused"):
+        client.resume(job)
+
+
+def test_corrupt_checkpoint_fails_the_resume_cleanly(cluster, client, ratings):
+    args = ["--input", ratings, "--max-epochs", "30", *NMF_ARGS]
+    job = client.submit("nmf.py", NMF_APP.read_text(), args, machines=1)
+    _wait_epochs(client, job, 1)
+    _pause(client, job)
+    data = os.path.join(cluster.state_dir, "master", "checkpoints", job, "part-0", "data.mdb")
+    with open(data, "r+b") as fh:      # flip bytes in the middle of the block data
+        size = os.path.getsize(data)
+        fh.seek(size // 2)
+        chunk = fh.read(4096)
+        fh.seek(size // 2)
+        fh.write(bytes(b ^ 0xFF for b in chunk))
+    client.resume(job)
+    st = wait_state(client, job, ("failed", "finished"))
+    assert st["state"] == "failed"
+    assert "checkpoint" in st["error"]
+
+
+def test_pause_resume_cli(cluster, ratings):
+    out = run_cli("submit", str(NMF_APP), "--master", cluster.endpoint, "--machines", "1",
+                  "--input", ratings, "--max-epochs", "200", *NMF_ARGS)
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip().splitlines()[0]
+    with Client(cluster.endpoint) as c:
+        _wait_epochs(c, job, 1)
+        r = run_cli("pause", job, "--master", cluster.endpoint)
+        assert r.returncode == 0 and "pausing" in r.stdout, r.stderr
+        wait_state(c, job, ("paused",))
+        r = run_cli("resume", job, "--master", cluster.endpoint)
+        assert r.returncode == 0, r.stderr
+        wait_state(c, job, ("running",))
+        c.cancel(job)
