@@ -56,7 +56,9 @@ def make_jobs(tmp: str, a: argparse.Namespace) -> list[tuple[str, list[str]]]:
 def run_mode(mode: str, jobs, tmp: str, a) -> dict:
     src = (ROOT / "apps" / "nmf.py").read_text()
     sd = os.path.join(tmp, mode)
+    # explicit pairs (--group): harmony mode with the colocate policy
     with LocalCluster(2, sd, port=0, mode=mode, cpus_per_machine=1,
+                      policy="colocate" if mode == "harmony" else None,
                       net_bandwidth=a.bandwidth) as cl, Client(cl.endpoint) as c:
         # isolated ignores groups; naive and harmony run the pairs one after
         # another, each pair sharing both machines

@@ -44,11 +44,12 @@ def master_main(argv: list[str] | None = None) -> int:
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=5760, help="control port (0 = random)")
     s.add_argument("--state-dir", default=os.path.join(os.path.expanduser("~/.harmony"), "master"))
-    s.add_argument("--mode", default="naive", choices=["isolated", "naive", "harmony"],
+    s.add_argument("--mode", default="harmony", choices=["isolated", "naive", "harmony"],
                    help="isolated: disjoint machines per job; naive: shared machines, no "
-                        "coordination; harmony: shared machines, subtask queues + synchronizer")
-    s.add_argument("--policy", default=None,
-                   help="placement policy (default: the mode's: isolated or colocate)")
+                        "coordination; harmony (default): shared machines, subtask queues + "
+                        "synchronizer, and the Harmony scheduler")
+    s.add_argument("--policy", default=None, choices=["harmony", "colocate", "isolated"],
+                   help="placement policy (default: the mode's: harmony, colocate or isolated)")
     s.add_argument("--heartbeat-timeout", type=float, default=5.0,
                    help="seconds without heartbeat before a worker is declared lost")
     s.add_argument("--log-level", default="INFO")
@@ -163,21 +164,28 @@ def cmd_submit(a: argparse.Namespace, app_args: list[str]) -> int:
     return 0
 
 
+def _dur(s: float) -> str:
+    s = max(0.0, float(s))
+    return f"{s:.1f}s" if s < 60 else f"{s / 60:.1f}m" if s < 3600 else f"{s / 3600:.1f}h"
+
+
 def cmd_jobs(a: argparse.Namespace) -> int:
     with Client(a.master) as c:
         jobs = c.jobs()
     if a.json:
         print(json.dumps(jobs, indent=2))
         return 0
-    print(f"{'JOB':10} {'APP':8} {'STATE':10} {'MACH':>4} {'EPOCHS':>6} {'OBJECTIVE':>12} "
-          f"{'T_CPU':>7} {'T_NET':>7} {'T_ITER':>7}  WORKERS")
+    print(f"{'JOB':10} {'APP':8} {'STATE':10} {'FOR':>7} {'MACH':>4} {'EPOCHS':>6} "
+          f"{'OBJECTIVE':>12} {'T_CPU':>7} {'T_NET':>7} {'T_ITER':>7}  {'GROUP':10} WORKERS")
     for j in jobs:
         obj = "" if j["objective"] is None else f"{j['objective']:.6g}"
         p = j.get("profile") or {}
         prof = " ".join(f"{p[k]:7.3f}" if k in p else f"{'':7}"
                         for k in ("t_cpu", "t_net", "t_iter"))
-        print(f"{j['id']:10} {j['app'][:8]:8} {j['state']:10} {j['machines']:>4} "
-              f"{j['epochs']:>6} {obj:>12} {prof}  {','.join(j['workers'])}")
+        group = j.get("sched_group") or j.get("group") or "-"
+        print(f"{j['id']:10} {j['app'][:8]:8} {j['state']:10} {_dur(j.get('in_state', 0)):>7} "
+              f"{len(j['workers']) or j['machines']:>4} {j['epochs']:>6} {obj:>12} {prof}  "
+              f"{group[:10]:10} {','.join(j['workers'])}")
     return 0
 
 
@@ -197,7 +205,15 @@ def cmd_status(a: argparse.Namespace) -> int:
         print(f"profile    Tcpu {p['t_cpu']:.3f}s  Tnet {p['t_net']:.3f}s  "
               f"iteration {p['t_iter']:.3f}s  (moving averages at {p['machines']} machines)")
     if st.get("group"):
-        print(f"group      {st['group']}")
+        print(f"group      {st['group']} (explicit)")
+    if st.get("sched_group"):
+        line = f"group      {st['sched_group']}"
+        if st.get("predicted_iter") is not None:
+            line += f"  predicted iteration {st['predicted_iter']:.3f}s"
+        if st.get("group_measured_iter") is not None:
+            line += (f", measured {st['group_measured_iter']:.3f}s "
+                     f"(error {100 * st['prediction_error']:.1f}%)")
+        print(line)
     if st.get("error"):
         print(f"error      {st['error']}")
     if st["epochs"]:
@@ -245,6 +261,7 @@ def cmd_cluster(a: argparse.Namespace) -> int:
         return 0
     try:
         cl = LocalCluster(a.machines, a.state_dir, port=a.port, detach=a.detach, mode=a.mode,
+                          policy=a.policy,
                           cpus_per_machine=a.cpus_per_machine, net_bandwidth=a.net_bandwidth)
     except (ClusterError, ValueError) as exc:
         return _die(str(exc), 2)
@@ -361,8 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--state-dir", default=None)
     s.add_argument("--port", type=int, default=5760, help="master port (0 = random)")
     s.add_argument("--detach", action="store_true", help="return once the cluster is ready")
-    s.add_argument("--mode", default="naive", choices=["isolated", "naive", "harmony"],
+    s.add_argument("--mode", default="harmony", choices=["isolated", "naive", "harmony"],
                    help="execution mode of the master (see harmony-master start --help)")
+    s.add_argument("--policy", default=None, choices=["harmony", "colocate", "isolated"],
+                   help="placement policy (default: the mode's)")
     s.add_argument("--cpus-per-machine", type=int, default=None,
                    help="emulate machines of C cores each (CPU affinity)")
     s.add_argument("--net-bandwidth", default=None,

@@ -53,10 +53,11 @@ class LocalCluster:
                  port: int = 5760, detach: bool = False, log_level: str = "INFO",
                  heartbeat_timeout: float = 5.0, mode: str = "naive",
                  cpus_per_machine: int | None = None,
-                 net_bandwidth: str | float | None = None) -> None:
+                 net_bandwidth: str | float | None = None, policy: str | None = None) -> None:
         if machines < 1:
             raise ClusterError("--machines must be >= 1")
         self.mode = mode
+        self.policy = policy
         self.cpu_sets: list[list[int]] | None = None
         if cpus_per_machine is not None:
             cores = sorted(os.sched_getaffinity(0))
@@ -105,6 +106,7 @@ class LocalCluster:
         master = self._spawn(["harmony.master", "start", "--host", self.host, "--port",
                               str(self.port), "--state-dir", mdir, "--log-level", self.log_level,
                               "--mode", self.mode,
+                              *(["--policy", self.policy] if self.policy else []),
                               "--heartbeat-timeout", str(self.heartbeat_timeout)], "master.log")
         self.procs.append(master)
         deadline = time.time() + timeout

@@ -14,7 +14,9 @@ STEADY = ["--keys", "100000", "--sleep", "0.03", "--iters-per-epoch", "2"]
 
 @pytest.fixture(scope="module")
 def hcluster(tmp_path_factory):
+    # explicit placement (--machines, --group) under the queues: the colocate policy
     cl = LocalCluster(2, str(tmp_path_factory.mktemp("hcl")), port=0, mode="harmony",
+                      policy="colocate",
                       cpus_per_machine=1, net_bandwidth="40MB/s", heartbeat_timeout=3.0)
     cl.start()
     yield cl

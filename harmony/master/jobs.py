@@ -110,7 +110,8 @@ class Job:
                 "objective": last.get("metrics", {}).get("objective"),
                 "submitted": self.submitted, "started": self.started, "ended": self.ended,
                 "error": self.error, "group": self.group, "profile": self.profile,
-                "sched_group": self.sched_group, "predicted_iter": self.predicted}
+                "sched_group": self.sched_group, "predicted_iter": self.predicted,
+                "in_state": (self.ended if self.state.terminal else time.time()) - self.entered}
 
     def detail(self, now: float | None = None, max_epochs: int | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+PROFILE_SAMPLES = 3     # Harmony: epochs of profile before a job is placed by it
+MIN_GAIN = 0.05         # Harmony: no regrouping for less than this gain in U
+
 
 @dataclass(frozen=True)
 class WorkerView:
@@ -24,17 +27,31 @@ class JobView:
     machines: int      # requested degree of parallelism
     submitted: float
     group: str = ""    # explicit job group: share the machines of that group
+    # what the Harmony scheduler also looks at
+    state: str = "waiting"      # waiting | profiled | paused | profiling | running
+    profile: tuple[float, float, int] | None = None   # (Tcpu, Tnet, c_g) once profiled
+    workers: tuple[str, ...] = ()                      # where it runs (active jobs)
+    sched_group: str = ""                              # its scheduler group, if any
 
 
 @dataclass(frozen=True)
 class ClusterView:
     workers: tuple[WorkerView, ...]
-    waiting: tuple[JobView, ...]      # in submission order
+    waiting: tuple[JobView, ...]      # in submission order (waiting, profiled, paused)
+    active: tuple[JobView, ...] = ()  # running and profiling jobs
 
 
 @dataclass
 class Decision:
     start: dict[str, list[str]] = field(default_factory=dict)   # job -> machines
+    # the Harmony scheduler's further actions
+    profile: dict[str, list[str]] = field(default_factory=dict)  # start profiling there
+    pause: dict[str, list[str] | None] = field(default_factory=dict)  # pause (then move there)
+    promote: list[str] = field(default_factory=list)   # profiled in place: keeps running
+    assign: dict[str, str] = field(default_factory=dict)        # job -> scheduler group
+    predicted: dict[str, float] = field(default_factory=dict)   # group -> iteration time (s)
+    util: tuple[float, float] | None = None   # predicted cluster (CPU, net) utilization
+    note: str = ""
 
 
 def least_loaded(view: ClusterView) -> Decision:
@@ -89,7 +106,13 @@ def isolated(view: ClusterView) -> Decision:
     return dec
 
 
-POLICIES = {"least-loaded": least_loaded, "colocate": least_loaded, "isolated": isolated}
+def _harmony(view: ClusterView) -> Decision:
+    from harmony.master.harmony_policy import harmony
+    return harmony(view)
+
+
+POLICIES = {"least-loaded": least_loaded, "colocate": least_loaded, "isolated": isolated,
+            "harmony": _harmony}
 # execution modes: placement policy, and whether subtasks go through the queues
 MODES = {"isolated": ("isolated", False), "naive": ("colocate", False),
-         "harmony": ("colocate", True)}
+         "harmony": ("harmony", True)}

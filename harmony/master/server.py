@@ -117,6 +117,8 @@ class Master:
                                   "a", buffering=1)
         self._jobs_log = open(os.path.join(self.state_dir, "metrics", "jobs.jsonl"), "a",
                               buffering=1)
+        self._decisions_log = open(os.path.join(self.state_dir, "metrics", "decisions.jsonl"),
+                                   "a", buffering=1)
         with open(os.path.join(self.state_dir, "master.json"), "w") as fh:
             json.dump({"endpoint": self.endpoint, "pid": os.getpid(), "mode": self.mode}, fh)
 
@@ -183,6 +185,7 @@ class Master:
             self.db.close()
             self._machines_log.close()
             self._jobs_log.close()
+            self._decisions_log.close()
             try:
                 os.unlink(os.path.join(self.state_dir, "master.json"))
             except FileNotFoundError:
@@ -259,7 +262,22 @@ class Master:
         job = self.jobs.get(msg["job"])
         if job is None:
             return self._send(ident, M.error("unknown_job", f"no job {msg['job']!r}"))
-        self._send(ident, M.encode("status", job=job.detail(max_epochs=MAX_STATUS_EPOCHS)))
+        d = job.detail(max_epochs=MAX_STATUS_EPOCHS)
+        d.update(self._group_prediction(job))
+        self._send(ident, M.encode("status", job=d))
+
+    def _group_prediction(self, job: Job) -> dict[str, Any]:
+        """The scheduler's predicted iteration time of the job's group and
+        the measured one (mean of its running members' moving averages)."""
+        if not job.sched_group or job.predicted is None or not job.state.active:
+            return {}
+        members = [j for j in self.jobs.values() if j.state.active
+                   and j.sched_group == job.sched_group and j.profile.get("t_iter")]
+        if not members:
+            return {}
+        measured = sum(j.profile["t_iter"] for j in members) / len(members)
+        return {"group_measured_iter": measured,
+                "prediction_error": abs(job.predicted - measured) / measured}
 
     def _on_cancel(self, ident: bytes, msg: M.Message) -> None:
         job = self.jobs.get(msg["job"])
@@ -441,8 +459,12 @@ class Master:
     # -- scheduling ------------------------------------------------------------------------
     def _schedule(self) -> None:
         live = [w for w in self.workers.values() if w.alive]
-        waiting = sorted((j for j in self.jobs.values() if j.state == JobState.WAITING),
+        waiting = sorted((j for j in self.jobs.values()
+                          if j.state == JobState.WAITING or (
+                              j.state in (JobState.PAUSED, JobState.PROFILED) and not j.held)),
                          key=lambda j: (j.submitted, j.id))
+        if self.policy is P.POLICIES["harmony"]:
+            return self._schedule_harmony(live, waiting)
         for job in waiting:
             job.reason = "no live workers" if not live else ""
         if not waiting or not live:
@@ -461,6 +483,64 @@ class Master:
                           if job.machines > len(live) else "")
         for jid, machines in self.policy(view).start.items():
             self._launch(self.jobs[jid], machines)
+
+    def _view_profile(self, job: Job, need: int) -> tuple[float, float, int] | None:
+        p = job.profile
+        if not p or p.get("samples", 0) < need:
+            return None
+        return (p["t_cpu"], p["t_net"], int(p["machines"]))
+
+    def _schedule_harmony(self, live: list[Worker], waiting: list[Job]) -> None:
+        """The Harmony scheduler (harmony.master.harmony_policy): decisions
+        wait while a pause it asked for is still in flight."""
+        if not live or any(r.pausing for r in self.runs.values()):
+            return
+        active = sorted((j for j in self.jobs.values() if j.state.active),
+                        key=lambda j: (j.submitted, j.id))
+        view = P.ClusterView(
+            workers=tuple(P.WorkerView(w.name, w.cpus, w.memory, len(self._jobs_on(w.name)))
+                          for w in sorted(live, key=lambda w: w.name)),
+            waiting=tuple(P.JobView(j.id, j.machines, j.submitted, state=j.state.value,
+                                    profile=self._view_profile(j, 1)) for j in waiting),
+            active=tuple(P.JobView(
+                j.id, j.machines, j.submitted, state=j.state.value,
+                profile=self._view_profile(j, P.PROFILE_SAMPLES if j.state == JobState.PROFILING
+                                           else 1),
+                workers=tuple(j.workers), sched_group=j.sched_group) for j in active))
+        dec = self.policy(view)
+        if not (dec.profile or dec.start or dec.pause or dec.promote):
+            self._set_predictions(dec)
+            return
+        for jid, ms in dec.profile.items():
+            self._launch(self.jobs[jid], ms, JobState.PROFILING)
+        for jid in dec.promote:
+            job = self.jobs[jid]
+            job.transition(JobState.RUNNING, f"profiled; stays in {dec.assign.get(jid, '?')} on "
+                                             f"{', '.join(job.workers)}")
+            self.db.save(job)
+        for jid, to in dec.pause.items():
+            job = self.jobs[jid]
+            why = (f"regrouped: moves to {', '.join(to)}" if to else
+                   "profiled; waits for a group" if job.state == JobState.PROFILING else
+                   "regrouped: waits")
+            self.pause_job(job, to, why)
+        for jid, ms in dec.start.items():
+            self._launch(self.jobs[jid], ms)
+        self._set_predictions(dec)
+        self._decisions_log.write(json.dumps({
+            "t": time.time(), "note": dec.note, "util": dec.util, "profile": dec.profile,
+            "start": dec.start, "pause": dec.pause, "promote": dec.promote,
+            "assign": dec.assign, "predicted": dec.predicted}) + "\n")
+        log.info("scheduler: %s (profile %s, start %s, pause/move %s, promote %s)", dec.note,
+                 sorted(dec.profile), sorted(dec.start), sorted(dec.pause), dec.promote)
+
+    def _set_predictions(self, dec: P.Decision) -> None:
+        for jid, g in dec.assign.items():
+            self.jobs[jid].sched_group = g
+        if dec.predicted:
+            for job in self.jobs.values():
+                if not job.state.terminal and job.sched_group in dec.predicted:
+                    job.predicted = dec.predicted[job.sched_group]
 
     def _launch(self, job: Job, machines: list[str], state: JobState = JobState.RUNNING) -> None:
         job.attempt += 1
@@ -642,6 +722,8 @@ class Master:
         job.epochs.append({"epoch": msg["epoch"], "metrics": msg["metrics"],
                            "timings": timings, "time": time.time()})
         job.update_profile(timings, len(job.workers))
+        if job.profile.get("samples") in (1, P.PROFILE_SAMPLES):
+            self._dirty = True   # a profile became usable: the scheduler may act
         self.db.save_epoch(job.id, job.epochs[-1])
         self._jobs_log.write(json.dumps({"t": time.time(), "job": job.id, "epoch": msg["epoch"],
                                          "workers": job.workers, "profile": job.profile,

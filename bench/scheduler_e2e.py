@@ -1,0 +1,163 @@
+"""End-to-end scheduler benchmark: a stream of jobs with Poisson arrivals.
+
+The same 8 NMF jobs (4 CPU-heavy, 4 network-heavy, alternating; the two
+kinds of ``bench/colocation.py``) arrive at the same seeded Poisson times in
+each mode, on a fresh local cluster of emulated machines (1 core each and a
+per-machine bandwidth cap):
+
+  isolated : FIFO, every job alone on ``--dop`` machines
+  naive    : every job on the ``--dop`` least-loaded machines, no coordination
+  harmony  : the Harmony scheduler (profiling, grouping, DoP, regrouping with
+             pause/resume/migration) over the subtask queues
+
+Reports makespan and mean JCT with ratios to isolated, the scheduler's
+decisions, and the prediction error of group iteration times: for every
+running job and epoch, the group iteration time the last decision predicted
+vs the job's measured iteration time in that epoch.
+
+    python bench/scheduler_e2e.py [--jobs 8] [--mean-gap 6] [--epochs 12]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from harmony.client import Client  # noqa: E402
+from harmony.cluster import LocalCluster  # noqa: E402
+from harmony.datagen.nmf import gen_nmf  # noqa: E402
+
+
+def make_jobs(tmp: str, a: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    cpu_data, net_data = os.path.join(tmp, "cpu.txt"), os.path.join(tmp, "net.txt")
+    gen_nmf(cpu_data, users=a.cpu_users, items=500, rank=8, per_user=60, seed=1)
+    gen_nmf(net_data, users=20000, items=a.net_items, rank=8, per_user=10, seed=2)
+    common = ["--max-epochs", str(a.epochs), "--holdout", "0", "--iters-per-epoch", "2"]
+    cpu = ["--input", cpu_data, "--rank", "64", *common]
+    net = ["--input", net_data, "--rank", "32", "--batch-size", "4096", *common]
+    out = []
+    for i in range(a.jobs):
+        kind = "cpu" if i % 2 == 0 else "net"
+        out.append((f"{kind}-heavy-{i // 2 + 1}", cpu if kind == "cpu" else net))
+    return out
+
+
+def arrivals(n: int, mean_gap: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(1.0 / mean_gap)
+    return out
+
+
+def run_mode(mode: str, jobs, times, tmp: str, a) -> dict:
+    src = (ROOT / "apps" / "nmf.py").read_text()
+    sd = os.path.join(tmp, mode)
+    with LocalCluster(a.machines, sd, port=0, mode=mode, cpus_per_machine=1,
+                      net_bandwidth=a.bandwidth) as cl, Client(cl.endpoint) as c:
+        ids: dict[str, str] = {}
+        t0 = time.time()
+        pending = list(zip(times, jobs))
+        while True:
+            now = time.time() - t0
+            while pending and pending[0][0] <= now:
+                _, (name, args) = pending.pop(0)
+                ids[c.submit("nmf.py", src, args, machines=a.dop, name=name)] = name
+            sts = {j: c.status(j) for j in ids}
+            if not pending and all(s["state"] in ("finished", "failed", "cancelled")
+                                   for s in sts.values()):
+                break
+            if now > a.timeout:
+                raise SystemExit(f"{mode}: not done after {a.timeout}s: "
+                                 f"{ {ids[j]: s['state'] for j, s in sts.items()} }")
+            time.sleep(0.2)
+    bad = [f"{ids[j]}: {s['error']}" for j, s in sts.items() if s["state"] != "finished"]
+    if bad:
+        raise SystemExit(f"{mode}: jobs failed: {bad}")
+    start = min(s["submitted"] for s in sts.values())
+    res = {"mode": mode, "makespan": max(s["ended"] for s in sts.values()) - start,
+           "mean_jct": statistics.mean(s["ended"] - s["submitted"] for s in sts.values()),
+           "moves": sum(sum(1 for e in s["events"] if "moves to" in e[2]) for s in sts.values()),
+           "pauses": sum(sum(1 for e in s["events"] if e[1] in ("paused", "profiled"))
+                         for s in sts.values())}
+    res.update(prediction_error(os.path.join(sd, "master", "metrics")))
+    return res
+
+
+def prediction_error(metrics: str) -> dict:
+    """Per job epoch: |predicted group iteration time - measured| / measured,
+    with the prediction of the last decision before that epoch."""
+    path = os.path.join(metrics, "decisions.jsonl")
+    if not os.path.exists(path):
+        return {}
+    decisions = [json.loads(line) for line in open(path)]
+    epochs = [json.loads(line) for line in open(os.path.join(metrics, "jobs.jsonl"))]
+    errs = []
+    for ep in epochs:
+        group = pred = None
+        for d in decisions:
+            if d["t"] > ep["t"]:
+                break
+            group = d["assign"].get(ep["job"], group)
+            if group is not None and group in d["predicted"]:
+                pred = d["predicted"][group]
+        tm = ep["timings"]
+        if pred is None or not tm.get("iters") or ep["epoch"] == 0:
+            continue
+        measured = tm["train"] / tm["iters"]
+        errs.append(abs(pred - measured) / measured)
+    if not errs:
+        return {"decisions": len(decisions)}
+    errs.sort()
+    return {"decisions": len(decisions), "pred_err_median": errs[len(errs) // 2],
+            "pred_err_mean": statistics.mean(errs), "pred_samples": len(errs)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--machines", type=int, default=2)
+    ap.add_argument("--dop", type=int, default=1, help="machines per job (isolated, naive)")
+    ap.add_argument("--mean-gap", type=float, default=6.0, help="mean seconds between arrivals")
+    ap.add_argument("--epochs", type=int, default=12)
+    ap.add_argument("--bandwidth", default="12MB/s")
+    ap.add_argument("--cpu-users", type=int, default=8000)
+    ap.add_argument("--net-items", type=int, default=100000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--modes", default="isolated,naive,harmony")
+    ap.add_argument("--timeout", type=float, default=1200)
+    a = ap.parse_args()
+    times = arrivals(a.jobs, a.mean_gap, a.seed)
+    print(f"{a.jobs} jobs, arrivals at {[round(t, 1) for t in times]} s, {a.machines} machines "
+          f"x 1 core, {a.bandwidth}")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="harmony-sched-") as tmp:
+        jobs = make_jobs(tmp, a)
+        for mode in a.modes.split(","):
+            r = run_mode(mode, jobs, times, tmp, a)
+            results.append(r)
+            print(json.dumps(r), flush=True)
+    base = next((r for r in results if r["mode"] == "isolated"), results[0])
+    print(f"\n{'mode':9} {'makespan':>9} {'x iso':>6} {'mean JCT':>9} {'x iso':>6} "
+          f"{'moves':>5} {'pauses':>6} {'pred err (median/mean)':>22}")
+    for r in results:
+        pe = (f"{100 * r['pred_err_median']:.1f}% / {100 * r['pred_err_mean']:.1f}%"
+              if "pred_err_median" in r else "-")
+        print(f"{r['mode']:9} {r['makespan']:8.1f}s {base['makespan'] / r['makespan']:6.2f} "
+              f"{r['mean_jct']:8.1f}s {base['mean_jct'] / r['mean_jct']:6.2f} "
+              f"{r['moves']:5d} {r['pauses']:6d} {pe:>22}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""The Harmony policy on the master: profiling, placement, regrouping.
+
+Pure tests drive ``harmony_policy.harmony`` with cluster views and apply its
+decisions the way the master does; the end-to-end test runs it on a local
+cluster.
+"""
+import time
+
+import pytest
+
+from harmony.client import Client
+from harmony.cluster import LocalCluster
+from harmony.master.harmony_policy import harmony
+from harmony.master.policy import ClusterView, JobView, WorkerView
+from apps_for_tests import TOY_APP
+from conftest import wait_state
+
+M2 = tuple(WorkerView(f"m{i}", 1, 1 << 30, 0) for i in range(2))
+M4 = tuple(WorkerView(f"m{i}", 1, 1 << 30, 0) for i in range(4))
+
+
+def job(i, state="waiting", profile=None, workers=(), group=""):
+    return JobView(f"job-{i:04d}", 1, float(i), state=state, profile=profile,
+                   workers=tuple(workers), sched_group=group)
+
+
+def apply(view, dec):
+    """The master's application of a decision, as a new view (pauses done)."""
+    jobs = {j.id: j for j in view.waiting + view.active}
+    group_of = {j.id: j.sched_group for j in view.active}
+    group_of.update(dec.assign)
+    out = {}
+    for jid, j in jobs.items():
+        state, workers = j.state, j.workers
+        if jid in dec.profile:
+            state, workers = "profiling", dec.profile[jid]
+        elif jid in dec.start:
+            state, workers = "running", dec.start[jid]
+        elif jid in dec.pause:
+            to = dec.pause[jid]
+            state, workers = ("running", to) if to else (
+                "profiled" if j.state == "profiling" else "paused", ())
+        elif jid in dec.promote:
+            state = "running"
+        out[jid] = JobView(jid, 1, j.submitted, state=state, profile=j.profile,
+                           workers=tuple(workers), sched_group=group_of.get(jid, ""))
+    return ClusterView(view.workers,
+                       tuple(j for j in out.values() if j.state not in ("running", "profiling")),
+                       tuple(j for j in out.values() if j.state in ("running", "profiling")))
+
+
+def settle(view, rounds=6):
+    for _ in range(rounds):
+        dec = harmony(view)
+        if not (dec.profile or dec.start or dec.pause or dec.promote):
+            return view, dec
+        view = apply(view, dec)
+    raise AssertionError(f"the policy did not settle: {dec}")
+
+
+def test_new_jobs_are_profiled_on_free_machines_then_on_the_smallest_group():
+    view = ClusterView(M2, (job(1), job(2), job(3)))
+    dec = harmony(view)
+    assert dec.profile == {"job-0001": ["m0"], "job-0002": ["m1"], "job-0003": ["m0"]}
+    assert dec.assign["job-0003"] == dec.assign["job-0001"]
+    assert not dec.start and not dec.pause
+
+
+def test_a_profiled_job_alone_grows_to_the_whole_cluster():
+    view = ClusterView(M2, (), (job(1, "profiling", (1.0, 0.2, 1), ["m0"], "g:job-0001"),))
+    dec = harmony(view)
+    # one computation-bound job: Algorithm 1's allocation gives it both machines
+    assert dec.pause == {"job-0001": ["m0", "m1"]}
+    view, last = settle(apply(view, dec))
+    assert [j.workers for j in view.active] == [("m0", "m1")]
+    assert last.predicted[view.active[0].sched_group] == pytest.approx(0.5 + 0.2)
+
+
+def test_complementary_jobs_share_a_group_and_the_decision_is_stable():
+    cpu = (1.0, 0.1, 1)
+    net = (0.1, 1.0, 1)
+    view = ClusterView(M2, (), (job(1, "running", cpu, ["m0"], "g1"),
+                                job(2, "running", net, ["m1"], "g2")))
+    view, _ = settle(view)
+    # whatever the grouping, a second call changes nothing
+    dec = harmony(view)
+    assert not (dec.profile or dec.start or dec.pause or dec.promote)
+    assert {j.state for j in view.active} == {"running"}
+
+
+def test_a_finished_job_frees_machines_for_the_rest():
+    cpu = (1.0, 0.1, 1)
+    view = ClusterView(M2, (), (job(1, "running", cpu, ["m0"], "g1"),))  # job 2 on m1 finished
+    dec = harmony(view)
+    assert dec.pause == {"job-0001": ["m0", "m1"]}
+
+
+def test_a_job_that_lowers_utilization_waits():
+    # two saturated complementary groups: a third CPU-heavy job fits nowhere
+    cpu, net = (1.0, 0.1, 1), (0.1, 1.0, 1)
+    view = ClusterView(M2, (job(5, "profiled", cpu),),
+                       (job(1, "running", cpu, ["m0"], "g1"), job(2, "running", net, ["m0"], "g1"),
+                        job(3, "running", cpu, ["m1"], "g2"), job(4, "running", net, ["m1"], "g2")))
+    dec = harmony(view)
+    assert not dec.pause and not dec.start and not dec.promote
+    assert dec.predicted == {"g1": pytest.approx(1.1), "g2": pytest.approx(1.1)}
+
+
+def test_no_regrouping_for_less_than_five_percent():
+    # g1 leaves the network 7% idle, g2 nothing: U is within 1.2% of its
+    # maximum, so no regrouping can gain 5%
+    view = ClusterView(M2, (), (
+        job(1, "running", (1.0, 0.1, 1), ["m0"], "g1"),
+        job(2, "running", (0.1, 0.92, 1), ["m0"], "g1"),
+        job(3, "running", (1.0, 0.1, 1), ["m1"], "g2"),
+        job(4, "running", (0.1, 1.0, 1), ["m1"], "g2")))
+    dec = harmony(view)
+    assert not dec.pause and not dec.start
+
+
+@pytest.fixture(scope="module")
+def scluster(tmp_path_factory):
+    cl = LocalCluster(2, str(tmp_path_factory.mktemp("sched")), port=0, mode="harmony",
+                      heartbeat_timeout=3.0)
+    cl.start()
+    yield cl
+    cl.stop()
+
+
+def test_jobs_are_profiled_then_placed_end_to_end(scluster):
+    with Client(scluster.endpoint) as c:
+        a = c.submit("toy.py", TOY_APP, ["--max-epochs", "40", "--sleep", "0.03"], machines=1)
+        st = wait_state(c, a, ("running",), timeout=60)
+        b = c.submit("toy.py", TOY_APP, ["--max-epochs", "15", "--sleep", "0.01"], machines=1)
+        sts = [wait_state(c, j, ("finished", "failed"), timeout=120) for j in (a, b)]
+    for st in sts:
+        assert st["state"] == "finished", st["error"]
+        states = [e[1] for e in st["events"]]
+        assert states[:2] == ["waiting", "profiling"], states
+        assert st["state_time"].get("profiling", 0) > 0
+        assert st["sched_group"]
+        # pauses and moves resumed where they stopped: every epoch once
+        assert [e["epoch"] for e in st["epochs"]] == list(range(len(st["epochs"])))
+    assert len(sts[0]["epochs"]) == 40 and len(sts[1]["epochs"]) == 15
+    assert sts[0]["predicted_iter"] is not None
