@@ -1,0 +1,2 @@
+"""Harmony's scheduling core (dissertation §4.3.2), pure: profiles in,
+decisions out. No sockets, processes, files or clocks."""
