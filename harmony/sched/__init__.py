@@ -12,7 +12,10 @@ from harmony.sched.grouping import (Plan, PlannedGroup, allocate_machines, assig
                                     choose_n_groups, schedule)
 from harmony.sched.model import (Profile, cluster_util, group_iter_time, group_util,
                                  job_iter_time, score, t_cpu_at)
+from harmony.sched.regroup import (Change, Current, RunningGroup, on_arrival, on_completion,
+                                   place, regroup)
 
-__all__ = ["Plan", "PlannedGroup", "Profile", "allocate_machines", "assign_jobs",
-           "choose_n_groups", "cluster_util", "group_iter_time", "group_util",
-           "job_iter_time", "schedule", "score", "t_cpu_at"]
+__all__ = ["Change", "Current", "Plan", "PlannedGroup", "Profile", "RunningGroup",
+           "allocate_machines", "assign_jobs", "choose_n_groups", "cluster_util",
+           "group_iter_time", "group_util", "job_iter_time", "on_arrival", "on_completion",
+           "place", "regroup", "schedule", "score", "t_cpu_at"]
