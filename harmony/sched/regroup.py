@@ -306,17 +306,16 @@ def regroup_candidates(current: Current, waiting: Sequence[str],
         if not pool or not (wait or run):
             continue
         keep = [g for g in current.groups if g not in part]
-        orders = [("waiting first", wait + run)]
-        if wait and run:
-            orders.append(("running first", run + wait))
-        for label, jobs in orders:
+        for label, jobs in (("waiting first", wait + run), ("running first", run + wait)):
             placed = place(schedule(jobs, len(pool)).groups, current, pool)
+            ch = _diff(current, keep + list(placed), profiles,
+                       f"{reason}: {len(part)} group(s), {label}", base_util)
             key = frozenset((frozenset(g.jobs), frozenset(g.machines)) for g in placed)
-            if key in seen:
-                continue
-            seen.add(key)
-            changes.append(_diff(current, keep + list(placed), profiles,
-                                 f"{reason}: {len(part)} group(s), {label}", base_util))
+            if key not in seen:
+                seen.add(key)
+                changes.append(ch)
+            if not (wait and run) or ch.moved == 0:
+                break       # one order only, or the first already moves nobody
     return changes
 
 
