@@ -100,9 +100,10 @@ def test_completion_no_regroup_below_5_percent_gain():
     ch = on_completion(cur, "f", [], profiles)
     assert ch.noop and "no candidate" in ch.reason
     assert ch.groups[0] == RunningGroup("g1", ("a",), ("m1", "m2"))
-    # margin on both sides for a regroup that does gain: g1's machines freed,
-    # g2 = (c, d) network-bound on its own 2 machines
-    profiles = {"f": twin("f"), "c": Profile("c", 1.0, 2.0, 1), "d": Profile("d", 1.0, 2.0, 1)}
+    # margin on both sides for a regroup that does gain: f alone in g1
+    # finishes and frees m1 m2; g2 = (c, d) is CPU-bound on its 2 machines
+    # and balanced on 4
+    profiles = {"f": twin("f"), "c": Profile("c", 4.0, 1.0, 1), "d": Profile("d", 4.0, 1.0, 1)}
     cur = Current((RunningGroup("g1", ("f",), ("m1", "m2")),
                    RunningGroup("g2", ("c", "d"), ("m3", "m4"))), M4)
     after = Current((cur.groups[1],), M4)
@@ -122,6 +123,21 @@ def test_completion_of_a_job_alone_in_its_group():
     # nothing waits: g1's machines go idle or to another group
     ch = on_completion(cur, "f", [], profiles)
     assert all("f" not in g.jobs and g.jobs for g in ch.groups)
+
+
+def test_no_migration_that_only_raises_network_utilization():
+    # (a, b) pipeline perfectly on m1 m2; c finishes and frees m3 m4. Spreading
+    # a and b over 4 machines raises U (more network busy) but not their speed:
+    # Tnet does not shrink with DoP. Nothing moves.
+    profiles = {x: Profile(x, 2.0, 1.0, 1) for x in "abc"}
+    cur = Current((RunningGroup("g1", ("a", "b"), ("m1", "m2")),
+                   RunningGroup("g2", ("c",), ("m3", "m4"))), M4)
+    after = Current(cur.groups[:1], M4)
+    (spread,) = regroup_candidates(after, [], profiles)
+    assert spread.moved == 2 and score(*spread.util) > score(*spread.util_before) * 1.05
+    assert spread.util[0] == pytest.approx(spread.util_before[0])
+    ch = on_completion(cur, "c", [], profiles)
+    assert ch.noop and ch.groups == after.groups
 
 
 def test_completion_of_a_job_not_running_changes_nothing():
@@ -157,6 +173,13 @@ def test_arrival_waits_when_others_wait_unless_asked_to_regroup():
     assert ch.noop and "other" in ch.reason
     ch = on_arrival(cur, "n", ["w"], profiles, regroup_if_others_wait=True)
     assert ch.start == {"w": "g1"}      # w is ahead in line; a and w pipeline
+
+
+def test_arrival_of_a_running_job_is_an_error():
+    profiles = {"a": Profile("a", 2.0, 1.0, 1)}
+    cur = Current((RunningGroup("g1", ("a",), ("m1",)),), ("m1",))
+    with pytest.raises(ValueError):
+        on_arrival(cur, "a", [], profiles)
 
 
 def test_arrival_uses_idle_machines():

@@ -13,8 +13,9 @@ migrate a running one, pause one, or leave it alone).
   paused job waits, add it to the group where U is highest, or let it wait.
 - ``regroup``: Algorithm 1 on incrementally more groups (smallest first)
   plus the waiting jobs, preferring fewer moved jobs unless moving more
-  gains >= 5% in U, and no change for a gain < 5%. On a cluster with no
-  groups it is the initial schedule.
+  gains >= 5% in U, and no change for a gain < 5% (nor for a move that
+  raises only network utilization). On a cluster with no groups it is the
+  initial schedule.
 - ``place``: planned groups (job sets with machine counts) onto machine
   names, keeping groups on the machines they already have.
 
@@ -328,9 +329,18 @@ def regroup(current: Current, waiting: Sequence[str], profiles: Mapping[str, Pro
     (a candidate that moves no running job, e.g. one that only starts
     waiting jobs, needs only a higher U). On a cluster without groups this
     is the initial schedule: Algorithm 1 over the waiting jobs and all
-    machines."""
+    machines. ``waiting`` must not hold running jobs.
+
+    Decision: a candidate that moves running jobs must also raise CPU
+    utilization. COMM time does not shrink with DoP (Eq 4.2), so spreading
+    a network-bound group over idle machines raises U (their network
+    counts as busy) while its jobs run no faster; the paper ranks CPU first
+    because it "directly contribute[s] to the job progress", and such a
+    move is not worth a pause and migration.
+    """
     base_util = _util(current.groups, profiles, len(current.machines))
-    changes = regroup_candidates(current, waiting, profiles, seed, reason)
+    changes = [c for c in regroup_candidates(current, waiting, profiles, seed, reason)
+               if c.moved == 0 or c.util[0] > base_util[0] * (1 + 1e-9)]
     i = pick(score(*base_util), [(c.moved, score(*c.util)) for c in changes], tol)
     if i is None:
         return _diff(current, current.groups, profiles,
@@ -379,6 +389,8 @@ def on_arrival(current: Current, new: str, waiting: Sequence[str],
     (or, when there are idle machines, a new group on all of them) where U
     is highest, if that beats U now; no running job moves, so no 5% margin.
     """
+    if current.group_of(new) is not None:
+        raise ValueError(f"{new} is running; on_arrival takes a job that waits")
     total = len(current.machines)
     base_util = _util(current.groups, profiles, total)
     if waiting:
