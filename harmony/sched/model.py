@@ -1,0 +1,112 @@
+"""Harmony's performance model (dissertation §4.3.2, Eq 4.1-4.4).
+
+A job j is profiled as (Tcpu_j, Tnet_j, c_g): the per-iteration seconds of
+its COMP subtasks and of its COMM (PULL + PUSH) subtasks, measured while its
+group ran on c_g machines. COMP time scales as 1/DoP (Eq 4.2); COMM time
+does not. A job's own iteration time is Tcpu_j + Tnet_j (its subtasks run
+one after the other).
+
+Everything here is pure arithmetic on profiles: no clocks, no I/O.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+# Decision: the paper says "CPU utilization rates are treated more importantly
+# than the network utilization in our model, since CPU resources directly
+# contribute to the job progress" (§4.3.2) but gives no formula. U is compared
+# as one scalar, the weighted mean below, with CPU counting twice as much as
+# network. A scalar (not a lexicographic order) is needed because the
+# regrouping rules compare gains in U as percentages ("< 5% of U").
+CPU_WEIGHT = 2.0 / 3.0
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Per-iteration COMP seconds ``t_cpu`` and COMM seconds ``t_net`` of job
+    ``id``, measured with the job's group on ``dop`` machines (c_g)."""
+    id: str
+    t_cpu: float
+    t_net: float
+    dop: int
+
+    def __post_init__(self) -> None:
+        if self.t_cpu < 0 or self.t_net < 0 or self.dop < 1:
+            raise ValueError(f"bad profile {self!r}: times must be >= 0 and dop >= 1")
+
+    @classmethod
+    def from_record(cls, job_id: str, rec: Mapping[str, float]) -> Profile:
+        """From the master's moving-average dict (``t_cpu``, ``t_net``,
+        ``machines``), as kept by ``harmony.master.jobs.Job.update_profile``."""
+        return cls(job_id, float(rec["t_cpu"]), float(rec["t_net"]), int(rec["machines"]))
+
+    @property
+    def work(self) -> float:
+        """COMP seconds per iteration on one machine (Tcpu * c_g)."""
+        return self.t_cpu * self.dop
+
+
+def t_cpu_at(p: Profile, m: float) -> float:
+    """Eq 4.2: the job's COMP time per iteration on ``m`` machines."""
+    return p.t_cpu * p.dop / m
+
+
+def job_iter_time(p: Profile, m: float) -> float:
+    """The job's own iteration time on ``m`` machines (Tj_itr = Tcpu + Tnet)."""
+    return t_cpu_at(p, m) + p.t_net
+
+
+def group_iter_time(profiles: Iterable[Profile], m: float) -> float:
+    """Eq 4.1: max(sum Tcpu_j(m), sum Tnet_j, max_j Tj_itr(m)) for one group
+    on ``m`` machines; 0 for an empty group."""
+    cpu = net = top = 0.0
+    for p in profiles:
+        c = t_cpu_at(p, m)
+        cpu += c
+        net += p.t_net
+        top = max(top, c + p.t_net)
+    return max(cpu, net, top)
+
+
+def group_util(profiles: Sequence[Profile], m: float) -> tuple[float, float]:
+    """Eq 4.3: (sum Tcpu_j / Tg_itr, sum Tnet_j / Tg_itr) of one group on
+    ``m`` machines; (0, 0) for an empty or all-zero group."""
+    t = group_iter_time(profiles, m)
+    if t <= 0:
+        return 0.0, 0.0
+    return sum(t_cpu_at(p, m) for p in profiles) / t, sum(p.t_net for p in profiles) / t
+
+
+def cluster_util(groups: Iterable[tuple[Sequence[Profile], int]],
+                 total_machines: int | None = None) -> tuple[float, float]:
+    """Eq 4.4: the machine-weighted mean of the groups' utilizations.
+
+    ``groups`` holds (profiles, machines) per group. With ``total_machines``
+    the denominator is the whole cluster, so idle machines count as 0%
+    utilization; without it, it is the machines of the groups, as in Eq 4.4
+    (the same thing when every machine belongs to a group, as in every plan
+    ``schedule`` makes).
+    """
+    cpu = net = 0.0
+    used = 0
+    for profiles, m in groups:
+        c, n = group_util(profiles, m)
+        cpu += m * c
+        net += m * n
+        used += m
+    denom = used if total_machines is None else total_machines
+    if denom <= 0:
+        return 0.0, 0.0
+    return cpu / denom, net / denom
+
+
+def score(u_cpu: float, u_net: float) -> float:
+    """U as one number: ``CPU_WEIGHT * u_cpu + (1 - CPU_WEIGHT) * u_net``.
+
+    Decision: CPU weighs twice as much as network (see ``CPU_WEIGHT``); the
+    paper: "CPU utilization rates are treated more importantly than the
+    network utilization in our model". Because it is linear, the score of the
+    cluster is the machine-weighted mean of the groups' scores.
+    """
+    return CPU_WEIGHT * u_cpu + (1.0 - CPU_WEIGHT) * u_net
