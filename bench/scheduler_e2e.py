@@ -137,12 +137,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--modes", default="isolated,naive,harmony")
     ap.add_argument("--timeout", type=float, default=1200)
+    ap.add_argument("--keep", default=None, help="keep the clusters' state dirs here")
     a = ap.parse_args()
     times = arrivals(a.jobs, a.mean_gap, a.seed)
     print(f"{a.jobs} jobs, arrivals at {[round(t, 1) for t in times]} s, {a.machines} machines "
           f"x 1 core, {a.bandwidth}")
     results = []
     with tempfile.TemporaryDirectory(prefix="harmony-sched-") as tmp:
+        if a.keep:
+            os.makedirs(a.keep, exist_ok=True)
+            tmp = a.keep
         jobs = make_jobs(tmp, a)
         for mode in a.modes.split(","):
             r = run_mode(mode, jobs, times, tmp, a)

@@ -3,201 +3,161 @@
 A pure function from a :class:`ClusterView` to a :class:`Decision`, like the
 other policies; the master applies the decision (launch, pause, migrate) and
 calls the policy again whenever something changed. The arithmetic (the
-performance model, Algorithms 1 and 2, the regrouping rules) lives in
-:mod:`harmony.sched`; this module maps it onto machines and job states:
+performance model, Algorithms 1 and 2, the regrouping rules and the mapping
+onto machine names) lives in :mod:`harmony.sched`; this module turns job
+states into the scheduler's events and its answer into actions:
 
-* A new job has no profile: it is *profiled* on a free machine if there is
-  one, else on the smallest group (fewest machines), co-located with that
-  group's jobs under the subtask queues (dissertation §4.3.2).
-* Once it has ``PROFILE_SAMPLES`` epochs of profile it becomes a candidate
-  with the profiled, paused and waiting-with-profile jobs. The running
-  grouping is kept unless a new one (Algorithm 1 over running + candidates)
-  raises the predicted cluster utilization U by at least ``MIN_GAIN`` (5%);
-  otherwise a single candidate joins the group where it raises U most (it
-  stays where it was profiled when that is the best place) or waits, paused.
-* A new grouping is mapped onto machines keeping as many jobs as possible on
-  the machines they already use; a job whose machine set changes is paused
-  at its next epoch end and resumed there (migration); a running job the new
-  grouping leaves out is paused.
+* A new job has no profile: it is *profiled* on an idle machine if there is
+  one, else in the smallest group (fewest machines), co-located with that
+  group's jobs under the subtask queues (§4.3.2).
+* Jobs that ended since the last call are completions
+  (``regroup.on_completion``: a similar waiting job replaces the finished
+  one, else incremental regrouping under the 5% rules).
+* A job with ``PROFILE_SAMPLES`` epochs of profile is an arrival
+  (``regroup.on_arrival``: it joins the group where it raises U most, or a
+  new group on idle machines, or waits, paused, when it does not raise U or
+  when other profiled/paused jobs already wait).
+* Idle machines with work to give them: ``regroup.regroup``.
 
-Decision: U counts every live machine, an idle one at zero, so machines
-freed by a finished job make a regrouping that uses them worth its cost.
+The resulting grouping is compared with what runs: a job on a different
+machine set is paused at its next epoch end and resumed there (migration);
+a running job left out is paused; a waiting job placed is started (from its
+checkpoint if it has one); a profiling job that stays put keeps running.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from harmony.master.policy import MIN_GAIN, PROFILE_SAMPLES, ClusterView, Decision, JobView
-from harmony.sched.grouping import schedule
-from harmony.sched.model import Profile, group_iter_time, group_util, score
+from harmony.master.policy import (MIN_GAIN, PROFILE_SAMPLES, ClusterView, Decision,
+                                   JobView)
+from harmony.sched.model import Profile, cluster_util, group_iter_time
+from harmony.sched.regroup import Current, RunningGroup, on_arrival, on_completion, regroup
 
 __all__ = ["harmony", "PROFILE_SAMPLES", "MIN_GAIN"]
 
 
-@dataclass
-class _Group:
-    id: str
-    machines: list[str]
-    jobs: list[JobView]        # profiled members (running)
-    profiling: list[JobView]   # jobs profiled on these machines
-
-
 def _profile(j: JobView) -> Profile:
     assert j.profile is not None
-    t_cpu, t_net, dop = j.profile
-    return Profile(j.id, t_cpu, t_net, max(1, int(dop)))
+    t_cpu, t_net, dop = j.profile[:3]
+    extra = {"remote": float(j.profile[3])} if len(j.profile) > 3 and \
+        "remote" in Profile.__dataclass_fields__ else {}
+    return Profile(j.id, float(t_cpu), float(t_net), max(1, int(dop)), **extra)
 
 
-def _util(groups: list[tuple[list[Profile], int]], total: int) -> tuple[float, float]:
-    """Eq 4.4 over ``total`` machines (idle ones count as zero)."""
-    if total <= 0:
-        return 0.0, 0.0
-    cpu = net = 0.0
-    for profs, m in groups:
-        if profs and m:
-            c, n = group_util(profs, m)
-            cpu, net = cpu + m * c, net + m * n
-    return cpu / total, net / total
+def _gid(j: JobView) -> str:
+    return j.sched_group or f"g:{j.id}"
 
 
-def _U(groups: list[tuple[list[Profile], int]], total: int) -> float:
-    return score(*_util(groups, total))
+def _without(cur: Current, job: str) -> Current:
+    groups = []
+    for g in cur.groups:
+        if job in g.jobs:
+            rest = tuple(x for x in g.jobs if x != job)
+            if rest:
+                groups.append(RunningGroup(g.id, rest, g.machines))
+        else:
+            groups.append(g)
+    return Current(tuple(groups), cur.machines)
+
+
+def _fresh(cur: Current, want: str) -> str:
+    taken = {g.id for g in cur.groups}
+    gid, i = want, 1
+    while gid in taken:
+        i += 1
+        gid = f"{want}.{i}"
+    return gid
 
 
 def harmony(view: ClusterView) -> Decision:
     dec = Decision()
-    live = [w.name for w in view.workers]
-    total = len(live)
-    if not total:
+    live = tuple(w.name for w in view.workers)
+    if not live:
         return dec
-    groups: dict[str, _Group] = {}
-    for j in view.active:
-        gid = j.sched_group or f"g:{j.id}"
-        g = groups.setdefault(gid, _Group(gid, list(j.workers), [], []))
-        (g.profiling if j.state == "profiling" else g.jobs).append(j)
-        for m in j.workers:
-            if m not in g.machines:
-                g.machines.append(m)
-    used = {m for g in groups.values() for m in g.machines}
-    free = [m for m in live if m not in used]
+    alive = set(live)
+    profiles = {j.id: _profile(j) for j in view.active + view.waiting + view.finished
+                if j.profile is not None}
 
-    ready = [j for j in view.active if j.state == "profiling" and j.profile is not None]
-    pending = [j for j in view.waiting if j.profile is not None]
-    unprofiled = [j for j in view.waiting if j.profile is None]
+    # what runs now (finished jobs still in their groups, for on_completion)
+    members: dict[str, list[str]] = {}
+    machines: dict[str, list[str]] = {}
+    for j in view.active + view.finished:
+        gid = _gid(j)
+        members.setdefault(gid, []).append(j.id)
+        ms = machines.setdefault(gid, [])
+        ms.extend(m for m in j.workers if m in alive and m not in ms)
+    cur = Current(tuple(RunningGroup(g, tuple(members[g]), tuple(machines[g]))
+                        for g in members if machines[g]), live)
+    before = {j.id: frozenset(j.workers) for j in view.active}
+    state = {j.id: j.state for j in view.active + view.waiting}
+    waiting = [j.id for j in view.waiting if j.profile is not None]
+    notes = []
 
-    # 1. place new jobs for profiling
-    for j in unprofiled:
-        if free:
-            ms, gid = [free.pop(0)], f"g:{j.id}"
-            groups[gid] = _Group(gid, ms, [], [j])
-        else:
-            g = min(groups.values(), key=lambda g: (len(g.machines), len(g.jobs) + len(g.profiling),
-                                                     g.id))
-            ms, gid = list(g.machines), g.id
-            g.profiling.append(j)
-        dec.profile[j.id] = ms
-        dec.assign[j.id] = gid
+    def take(change) -> None:
+        nonlocal cur, waiting
+        cur = Current(change.groups, live)
+        placed = {x for g in cur.groups for x in g.jobs}
+        waiting = [w for w in waiting if w not in placed] + \
+            [p for p in change.pause if p not in waiting and p in state]
+        if not change.noop:
+            notes.append(change.reason)
 
-    if not ready and not pending and not any(g.jobs for g in groups.values()):
-        return dec
-    if any(j.profile is None for g in groups.values() for j in g.jobs):
-        return dec   # a job just (re)started has no profile yet: decide later
-
-    # 2. the running grouping, and the best new one
-    running = [(g, [_profile(j) for j in g.jobs]) for g in groups.values() if g.jobs]
-    cur = [(profs, len(g.machines)) for g, profs in running]
-    u_now = _U(cur, total)
-    cands = sorted([j for g, _ in running for j in g.jobs], key=lambda j: (j.submitted, j.id)) \
-        + sorted(ready + pending, key=lambda j: (j.submitted, j.id))
-    by_id = {j.id: j for j in cands}
-    plan = schedule([_profile(j) for j in cands], total)
-    planned = [([by_id[i] for i in pg.jobs], pg.machines) for pg in plan.groups]
-    u_plan = _U([([_profile(j) for j in js], m) for js, m in planned], total)
-    if u_plan >= (1 + MIN_GAIN) * u_now and u_plan > u_now:
-        _apply_plan(dec, planned, groups, live, by_id)
-        dec.util = _util([([_profile(j) for j in js], m) for js, m in planned], total)
-        dec.note = f"regroup: U {u_now:.3f} -> {u_plan:.3f}"
-        return dec
-
-    # 3. otherwise add candidates one at a time where they raise U most
-    for j in ready + sorted(pending, key=lambda j: (j.submitted, j.id)):
-        best, best_u = None, u_now
-        for gi, (g, profs) in enumerate(running):
-            trial = list(cur)
-            trial[gi] = (profs + [_profile(j)], len(g.machines))
-            u = _U(trial, total)
-            if u > best_u:
-                best, best_u = gi, u
-        if best is None:
-            if j.state == "profiling":
-                dec.pause[j.id] = None     # profiled; waits (checkpointed)
+    # 1. completions
+    for f in view.finished:
+        if cur.group_of(f.id) is None:
             continue
-        g, profs = running[best]
-        running[best] = (g, profs + [_profile(j)])
-        g.jobs.append(j)
-        cur[best] = (running[best][1], len(g.machines))
-        u_now = best_u
-        if j.state == "profiling" and set(j.workers) == set(g.machines):
-            dec.promote.append(j.id)
-        elif j.state == "profiling":
-            dec.pause[j.id] = list(g.machines)
+        if f.id in profiles:
+            take(on_completion(cur, f.id, waiting, profiles, tol=MIN_GAIN))
         else:
-            dec.start[j.id] = list(g.machines)
-        dec.assign[j.id] = g.id
-        dec.note = f"add {j.id} to {g.id}: U -> {best_u:.3f}"
-    for g, profs in running:
+            cur = _without(cur, f.id)
+    # 2. arrivals: jobs whose profiling is done
+    for j in view.active:
+        if j.state == "profiling" and j.profile is not None and cur.group_of(j.id):
+            cur = _without(cur, j.id)
+            change = on_arrival(cur, j.id, waiting, profiles, tol=MIN_GAIN)
+            take(change)
+            if cur.group_of(j.id) is None and j.id not in waiting:
+                waiting.append(j.id)
+    # 3. idle machines and work for them
+    if cur.idle and (waiting or any(all(x in profiles for x in g.jobs) for g in cur.groups)):
+        take(regroup(cur, waiting, profiles, tol=MIN_GAIN))
+    # 4. new jobs: profile them on an idle machine, else in the smallest group
+    for j in view.waiting:
+        if j.profile is not None:
+            continue
+        idle = cur.idle
+        if idle:
+            gid = _fresh(cur, f"g:{j.id}")
+            cur = Current(cur.groups + (RunningGroup(gid, (j.id,), (idle[0],)),), live)
+        elif cur.groups:
+            g = min(cur.groups, key=lambda g: (len(g.machines), len(g.jobs), g.id))
+            cur = Current(tuple(RunningGroup(x.id, x.jobs + (j.id,), x.machines) if x is g
+                                else x for x in cur.groups), live)
+        else:
+            break
+        g = cur.group_of(j.id)
+        dec.profile[j.id] = list(g.machines)
+
+    # the grouping -> actions
+    for g in cur.groups:
+        profs = [profiles[x] for x in g.jobs if x in profiles and x in state]
         if profs:
             dec.predicted[g.id] = group_iter_time(profs, len(g.machines))
-    dec.util = _util(cur, total)
+        for x in g.jobs:
+            dec.assign[x] = g.id
+            if x in dec.profile:
+                continue
+            ms = list(g.machines)
+            if x in before:
+                if before[x] != frozenset(ms):
+                    dec.pause[x] = ms
+                elif state[x] == "profiling" and x in profiles:
+                    dec.promote.append(x)
+            elif x in state:
+                dec.start[x] = ms
+    placed = {x for g in cur.groups for x in g.jobs}
+    for x in before:
+        if x not in placed:
+            dec.pause[x] = None
+    dec.util = cluster_util([([profiles[x] for x in g.jobs if x in profiles], len(g.machines))
+                             for g in cur.groups], total_machines=len(live))
+    dec.note = "; ".join(notes)
     return dec
-
-
-def _apply_plan(dec: Decision, planned: list[tuple[list[JobView], int]],
-                groups: dict[str, _Group], live: list[str], by_id: dict[str, JobView]) -> None:
-    """Map planned groups onto machine names, keeping jobs where they run."""
-    home = {j.id: g.id for g in groups.values() for j in g.jobs + g.profiling}
-    claimed: set[str] = set()
-    order = sorted(range(len(planned)), key=lambda i: -len(planned[i][0]))
-    names: dict[int, list[str]] = {}
-    gids: dict[int, str] = {}
-    taken_gids: set[str] = set()
-    # first pass: each planned group inherits the current group holding most of its jobs
-    for i in order:
-        js, m = planned[i]
-        votes: dict[str, int] = {}
-        for j in js:
-            if j.id in home and home[j.id] not in taken_gids:
-                votes[home[j.id]] = votes.get(home[j.id], 0) + 1
-        if votes:
-            gid = max(votes, key=lambda k: (votes[k], k))
-            taken_gids.add(gid)
-            gids[i] = gid
-            keep = [n for n in groups[gid].machines if n in live and n not in claimed][:m]
-            names[i] = keep
-            claimed.update(keep)
-    for i in order:
-        js, m = planned[i]
-        got = names.setdefault(i, [])
-        spare = [n for n in live if n not in claimed]
-        add = spare[:m - len(got)]
-        got.extend(add)
-        claimed.update(add)
-        gids.setdefault(i, "g:" + min(j.id for j in js))
-    in_plan = set()
-    for i, (js, m) in enumerate(planned):
-        ms, gid = names[i], gids[i]
-        for j in js:
-            in_plan.add(j.id)
-            dec.assign[j.id] = gid
-            if j.state in ("running", "profiling"):
-                if set(j.workers) == set(ms):
-                    if j.state == "profiling":
-                        dec.promote.append(j.id)
-                else:
-                    dec.pause[j.id] = list(ms)
-            else:
-                dec.start[j.id] = list(ms)
-        dec.predicted[gid] = group_iter_time([_profile(j) for j in js], len(ms))
-    for jid, j in by_id.items():
-        if jid not in in_plan and j.state in ("running", "profiling"):
-            dec.pause[jid] = None

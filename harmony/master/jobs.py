@@ -80,12 +80,15 @@ class Job:
         iters = max(1.0, float(timings.get("iters", 1.0)))
         sample = {"t_cpu": timings.get("comp", 0.0) / iters,
                   "t_net": (timings.get("pull", 0.0) + timings.get("push", 0.0)) / iters,
-                  "t_iter": timings.get("train", 0.0) / iters}
+                  "t_iter": timings.get("train", 0.0) / iters,
+                  # data bytes pulled + pushed per iteration by one machine
+                  "bytes": timings.get("bytes", 0.0) / iters}
         p = self.profile
         fresh = not p or p.get("machines") != machines
         for k, v in sample.items():
             p[k] = v if fresh else (1 - weight) * p[k] + weight * v
         p["machines"] = machines
+        p["link"] = float(timings.get("link", 0.0))   # bytes/s of its machines' links
         p["samples"] = 1 if fresh else p.get("samples", 0) + 1
 
     def transition(self, new: JobState, note: str = "", now: float | None = None) -> None:

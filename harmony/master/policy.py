@@ -29,7 +29,9 @@ class JobView:
     group: str = ""    # explicit job group: share the machines of that group
     # what the Harmony scheduler also looks at
     state: str = "waiting"      # waiting | profiled | paused | profiling | running
-    profile: tuple[float, float, int] | None = None   # (Tcpu, Tnet, c_g) once profiled
+    # (Tcpu, Tnet, c_g, remote) once profiled; remote: seconds per iteration
+    # to move all its PULL/PUSH bytes over the link (0: unknown)
+    profile: tuple[float, ...] | None = None
     workers: tuple[str, ...] = ()                      # where it runs (active jobs)
     sched_group: str = ""                              # its scheduler group, if any
 
@@ -39,6 +41,7 @@ class ClusterView:
     workers: tuple[WorkerView, ...]
     waiting: tuple[JobView, ...]      # in submission order (waiting, profiled, paused)
     active: tuple[JobView, ...] = ()  # running and profiling jobs
+    finished: tuple[JobView, ...] = ()  # active jobs that ended since the last decision
 
 
 @dataclass

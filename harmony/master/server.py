@@ -99,6 +99,7 @@ class Master:
         self.by_ident: dict[bytes, str] = {}            # daemon ident -> worker name
         self.exec_ident: dict[bytes, tuple[str, int, int]] = {}
         self.runs: dict[str, Run] = {}
+        self._ended: list[P.JobView] = []   # completions the scheduler has not seen yet
         self._recover()
         self.ctx = zmq.Context()
         self.sock = make_socket(self.ctx, zmq.ROUTER)
@@ -484,11 +485,21 @@ class Master:
         for jid, machines in self.policy(view).start.items():
             self._launch(self.jobs[jid], machines)
 
-    def _view_profile(self, job: Job, need: int) -> tuple[float, float, int] | None:
+    def _view_profile(self, job: Job, need: int) -> tuple[float, ...] | None:
         p = job.profile
         if not p or p.get("samples", 0) < need:
             return None
-        return (p["t_cpu"], p["t_net"], int(p["machines"]))
+        link = p.get("link", 0.0)
+        remote = p.get("bytes", 0.0) / link if link > 0 else 0.0
+        return (p["t_cpu"], p["t_net"], int(p["machines"]), remote)
+
+    def _note_ended(self, job: Job) -> None:
+        """An active job leaves its group: the Harmony policy's completion event."""
+        if job.state.active and job.workers:
+            self._ended.append(P.JobView(job.id, job.machines, job.submitted, state="finished",
+                                         profile=self._view_profile(job, 1),
+                                         workers=tuple(job.workers),
+                                         sched_group=job.sched_group))
 
     def _schedule_harmony(self, live: list[Worker], waiting: list[Job]) -> None:
         """The Harmony scheduler (harmony.master.harmony_policy): decisions
@@ -506,8 +517,10 @@ class Master:
                 j.id, j.machines, j.submitted, state=j.state.value,
                 profile=self._view_profile(j, P.PROFILE_SAMPLES if j.state == JobState.PROFILING
                                            else 1),
-                workers=tuple(j.workers), sched_group=j.sched_group) for j in active))
+                workers=tuple(j.workers), sched_group=j.sched_group) for j in active),
+            finished=tuple(self._ended))
         dec = self.policy(view)
+        self._ended = []
         if not (dec.profile or dec.start or dec.pause or dec.promote):
             self._set_predictions(dec)
             return
@@ -589,6 +602,7 @@ class Master:
         self._kill_executors(job)
         if state == JobState.FAILED:
             job.error = note
+        self._note_ended(job)
         job.transition(state, note)
         job.resume = None
         jobckpt.remove(self.ckpt_dir(job))
@@ -602,6 +616,7 @@ class Master:
         if job.attempt >= MAX_ATTEMPTS:
             return self._end(job, JobState.FAILED, f"{reason}; gave up after {job.attempt} attempts")
         self._kill_executors(job)
+        self._note_ended(job)
         job.transition(JobState.WAITING, f"{reason}; requeued")
         job.workers = []
         self.db.save(job)
@@ -769,6 +784,7 @@ class Master:
             self.runs.pop(job.id, None)
             for i in run.idents.values():
                 self.exec_ident.pop(i, None)
+            self._note_ended(job)
             job.transition(JobState.FINISHED, f"{len(job.epochs)} epoch(s)")
             job.resume = None
             jobckpt.remove(self.ckpt_dir(job))

@@ -45,6 +45,9 @@ class PSClient:
         self._rid = itertools.count(1)
         self.bytes_sent = 0
         self.bytes_received = 0
+        # data bytes (keys + rows) moved to/from each peer's shard, as the
+        # network sees them; the profiler splits local from remote traffic
+        self.peer_bytes = [0] * len(self.peers)
 
     def close(self) -> None:
         for s in self.socks:
@@ -102,6 +105,8 @@ class PSClient:
             self.bytes_sent += k.nbytes
             pending[p] = (rid, sel, len(k))
         got = self._collect(pending)
+        for p, (rid, sel, n) in pending.items():
+            self.peer_bytes[p] += n * (8 + self.dim * self.dtype.itemsize)
         if self.throttle is not None:
             for p, (rid, sel, n) in pending.items():
                 self.throttle(p, n * 8, "out")
@@ -134,6 +139,8 @@ class PSClient:
             self.bytes_sent += k.nbytes + v.nbytes
             pending[p] = (rid, sel, len(k))
         self._collect(pending)
+        for p, (rid, sel, n) in pending.items():
+            self.peer_bytes[p] += n * (8 + self.dim * self.dtype.itemsize)
         if self.throttle is not None:
             for p, (rid, sel, n) in pending.items():
                 self.throttle(p, n * (8 + self.dim * self.dtype.itemsize), "out")

@@ -244,6 +244,7 @@ class Executor:
         for epoch in range(first_epoch, opts.max_epochs):
             tm = {"pull": 0.0, "comp": 0.0, "push": 0.0, "sync": 0.0}
             self.net_wait = 0.0
+            moved = list(self.client.peer_bytes)
             t_epoch = time.perf_counter()
             client = self.client
             for it, group in enumerate(groups):
@@ -284,6 +285,12 @@ class Executor:
             tm["sync"] -= tm["pull"] + tm["comp"] + tm["push"]
             tm["train"] = time.perf_counter() - t_epoch
             tm["iters"] = float(len(groups))
+            # PULL/PUSH data bytes of the epoch's iterations, all and to other
+            # machines, and this machine's link rate (0: not known)
+            delta = [b - a for a, b in zip(moved, self.client.peer_bytes)]
+            tm["bytes"] = float(sum(delta))
+            tm["remote_bytes"] = float(sum(delta) - delta[self.index])
+            tm["link"] = float(self.netem.rate) if self.netem is not None else 0.0
             t0 = time.perf_counter()
             keys = app.keys(blocks)
             box = {}
