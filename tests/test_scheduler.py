@@ -143,3 +143,10 @@ def test_jobs_are_profiled_then_placed_end_to_end(scluster):
         assert [e["epoch"] for e in st["epochs"]] == list(range(len(st["epochs"])))
     assert len(sts[0]["epochs"]) == 40 and len(sts[1]["epochs"]) == 15
     assert sts[0]["predicted_iter"] is not None
+
+
+def test_a_profiled_job_stays_where_it_was_profiled_when_that_is_as_good():
+    view = ClusterView(M2, (), (job(1, "profiling", None, ["m0"], "g:job-0001"),
+                                job(2, "profiling", (0.5, 0.5, 1), ["m1"], "g:job-0002")))
+    dec = harmony(view)
+    assert dec.promote == ["job-0002"] and not dec.pause

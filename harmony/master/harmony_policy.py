@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from harmony.master.policy import (MIN_GAIN, PROFILE_SAMPLES, ClusterView, Decision,
                                    JobView)
-from harmony.sched.model import Profile, cluster_util, group_iter_time
+from harmony.sched.model import Profile, cluster_util, group_iter_time, score
 from harmony.sched.regroup import Current, RunningGroup, on_arrival, on_completion, regroup
 
 __all__ = ["harmony", "PROFILE_SAMPLES", "MIN_GAIN"]
@@ -65,6 +65,23 @@ def _fresh(cur: Current, want: str) -> str:
         i += 1
         gid = f"{want}.{i}"
     return gid
+
+
+def _U(groups, profiles, total: int) -> float:
+    return score(*cluster_util([([profiles[x] for x in g.jobs if x in profiles], len(g.machines))
+                                for g in groups], total_machines=total))
+
+
+def _stay(cur: Current, home: RunningGroup | None, job: str) -> tuple | None:
+    """The grouping with ``job`` back where it was profiled, if it can stay."""
+    if home is None:
+        return None
+    if len(home.jobs) == 1:     # it was alone: its machines must still be idle
+        if not set(home.machines) <= set(cur.idle):
+            return None
+        return cur.groups + (RunningGroup(home.id, (job,), home.machines),)
+    return tuple(RunningGroup(g.id, g.jobs + (job,), g.machines) if g.id == home.id else g
+                 for g in cur.groups)
 
 
 def harmony(view: ClusterView) -> Decision:
@@ -111,9 +128,17 @@ def harmony(view: ClusterView) -> Decision:
     # 2. arrivals: jobs whose profiling is done
     for j in view.active:
         if j.state == "profiling" and j.profile is not None and cur.group_of(j.id):
+            home = cur.group_of(j.id)
             cur = _without(cur, j.id)
             change = on_arrival(cur, j.id, waiting, profiles, tol=MIN_GAIN)
-            take(change)
+            stay = _stay(cur, home, j.id)
+            if stay is not None and cur.group_of(j.id) is None and change.groups != cur.groups \
+                    and _U(stay, profiles, len(live)) >= _U(change.groups, profiles, len(live)) - 1e-9:
+                # as good where it was profiled: no move (a move costs a pause and restart)
+                cur = Current(stay, live)
+                notes.append(f"arrival of {j.id}: stays")
+            else:
+                take(change)
             if cur.group_of(j.id) is None and j.id not in waiting:
                 waiting.append(j.id)
     # 3. idle machines and work for them
