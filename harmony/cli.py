@@ -120,8 +120,11 @@ def follow(client: Client, job: str, out=sys.stdout, poll_s: float = 0.5) -> int
         if st["state"] != last_state:
             last_state = st["state"]
             where = f" on {', '.join(st['workers'])}" if st["workers"] and \
-                last_state == "running" else ""
-            print(f"[{time.time() - t0:7.1f}s] {job} {last_state}{where}", file=out, flush=True)
+                last_state in ("running", "profiling") else ""
+            why = st["events"][-1][2] if st.get("events") else ""
+            why = f"  ({why})" if why and last_state not in ("finished",) else ""
+            print(f"[{time.time() - t0:7.1f}s] {job} {last_state}{where}{why}", file=out,
+                  flush=True)
         if st["state"] in ("finished", "failed", "cancelled"):
             if st["state"] == "finished":
                 final = st["epochs"][-1]["metrics"] if st["epochs"] else {}
@@ -305,10 +308,11 @@ def cmd_demo(a: argparse.Namespace) -> int:
                         noise=0.1, seed=1)
         print(f"generated {shape['ratings']:,} ratings ({a.users:,} users x {a.items:,} items, "
               f"planted rank 8, noise 0.1) in {data}", flush=True)
-        cl = LocalCluster(a.machines, os.path.join(tmp, "cluster"), port=0)
+        cl = LocalCluster(a.machines, os.path.join(tmp, "cluster"), port=0, mode="harmony")
         try:
             ep = cl.start()
-            print(f"local cluster up: master {ep}, {a.machines} machines", flush=True)
+            print(f"local cluster up: master {ep}, {a.machines} machines, Harmony scheduler",
+                  flush=True)
             app = _repo_app("nmf.py")
             name, src = _read_app(app)
             args = ["--input", data, "--rank", "8", "--max-epochs", str(a.epochs),

@@ -112,7 +112,10 @@ def test_cluster_up_down_leaves_nothing_behind(tmp_path):
     info2 = json.load(open(os.path.join(sd, "cluster.json")))
     with Client(info2["endpoint"]) as c:
         states = {j["id"]: j["state"] for j in c.jobs()}
-    assert states["job-0001"] == "failed" and states["job-0002"] == "waiting"  # requeued
+        events = c.status("job-0002")["events"]
+    # requeued (the Harmony scheduler may already have placed it on the one machine)
+    assert states["job-0001"] == "failed" and states["job-0002"] != "failed"
+    assert any("master restarted; requeued" in e[2] for e in events)
     assert run_cli("cluster", "down", "--state-dir", sd).returncode == 0
     assert run_cli("cluster", "down", "--state-dir", sd).returncode == 1
 

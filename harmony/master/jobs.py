@@ -100,7 +100,7 @@ class Job:
         self.entered = now
         self.state = new
         self.events.append([now, new.value, note])
-        if new == JobState.RUNNING and self.started is None:
+        if new.active and self.started is None:
             self.started = now
         if new.terminal:
             self.ended = now
