@@ -3,10 +3,13 @@ the greedy plan against the exhaustive optimum on seeded random instances."""
 import numpy as np
 import pytest
 
+import itertools
+
 from harmony.sched import (Profile, allocate_machines, assign_jobs, choose_n_groups,
-                           cluster_util, group_iter_time, schedule)
+                           cluster_util, group_iter_time, schedule, t_net_at)
 from harmony.sched.exhaustive import best_plan
-from harmony.sched.grouping import _fine_tune
+from harmony.sched.grouping import _arrays, _fine_tune, _score_bound
+from harmony.sched.model import group_util, score
 from harmony.sched.synthetic import random_profiles
 
 
@@ -172,3 +175,143 @@ def test_exhaustive_optimum_small_cases():
     assert best_plan(bad, 2, "all").score < best_plan(bad, 2).score
     with pytest.raises(ValueError):
         best_plan(twins, 2, "some")
+
+
+# ------------------------------------------------ Tnet at a DoP (remote > 0)
+REMOTE = (0.5, 1.0)     # R = f * Tnet, f uniform in this range
+
+
+def test_choose_n_groups_with_remote():
+    # work 12, base 1, R 4 (measured on one machine): at equal DoP 12 / n,
+    # Tcpu = n and Tnet = 1 + 4 * (1 - n / 12) meet at n = 3.75; f(4) = 1/3
+    # beats f(3) = 1. The constant model (COMM 1) would take n = 1.
+    jobs = [Profile(f"j{i}", 12.0, 1.0, 1, remote=4.0) for i in range(6)]
+    assert choose_n_groups(jobs, 12) == 4
+    assert choose_n_groups([Profile(p.id, 12.0, 1.0, 1) for p in jobs], 12) == 1
+
+
+def test_assign_jobs_sees_remote_comm_at_the_assumed_dop():
+    c1, c2 = Profile("c1", 8.0, 1.0, 1), Profile("c2", 7.6, 1.1, 1)   # CPU-heavy
+    n1 = Profile("n1", 2.0, 3.8, 1)                                     # network-heavy
+    # profiled on one machine x looks CPU-only; at DoP 2 it has Tcpu 2, Tnet 4
+    x = Profile("x", 4.0, 0.0, 1, remote=8.0)
+    ids = [[p.id for p in g] for g in assign_jobs([c1, c2, x, n1], 2, dop=2)]
+    assert ids == [["x", "c1"], ["c2", "n1"]]
+    # with COMM taken as constant x would join the other CPU-heavy job
+    x0 = Profile("x", 4.0, 0.0, 1)
+    ids = [[p.id for p in g] for g in assign_jobs([c1, c2, x0, n1], 2, dop=2)]
+    assert ids == [["c1", "n1"], ["c2", "x"]]
+
+
+def _greedy_reference_remote(groups, machines):
+    """One at a time to the largest sum Tcpu(m) / sum Tnet(m) at the current m."""
+    m = [1] * len(groups)
+
+    def ratio(i):
+        cpu = sum(p.work for p in groups[i]) / m[i]
+        return cpu / sum(t_net_at(p, m[i]) for p in groups[i])
+
+    for _ in range(machines - len(groups)):
+        i = max(range(len(groups)), key=lambda i: (ratio(i), -i))
+        m[i] += 1
+    return m
+
+
+def test_allocate_machines_with_remote_matches_one_at_a_time():
+    rng = np.random.default_rng(4)
+    for _ in range(60):
+        ps = random_profiles(int(rng.integers(1, 12)), rng, dop=int(rng.integers(1, 5)),
+                             remote=(0.0, 1.0))
+        cut = sorted(rng.choice(np.arange(1, len(ps)), size=min(len(ps) - 1, 3), replace=False)) \
+            if len(ps) > 1 else []
+        groups = [list(g) for g in np.split(np.array(ps, dtype=object), cut) if len(g)]
+        machines = len(groups) + int(rng.integers(0, 200))
+        got = allocate_machines(groups, machines)
+        assert sum(got) == machines
+        assert got == _greedy_reference_remote(groups, machines)
+
+
+def test_allocation_spreads_less_a_job_whose_remote_grows_with_m():
+    # a and b alike at one machine (work 6, Tnet 1); b's COMM grows with m
+    a, b = Profile("a", 6.0, 1.0, 1), Profile("b", 6.0, 1.0, 1, remote=3.0)
+    b_const = Profile("b", 6.0, 1.0, 1)
+    assert allocate_machines([[a], [b_const]], 8) == [4, 4]     # the paper's model
+    got = allocate_machines([[a], [b]], 8)
+    assert got == [6, 2]
+    u = {x: score(*cluster_util([([a], x), ([b], 8 - x)])) for x in range(1, 8)}
+    assert u[6] > u[4]                   # not spreading b raises U
+    # and where nothing has remote COMM the closed form is unchanged
+    assert allocate_machines([[a], [b_const]], 8) == _greedy_reference([[a], [b_const]], 8)
+
+
+def test_score_bound_stays_an_upper_bound_with_remote():
+    for seed in range(30):
+        ps = random_profiles(6, seed, dop=2, remote=(0.0, 1.5))
+        work, base, _ = _arrays(ps)
+        for machines in (6, 9):
+            assert best_plan(ps, machines, "all").score <= \
+                _score_bound(work, base, machines) + 1e-12
+
+
+def test_schedule_plan_is_consistent_with_remote():
+    for seed in range(5):
+        ps = random_profiles(30, seed, dop=4, remote=REMOTE)
+        plan = schedule(ps, 40)
+        by_id = {p.id: p for p in ps}
+        assert sum(g.machines for g in plan.groups) == 40
+        for g in plan.groups:
+            assert g.predicted_iter == pytest.approx(
+                group_iter_time([by_id[j] for j in g.jobs], g.machines))
+        assert plan.util == pytest.approx(
+            cluster_util([([by_id[j] for j in g.jobs], g.machines) for g in plan.groups]))
+
+
+def test_greedy_within_5_percent_of_exhaustive_optimum_with_remote():
+    """As the constant-COMM test above, with every job's R = f * Tnet, f in
+    [0.5, 1] (measured: prefix worst ~0.996, any-subset worst ~0.96)."""
+    prefix, free = [], []
+    for n, machines, dop in FAMILIES:
+        for seed in range(40):
+            ps = random_profiles(n, seed, dop=dop, remote=REMOTE)
+            greedy = schedule(ps, machines).score
+            best_prefix = best_plan(ps, machines, "prefix").score
+            best_any = best_plan(ps, machines, "any").score
+            assert greedy <= best_prefix * (1 + 1e-9) and best_prefix <= best_any * (1 + 1e-9)
+            prefix.append(greedy / best_prefix)
+            free.append(greedy / best_any)
+    prefix, free = np.array(prefix), np.array(free)
+    assert prefix.min() >= 0.95, f"worst {prefix.min():.3f}"
+    assert prefix.mean() >= 0.98
+    assert np.mean(free >= 0.95) >= 0.90, f"{np.mean(free >= 0.95):.2f}"
+
+
+def _partitions(items):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in _partitions(rest):
+        yield [[first]] + part
+        for i in range(len(part)):
+            yield part[:i] + [[first] + part[i]] + part[i + 1:]
+
+
+def test_exhaustive_with_remote_matches_brute_force():
+    """Every subset, partition and machine split, idle machines allowed
+    (with remote > 0 one more machine can lower a group's m * U)."""
+    for seed in range(12):
+        ps = random_profiles(4, seed, dop=2, remote=(0.0, 2.0))
+        machines = 4
+        best = 0.0
+        for k in range(1, len(ps) + 1):
+            for sub in itertools.combinations(ps, k):
+                for part in _partitions(list(sub)):
+                    for alloc in itertools.product(range(1, machines + 1), repeat=len(part)):
+                        if sum(alloc) <= machines:
+                            best = max(best, sum(m * score(*group_util(g, m))
+                                                 for g, m in zip(part, alloc)) / machines)
+        assert best_plan(ps, machines).score == pytest.approx(best, rel=1e-9)
+    # a network-bound group whose remote COMM outweighs its COMP: m * U is
+    # lower on 2 machines than on 1
+    g = [Profile(x, 1.0, 1.0, 1, remote=4.0) for x in "abc"]
+    assert 2 * score(*group_util(g, 2)) < score(*group_util(g, 1))

@@ -1,8 +1,11 @@
 """The performance model (Eq 4.1-4.4) on hand-computed cases."""
 import pytest
 
+import numpy as np
+
 from harmony.sched.model import (CPU_WEIGHT, Profile, cluster_util, group_iter_time,
-                                 group_util, job_iter_time, score, t_cpu_at)
+                                 group_util, job_iter_time, score, t_cpu_at, t_net_at)
+from harmony.sched.synthetic import random_profiles
 
 
 def test_tcpu_scales_with_dop_and_tnet_does_not():
@@ -68,3 +71,77 @@ def test_profile_validation_and_master_record():
     p = Profile.from_record("j", {"t_cpu": 0.5, "t_net": 0.25, "t_iter": 0.8,
                                   "machines": 4, "samples": 3})
     assert p == Profile("j", 0.5, 0.25, 4)
+
+
+# ------------------------------------------------ Tnet at a DoP (remote > 0)
+def test_t_net_at_hand_cases():
+    # measured on 4 machines: 3/4 of R = 2 was remote, so base = 3 - 1.5 = 1.5
+    p = Profile("a", t_cpu=2.0, t_net=3.0, dop=4, remote=2.0)
+    assert p.net_base == 1.5
+    assert t_net_at(p, 1) == 1.5                      # one machine: all traffic local
+    assert t_net_at(p, 2) == 2.5                      # half of R is remote
+    assert t_net_at(p, 4) == 3.0                      # where it was measured
+    assert t_net_at(p, 8) == pytest.approx(1.5 + 2.0 * 7 / 8)
+    assert t_net_at(p, 1e9) == pytest.approx(3.5)     # large m: base + R
+    assert all(t_net_at(p, m) < t_net_at(p, m + 1) for m in range(1, 20))
+    # a job profiled on one machine shows only its base
+    q = Profile("q", 1.0, 0.25, 1, remote=4.0)
+    assert t_net_at(q, 1) == 0.25 and t_net_at(q, 2) == 2.25 and t_net_at(q, 4) == 3.25
+    # remote larger than the measured COMM allows: base clamps at 0
+    c = Profile("c", 1.0, 0.5, 2, remote=4.0)
+    assert c.net_base == 0.0 and t_net_at(c, 1) == 0.0 and t_net_at(c, 2) == 2.0
+
+
+def test_t_net_at_is_constant_without_remote():
+    p = Profile("a", 2.0, 1.3, 3)
+    assert p.remote == 0.0 and p.net_base == 1.3
+    assert [t_net_at(p, m) for m in (1, 2, 3, 7, 1000)] == [1.3] * 5
+
+
+def test_t_net_at_round_trip_at_the_measured_dop():
+    for p in random_profiles(200, 7, dop=3, remote=(0.0, 1.5)):
+        assert t_net_at(p, p.dop) == pytest.approx(p.t_net, rel=1e-12, abs=1e-12)
+        assert t_net_at(p, 1) == pytest.approx(p.net_base)
+    # exact where the arithmetic is exact
+    p = Profile("b", 1.0, 1.5, 2, remote=1.0)
+    assert t_net_at(p, 2) == 1.5 and t_net_at(p, 1) == 1.0
+
+
+def test_group_time_and_util_with_remote():
+    a = Profile("a", t_cpu=4.0, t_net=1.5, dop=2, remote=2.0)   # work 8, base 0.5
+    b = Profile("b", t_cpu=1.0, t_net=2.0, dop=1)                # constant COMM 2
+    g = [a, b]
+    # m = 1: COMP 8 + 1 = 9, COMM 0.5 + 2 = 2.5: CPU-bound
+    assert group_iter_time(g, 1) == 9.0
+    assert group_util(g, 1) == pytest.approx((1.0, 2.5 / 9))
+    # m = 2: COMP 4 + 0.5, COMM 1.5 + 2; job a alone takes 4 + 1.5: job-bound
+    assert job_iter_time(a, 2) == 5.5
+    assert group_iter_time(g, 2) == 5.5
+    assert group_util(g, 2) == pytest.approx((4.5 / 5.5, 3.5 / 5.5))
+    # m = 4: COMP 2 + 0.25, COMM (0.5 + 1.5) + 2 = 4: network-bound (the
+    # constant model would say COMM 3.5)
+    assert job_iter_time(a, 4) == 4.0
+    assert group_iter_time(g, 4) == 4.0
+    assert group_util(g, 4) == pytest.approx((2.25 / 4, 1.0))
+    const = [Profile("a", 4.0, 1.5, 2), b]
+    assert group_iter_time(const, 4) == 3.5
+    cpu, net = cluster_util([(g, 1), (g, 4)])
+    assert cpu == pytest.approx((1 * 1.0 + 4 * 2.25 / 4) / 5)
+    assert net == pytest.approx((1 * 2.5 / 9 + 4 * 1.0) / 5)
+
+
+def test_remote_profile_validation_and_record():
+    with pytest.raises(ValueError):
+        Profile("a", 1.0, 1.0, 1, remote=-0.5)
+    with pytest.raises(ValueError):
+        Profile("a", 1.0, 1.0, 1, remote=float("nan"))
+    p = Profile.from_record("j", {"t_cpu": 0.5, "t_net": 0.25, "machines": 2, "remote": 0.1})
+    assert p == Profile("j", 0.5, 0.25, 2, 0.1)
+    # seeds draw the same profiles with or without the remote option
+    plain, rem = random_profiles(20, 3), random_profiles(20, 3, remote=0.5)
+    ranged = random_profiles(20, 3, remote=(0.5, 1.0))
+    assert [(p.t_cpu, p.t_net) for p in plain] == [(p.t_cpu, p.t_net) for p in rem] == \
+        [(p.t_cpu, p.t_net) for p in ranged]
+    assert all(0.5 * p.t_net <= p.remote <= p.t_net for p in ranged)
+    assert all(p.remote == 0 for p in plain)
+    assert np.allclose([p.remote for p in rem], [0.5 * p.t_net for p in rem])

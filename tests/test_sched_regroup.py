@@ -3,7 +3,7 @@ master applies, and placement on machine names."""
 import pytest
 
 from harmony.sched.grouping import PlannedGroup
-from harmony.sched.model import Profile, score
+from harmony.sched.model import Profile, group_iter_time, score
 from harmony.sched.regroup import (TOLERANCE, Current, RunningGroup, on_arrival, on_completion,
                                    pick, place, regroup, regroup_candidates)
 from harmony.sched.synthetic import random_profiles
@@ -264,3 +264,33 @@ def test_change_accounts_for_every_running_job():
         assert len({g.id for g in ch.groups}) == len(ch.groups)
         used = [m for g in ch.groups for m in g.machines]
         assert len(used) == len(set(used)) and set(used) <= set(machines)
+
+
+# ------------------------------------------------ Tnet at a DoP (remote > 0)
+def test_replacement_similarity_is_judged_at_the_groups_dop():
+    # f (measured on its group's 2 machines): COMP 2 + COMM 1 there.
+    # w was profiled on one machine (COMM 0.5, all local) with R = 1: on 2
+    # machines COMM is 0.5 + 1/2 = 1, exactly f's; the constant model would
+    # see 2 + 0.5 (17% shorter) and not replace.
+    w = Profile("w", 4.0, 0.5, 1, remote=1.0)
+    cur, profiles = two_groups(w=w)
+    ch = on_completion(cur, "f", ["w"], profiles)
+    assert ch.reason == "replace" and ch.start == {"w": "g1"}
+    cur, profiles = two_groups(w=Profile("w", 4.0, 0.5, 1))
+    assert on_completion(cur, "f", ["w"], profiles).reason != "replace"
+    # the reverse: like f under the constant model (2 + 1), but on 2
+    # machines its COMM is 1 + 1/2: 17% longer
+    cur, profiles = two_groups(v=Profile("v", 4.0, 1.0, 1, remote=1.0))
+    assert on_completion(cur, "f", ["v"], profiles).reason != "replace"
+    cur, profiles = two_groups(v=Profile("v", 4.0, 1.0, 1))
+    assert on_completion(cur, "f", ["v"], profiles).reason == "replace"
+
+
+def test_change_predictions_use_comm_at_each_groups_dop():
+    profiles = {p.id: p for p in random_profiles(10, 5, dop=2, remote=(0.5, 1.0))}
+    machines = tuple(f"m{i}" for i in range(8))
+    ch = regroup(Current((), machines), list(profiles), profiles)
+    assert ch.groups and sorted(m for g in ch.groups for m in g.machines) == sorted(machines)
+    for g in ch.groups:
+        assert ch.predicted[g.id] == pytest.approx(
+            group_iter_time([profiles[j] for j in g.jobs], len(g.machines)))

@@ -8,16 +8,22 @@ split of all machines among the groups (each group at least one machine).
 Because U (``model.score`` of Eq 4.4 over all M machines) is a sum over
 groups of m_g * score(U(g)) / M, the search is a dynamic program over
 subsets of jobs and machine counts, O(3^n * M^2): fine up to about 8 jobs
-and 10 machines. Handing a group more machines never lowers its
-m_g * U(g), so plans that leave machines idle are never better and are not
-enumerated.
+and 10 machines. With constant Tnet (every ``remote`` 0, the paper's model)
+handing a group more machines never lowers its m_g * U(g), so plans that
+leave machines idle are never better and are not enumerated. With remote >
+0 COMM grows with m (``model.t_net_at``) and one more machine can lower
+m_g * U(g); then a group on m machines may also use fewer and leave the rest
+idle (at 0% in U), taken only when strictly better, so the result is the
+optimum over all plans, idle machines included (``schedule`` always uses
+every machine, so this can only be as good or better than it).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from harmony.sched.grouping import Plan, PlannedGroup
-from harmony.sched.model import Profile, group_iter_time, group_util, score
+from harmony.sched.model import (Profile, group_iter_time, group_util, score, t_cpu_at,
+                                 t_net_at)
 
 MAX_JOBS = 12
 
@@ -40,9 +46,26 @@ def best_plan(profiles: Sequence[Profile], machines: int, run: str = "any") -> P
     # f[s][m]: m * score(U(group s on m machines)), for m = 1..M
     members = [[profiles[i] for i in range(n) if s >> i & 1] for s in range(full + 1)]
     f = [[neg] * (machines + 1) for _ in range(full + 1)]
+    # with remote > 0: fu[s][m], the machines group s really uses (<= m)
+    idle_ok = any(p.remote > 0 for p in profiles)
+    fu = [list(range(machines + 1)) for _ in range(full + 1)]
+    idx = [[i for i in range(n) if s >> i & 1] for s in range(full + 1)]
+    for m in range(1, machines + 1):
+        # group_util (Eq 4.1, 4.3) with each job's times at m computed once
+        tc = [t_cpu_at(p, m) for p in profiles]
+        tn = [t_net_at(p, m) for p in profiles]
+        for s in range(1, full + 1):
+            cpu = net = top = 0.0
+            for i in idx[s]:
+                cpu += tc[i]
+                net += tn[i]
+                top = max(top, tc[i] + tn[i])
+            t = max(cpu, net, top)
+            f[s][m] = m * score(cpu / t, net / t) if t > 0 else 0.0
     for s in range(1, full + 1):
         for m in range(1, machines + 1):
-            f[s][m] = m * score(*group_util(members[s], m))
+            if idle_ok and m > 1 and f[s][m - 1] > f[s][m] * (1 + 1e-12):
+                f[s][m], fu[s][m] = f[s][m - 1], fu[s][m - 1]
     # best[s][m]: best sum over partitions of s into groups using exactly m machines
     best = [[neg] * (machines + 1) for _ in range(full + 1)]
     choice: list[list[tuple[int, int] | None]] = [[None] * (machines + 1)
@@ -78,7 +101,8 @@ def best_plan(profiles: Sequence[Profile], machines: int, run: str = "any") -> P
         assert c is not None
         g, mg = c
         ps = members[g]
-        groups.append(PlannedGroup(tuple(p.id for p in ps), mg, group_iter_time(ps, mg)))
+        use = fu[g][mg]
+        groups.append(PlannedGroup(tuple(p.id for p in ps), use, group_iter_time(ps, use)))
         s, m = s ^ g, m - mg
     cpu = sum(g.machines * group_util(members_of(profiles, g.jobs), g.machines)[0]
               for g in groups) / machines

@@ -5,8 +5,17 @@ order, while the cluster utilization U improves; for each candidate set it
 picks the number of groups that balances CPU and network at equal DoP,
 assigns jobs to groups (``assign_jobs``, Algorithm 2) and sizes the groups
 (``allocate_machines``). The internals work on numpy arrays of
-(work = Tcpu * c_g, Tnet) so that thousands of jobs schedule in well under a
-second; the public helpers take and return ``Profile`` objects.
+(work = Tcpu * c_g, base, remote) so that thousands of jobs schedule in well
+under a second; the public helpers take and return ``Profile`` objects.
+
+Decision (a deviation from the paper, see ``model``): a job's COMM time on m
+machines is Tnet(m) = base + remote * (1 - 1/m), not a constant, because the
+traffic to a machine's own server shard does not cross the network. Every
+step below judges COMM at the DoP it assumes or allocates: Algorithm 1's n_G
+at DoP M / n_G, Algorithm 2 at that DoP, the machine allocation at each
+group's current m, the refinements at the split they evaluate. ``remote`` is
+None throughout when every job has remote = 0 (the paper's model, and the
+fast paths: results are then exactly those of the constant-Tnet code).
 """
 from __future__ import annotations
 
@@ -24,8 +33,10 @@ _EPS = 1e-12
 _ALL_N_GROUPS = 8       # try every n_G up to this many
 _REFINE_MAX_JOBS = 16   # model fine-tuning for job sets of at most this many jobs
 _REFINE_MAX_GROUPS = 8  # ... in at most this many groups (it visits every pair)
-_REFINE_TOP = 3         # ... on the three best n_G values per job set
+_REFINE_TOP = 3         # ... on the three best n_G values per job set (remote > 0: all)
 _REFINE_SKIP = 0.01     # ... leaving pairs of groups already within 1% of full U
+_ALL_SPLITS = 8         # remote > 0: every machine split of pairs on up to 8 machines
+_RESHAPE_ROUNDS = 3     # remote > 0: rounds of re-splits, merges and splits (_reshape)
 _EXHAUSTIVE_PAIR = 8    # every split of two groups up to this many jobs, else moves/swaps
 _FEWER_JOBS = 5e-3      # the smallest job set within this fraction of the best U wins
 
@@ -55,23 +66,43 @@ class Plan:
 
 
 # ---------------------------------------------------------------- internals
-def _arrays(profiles: Sequence[Profile]) -> tuple[np.ndarray, np.ndarray]:
-    work = np.fromiter((p.t_cpu * p.dop for p in profiles), float, len(profiles))
-    net = np.fromiter((p.t_net for p in profiles), float, len(profiles))
-    return work, net
+def _arrays(profiles: Sequence[Profile]
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(work, base, remote) per job: Tcpu * c_g, Tnet(1) and R (``model``);
+    remote is None when every job's R is 0 (then base is Tnet)."""
+    n = len(profiles)
+    work = np.fromiter((p.t_cpu * p.dop for p in profiles), float, n)
+    base = np.fromiter((p.net_base for p in profiles), float, n)
+    if not any(p.remote > 0 for p in profiles):
+        return work, base, None
+    return work, base, np.fromiter((p.remote for p in profiles), float, n)
 
 
-def _n_groups(work: np.ndarray, net: np.ndarray, machines: int) -> int:
+def _net(base: np.ndarray, remote: np.ndarray | None, m) -> np.ndarray:
+    """Tnet at DoP ``m`` (a number or an array broadcasting against base):
+    base + remote * (1 - 1/m)."""
+    if remote is None:
+        return base
+    return base + remote * (1.0 - 1.0 / np.asarray(m, dtype=float))
+
+
+def _n_groups(work: np.ndarray, base: np.ndarray, remote: np.ndarray | None,
+              machines: int) -> int:
     """Algorithm 1 L6: argmin over n_G in [1, min(|J|, M)] of
-    sum_j |Tcpu_j(n_G) - Tnet_j|, where equal DoP M / n_G makes
-    Tcpu_j(n_G) = work_j * n_G / M. The sum is convex in n_G, so a binary
-    search on its forward difference finds the minimum. Ties go to the larger
-    n_G (fewer jobs per group)."""
+    sum_j |Tcpu_j(n_G) - Tnet_j(n_G)|, where equal DoP M / n_G makes
+    Tcpu_j(n_G) = work_j * n_G / M and Tnet_j(n_G) = base_j + remote_j *
+    (1 - n_G / M). Each term is |a_j * n_G - b_j| with a_j = (work_j +
+    remote_j) / M and b_j = base_j + remote_j, so the sum is convex in n_G
+    and a binary search on its forward difference finds the minimum. Ties go
+    to the larger n_G (fewer jobs per group)."""
     hi = min(len(work), machines)
-    a = work / machines
+    if remote is None:
+        a, b = work / machines, base
+    else:
+        a, b = (work + remote) / machines, base + remote
 
     def f(x: int) -> float:
-        return float(np.abs(a * x - net).sum())
+        return float(np.abs(a * x - b).sum())
 
     lo = 1   # invariant: f(lo) <= f(lo - 1) (true for lo = 1); answer in [lo, hi]
     while lo < hi:
@@ -86,7 +117,8 @@ def _n_groups(work: np.ndarray, net: np.ndarray, machines: int) -> int:
 
 def _assign(work: np.ndarray, net: np.ndarray, n_groups: int, dop: float,
             max_swaps: int | None = None) -> list[list[int]]:
-    """Algorithm 2 on arrays; returns lists of job indices, one per group."""
+    """Algorithm 2 on arrays; returns lists of job indices, one per group.
+    ``net`` is each job's Tnet at the assumed DoP ``dop`` (``_net``)."""
     n = len(work)
     if not 1 <= n_groups <= n:
         raise ValueError(f"cannot make {n_groups} non-empty groups of {n} jobs")
@@ -234,18 +266,24 @@ def _fine_tune(groups: list[list[int]], s_diff: np.ndarray, tdiff: np.ndarray,
         s_diff[v] += d
 
 
-def _allocate(work_sum: np.ndarray, net_sum: np.ndarray, machines: int) -> np.ndarray:
+def _allocate(work_sum: np.ndarray, net_sum: np.ndarray, machines: int,
+              remote_sum: np.ndarray | None = None) -> np.ndarray:
     """One machine per group, then one more at a time to the most
-    computation-bound group, i.e. the largest sum Tcpu(m_g) / sum Tnet =
-    (work_g / net_g) / m_g. Handing out machines one at a time by the
-    largest w_g / m_g is D'Hondt apportionment of the extra machines with
-    weights w_g = work_g / net_g, computed here in closed form (bisection on
-    the divisor) instead of a loop over ten thousand machines."""
+    computation-bound group, i.e. the largest sum Tcpu(m_g) / sum Tnet(m_g)
+    at the group's current m_g. With constant Tnet (``remote_sum`` None or
+    all 0; ``net_sum`` is then sum Tnet) that is (work_g / net_g) / m_g, and
+    handing out machines one at a time by the largest w_g / m_g is D'Hondt
+    apportionment of the extra machines with weights w_g = work_g / net_g,
+    computed here in closed form (bisection on the divisor) instead of a
+    loop over ten thousand machines. Otherwise ``net_sum`` is the groups'
+    summed base and ``_allocate_remote`` does the same with Tnet(m)."""
     n_g = len(work_sum)
     if n_g > machines:
         raise ValueError(f"{n_g} groups need at least {n_g} machines, have {machines}")
     if n_g == 0:
         return np.zeros(0, dtype=np.int64)
+    if remote_sum is not None and (remote_sum > 0).any() and (work_sum > 0).any():
+        return _allocate_remote(work_sum, net_sum, remote_sum, machines)
     w = work_sum / np.maximum(net_sum, 1e-12 * np.maximum(work_sum, 1e-300))
     if not (w > 0).any():
         w = np.ones(n_g)    # no COMP at all: spread the machines evenly
@@ -274,9 +312,65 @@ def _allocate(work_sum: np.ndarray, net_sum: np.ndarray, machines: int) -> np.nd
     return m + k
 
 
-def _evaluate(work: np.ndarray, net: np.ndarray, groups: list[list[int]],
-              alloc: np.ndarray, machines: int) -> tuple[np.ndarray, float, float]:
-    """Eq 4.1 per group at its allocated DoP, and Eq 4.3-4.4 over ``machines``."""
+def _allocate_remote(work: np.ndarray, base: np.ndarray, remote: np.ndarray,
+                     machines: int) -> np.ndarray:
+    """``_allocate`` with Tnet_g(m) = base_g + remote_g * (1 - 1/m): the
+    next machine goes to the largest (work_g / m) / Tnet_g(m) at the current
+    m = k + 1 (k extra machines held), i.e. work_g / (b_g + k * s_g) with
+    b_g = base_g, s_g = base_g + remote_g. That is decreasing in k, so one
+    machine at a time is the same as taking the ``extra`` largest of all
+    these priorities, and the closed form survives as a divisor method with
+    group-specific steps: at threshold d group g holds the extras of
+    priority >= d, floor((work_g / d - b_g) / s_g) + 1 of them (0 when
+    work_g / d < b_g); bisection on d, ties by priority then group order.
+
+    Decision: "the most computation-bound" is judged with Tnet at the
+    group's current m, so a group whose COMM grows with m (remote > 0)
+    stops taking machines sooner than the paper's constant-Tnet rule would
+    have it. A group with no COMM at one machine (base 0) gets the weight
+    the constant case gives a group without COMM (base floored at 1e-12 of
+    its work)."""
+    n_g = len(work)
+    extra = machines - n_g
+    if extra <= 0:
+        return np.ones(n_g, dtype=np.int64)
+    b = np.maximum(base, 1e-12 * np.maximum(work, 1e-300))
+    s = b + remote
+
+    def count(d: float) -> np.ndarray:
+        x = (work / d - b) / s
+        return np.where(x >= 0, np.floor(x) + 1, 0.0).astype(np.int64)
+
+    lo, hi = float((work / s).sum()) / (extra + n_g + 1), float((work / b).max()) * (1 + 1e-9)
+    c_lo, c_hi = count(lo), count(hi)       # c_lo.sum() > extra >= c_hi.sum() == 0
+    for _ in range(200):                    # until few extras lie in [lo, hi)
+        if int(c_lo.sum() - c_hi.sum()) <= 2 * n_g + 16 or hi - lo <= 1e-12 * hi:
+            break
+        mid = np.sqrt(lo * hi)
+        c = count(mid)
+        if c.sum() > extra:
+            lo, c_lo = mid, c
+        else:
+            hi, c_hi = mid, c
+    # the extras between: by priority, then group order (one at a time would
+    # take them in that order; a group's own priorities strictly decrease)
+    k = c_hi
+    left = extra - int(k.sum())
+    if left > 0:
+        span = np.maximum(c_lo - c_hi, 0)
+        g = np.repeat(np.arange(n_g), span)
+        kk = np.repeat(c_hi, span) + (np.arange(len(g)) - np.repeat(np.cumsum(span) - span, span))
+        pri = work[g] / (b[g] + kk * s[g])
+        take = g[np.lexsort((g, -pri))[:left]]
+        k = k + np.bincount(take, minlength=n_g)
+    return 1 + k
+
+
+def _evaluate(work: np.ndarray, base: np.ndarray, remote: np.ndarray | None,
+              groups: list[list[int]], alloc: np.ndarray, machines: int
+              ) -> tuple[np.ndarray, float, float]:
+    """Eq 4.1 per group at its allocated DoP, and Eq 4.3-4.4 over
+    ``machines``, with each job's Tnet at its group's DoP."""
     label = np.empty(len(work), dtype=np.int64)
     idx = np.empty(len(work), dtype=np.int64)
     pos = 0
@@ -288,10 +382,11 @@ def _evaluate(work: np.ndarray, net: np.ndarray, groups: list[list[int]],
     n_g = len(groups)
     m = alloc.astype(float)
     tcpu = work[idx] / m[label]
+    jnet = base[idx] if remote is None else _net(base[idx], remote[idx], m[label])
     cpu = np.bincount(label, tcpu, n_g)
-    nets = np.bincount(label, net[idx], n_g)
+    nets = np.bincount(label, jnet, n_g)
     top = np.zeros(n_g)
-    np.maximum.at(top, label, tcpu + net[idx])
+    np.maximum.at(top, label, tcpu + jnet)
     t = np.maximum(np.maximum(cpu, nets), top)
     safe = np.where(t > 0, t, 1.0)
     u_cpu = float((m * cpu / safe).sum() / machines)
@@ -299,11 +394,13 @@ def _evaluate(work: np.ndarray, net: np.ndarray, groups: list[list[int]],
     return t, u_cpu, u_net
 
 
-def _group_value(w: np.ndarray, n: np.ndarray, m: float) -> float:
-    """m_g * score(U(g)) for one group (jobs' work ``w``, net ``n``) on m
-    machines; U is the sum of these over groups, divided by M."""
+def _group_value(w: np.ndarray, nb: np.ndarray, nr: np.ndarray | None, m: float) -> float:
+    """m_g * score(U(g)) for one group (jobs' work ``w``, base ``nb``,
+    remote ``nr``) on m machines; U is the sum of these over groups,
+    divided by M."""
     if len(w) == 0:
         return 0.0
+    n = _net(nb, nr, m)
     cpu, net = float(w.sum()) / m, float(n.sum())
     t = max(cpu, net, float((w / m + n).max()))
     if t <= 0:
@@ -339,23 +436,41 @@ def _pair_rows(a: int, b: int) -> np.ndarray:
     return np.array(rows)
 
 
-def _best_split(rows: np.ndarray, w: np.ndarray, n: np.ndarray, mt: int, m_now: int
-                ) -> tuple[float, int, int]:
+def _best_split(rows: np.ndarray, w: np.ndarray, n: np.ndarray, nr: np.ndarray | None,
+                mt: int, m_now: int) -> tuple[float, int, int]:
     """Best (value, row, machines of A) over candidate splits ``rows`` of a
-    job set sharing ``mt`` machines. Machine splits tried per row: the
-    balance points of A (work_A / net_A, where COMP = COMM) and of B, their
-    proportional split, and the current one."""
+    job set sharing ``mt`` machines; ``n`` holds the jobs' base and ``nr``
+    their remote (None: constant Tnet = n). Machine splits tried per row:
+    the balance points of A (where COMP = COMM: work_A / m = base_A +
+    remote_A * (1 - 1/m), m = (work_A + remote_A) / (base_A + remote_A);
+    work_A / net_A for constant Tnet) and of B, their proportional split,
+    and the current one. Each split is evaluated with Tnet at its DoP; with
+    remote and at most _ALL_SPLITS machines, every split is tried."""
     wa, na = rows @ w, rows @ n
     wb, nb = w.sum() - wa, n.sum() - na
-    ra = wa / np.maximum(na, 1e-12)
-    rb = wb / np.maximum(nb, 1e-12)
+    if nr is not None and mt <= _ALL_SPLITS:
+        return _best_split_all(rows, w, n, nr, mt, wa, na, wb, nb)
+    if nr is None:
+        ra = wa / np.maximum(na, 1e-12)
+        rb = wb / np.maximum(nb, 1e-12)
+    else:
+        qa = rows @ nr
+        qb = nr.sum() - qa
+        ra = (wa + qa) / np.maximum(na + qa, 1e-12)
+        rb = (wb + qb) / np.maximum(nb + qb, 1e-12)
     prop = mt * ra / np.maximum(ra + rb, 1e-12)
     ma = np.clip(np.stack([np.floor(ra), np.ceil(ra), mt - np.floor(rb), mt - np.ceil(rb),
                            np.floor(prop), np.ceil(prop), np.full_like(ra, m_now)]),
                  1, mt - 1)                          # (splits, rows)
     mb = mt - ma
-    ja = np.where(rows, w / ma[:, :, None] + n, 0.0).max(2)
-    jb = np.where(rows, 0.0, w / mb[:, :, None] + n).max(2)
+    if nr is None:
+        ja = np.where(rows, w / ma[:, :, None] + n, 0.0).max(2)
+        jb = np.where(rows, 0.0, w / mb[:, :, None] + n).max(2)
+    else:      # Tnet at each side's DoP, per job and summed
+        fa, fb = 1.0 - 1.0 / ma, 1.0 - 1.0 / mb
+        ja = np.where(rows, w / ma[:, :, None] + n + nr * fa[:, :, None], 0.0).max(2)
+        jb = np.where(rows, 0.0, w / mb[:, :, None] + n + nr * fb[:, :, None]).max(2)
+        na, nb = na + qa * fa, nb + qb * fb
     ca, cb = wa / ma, wb / mb
     ta = np.maximum(np.maximum(ca, na), ja)
     tb = np.maximum(np.maximum(cb, nb), jb)
@@ -366,8 +481,34 @@ def _best_split(rows: np.ndarray, w: np.ndarray, n: np.ndarray, mt: int, m_now: 
     return float(v[c, i]), int(i), int(ma[c, i])
 
 
-def _refine(work: np.ndarray, net: np.ndarray, groups: list[list[int]], alloc: np.ndarray,
-            machines: int, rounds: int = 2) -> np.ndarray:
+def _best_split_all(rows: np.ndarray, w: np.ndarray, n: np.ndarray, nr: np.ndarray, mt: int,
+                    wa: np.ndarray, na: np.ndarray, wb: np.ndarray, nb: np.ndarray
+                    ) -> tuple[float, int, int]:
+    """``_best_split`` with remote COMM trying every machine split 1..mt-1
+    (the same for every row, so per-job times are computed once per split)."""
+    ma = np.arange(1, mt, dtype=float)[:, None]          # (splits, 1)
+    mb = mt - ma
+    fa, fb = 1.0 - 1.0 / ma, 1.0 - 1.0 / mb
+    qa = rows @ nr
+    qb = nr.sum() - qa
+    ta_job = (w / ma + n + nr * fa)[:, None, :]         # (splits, 1, jobs)
+    tb_job = (w / mb + n + nr * fb)[:, None, :]
+    ja = np.where(rows, ta_job, 0.0).max(2)              # (splits, rows)
+    jb = np.where(rows, 0.0, tb_job).max(2)
+    ca, cb = wa / ma, wb / mb
+    na, nb = na + qa * fa, nb + qb * fb
+    ta = np.maximum(np.maximum(ca, na), ja)
+    tb = np.maximum(np.maximum(cb, nb), jb)
+    va = (CPU_WEIGHT * ca + (1 - CPU_WEIGHT) * na) * ma / np.where(ta > 0, ta, 1.0)
+    vb = (CPU_WEIGHT * cb + (1 - CPU_WEIGHT) * nb) * mb / np.where(tb > 0, tb, 1.0)
+    v = va + vb
+    c, i = np.unravel_index(int(np.argmax(v)), v.shape)
+    return float(v[c, i]), int(i), int(ma[c, 0])
+
+
+def _refine(work: np.ndarray, base: np.ndarray, remote: np.ndarray | None,
+            groups: list[list[int]], alloc: np.ndarray, machines: int, rounds: int = 2
+            ) -> np.ndarray:
     """Fine-tuning on the model itself (an extension; see ``schedule``): for
     every pair of groups, re-split their jobs and their machines the way that
     maximizes the pair's share of U (every split for small pairs, single
@@ -387,13 +528,17 @@ def _refine(work: np.ndarray, net: np.ndarray, groups: list[list[int]], alloc: n
                 if mt < 2 or seen.get((a, b)) == (version[a], version[b]):
                     continue
                 seen[(a, b)] = (version[a], version[b])
-                now = _group_value(work[groups[a]], net[groups[a]], alloc[a]) + \
-                    _group_value(work[groups[b]], net[groups[b]], alloc[b])
+                ga, gb = groups[a], groups[b]
+                now = _group_value(work[ga], base[ga], None if remote is None else remote[ga],
+                                   alloc[a]) + \
+                    _group_value(work[gb], base[gb], None if remote is None else remote[gb],
+                                 alloc[b])
                 if now >= mt * (1 - _REFINE_SKIP):
                     continue       # both groups (nearly) at 100%: little to gain
                 u = np.array(groups[a] + groups[b])
                 rows = _pair_rows(len(groups[a]), len(groups[b]))
-                v, i, ma = _best_split(rows, work[u], net[u], mt, int(alloc[a]))
+                v, i, ma = _best_split(rows, work[u], base[u],
+                                       None if remote is None else remote[u], mt, int(alloc[a]))
                 if v > now + 1e-4 * machines:
                     groups[a], groups[b] = u[rows[i]].tolist(), u[~rows[i]].tolist()
                     alloc[a], alloc[b] = ma, mt - ma
@@ -406,39 +551,153 @@ def _refine(work: np.ndarray, net: np.ndarray, groups: list[list[int]], alloc: n
     return alloc
 
 
-def _score_bound(work: np.ndarray, net: np.ndarray, machines: int) -> float:
+def _reshape(work: np.ndarray, base: np.ndarray, remote: np.ndarray | None,
+             groups: list[list[int]], alloc: np.ndarray, machines: int,
+             memo: dict | None = None, rounds: int = _RESHAPE_ROUNDS) -> np.ndarray:
+    """``_refine`` with moves that change the number of groups, used when
+    jobs have remote > 0. Each round: (1) every pair of groups is re-split
+    (jobs and machines) as in ``_refine``; (2) every pair is merged into one
+    group on their machines; (3) every group of at least two jobs and two
+    machines is split into two sharing its machines (every split of up to
+    _EXHAUSTIVE_PAIR jobs, else each job on its own); each move is made
+    where it raises the pair's (or group's) share of U by more than 0.01% of
+    M. Rounds stop when one changes nothing, or after ``rounds``. Groups
+    (nearly) at full utilization are left alone, as in ``_refine``; the
+    outcome of each look at a pair or group is kept in ``memo`` (keyed by
+    job indices and machines: valid for every call on prefixes of the same
+    job arrays and the same M), so a configuration another candidate
+    already went through costs nothing. Updates ``groups`` in place (it may
+    grow or shrink); returns the allocation.
+
+    Decision: with COMM growing with DoP, a group on few machines pays
+    little remote COMM, so good plans often hold small groups (or a few
+    jobs together on one machine) that Algorithm 1's equal-DoP choice of
+    n_G misses, and pair re-splits alone keep n_G and stall short of them.
+    On the random instances of tests/test_sched_grouping.py (R = 0.5-1 x
+    Tnet, 160 instances of 5-8 jobs) the worst plan was 0.93 of the prefix
+    optimum with ``_refine`` on the three best n_G, 0.945 with ``_refine``
+    on every n_G, and 0.996 with these moves on every n_G (``schedule``)."""
+    alloc_l = [int(x) for x in alloc]
+    memo = {} if memo is None else memo
+
+    def sub(idx) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        return work[idx], base[idx], None if remote is None else remote[idx]
+
+    def value(g: list[int], m: int) -> float:
+        key = (tuple(g), m)
+        v = memo.get(key)
+        if v is None:
+            v = memo[key] = _group_value(*sub(g), m)
+        return v
+
+    def resplit(ga: list[int], ma_now: int, gb: list[int], mt: int, now: float
+                ) -> tuple[list[int], list[int], int] | None:
+        """The best re-split of ga + gb on mt machines if it gains, else None
+        (gb empty: the best split of ga in two)."""
+        key = ("split", tuple(ga), ma_now, tuple(gb), mt)
+        if key not in memo:
+            u = np.array(ga + gb)
+            n = len(u)
+            if gb:
+                rows = _pair_rows(len(ga), len(gb))
+            else:
+                rows = _pair_rows(n - 1, 1) if n <= _EXHAUSTIVE_PAIR else \
+                    ~np.eye(n, dtype=bool)
+            v, i, ma = _best_split(rows, *sub(u), mt, ma_now)
+            memo[key] = (u[rows[i]].tolist(), u[~rows[i]].tolist(), ma) \
+                if v > now + 1e-4 * machines else None
+        return memo[key]
+
+    for _ in range(rounds):
+        changed = False
+        for a in range(len(groups)):                     # (1) pair re-splits
+            for b in range(a + 1, len(groups)):
+                ga, gb, mt = groups[a], groups[b], alloc_l[a] + alloc_l[b]
+                now = value(ga, alloc_l[a]) + value(gb, alloc_l[b])
+                if now >= mt * (1 - _REFINE_SKIP):
+                    continue
+                hit = resplit(ga, alloc_l[a], gb, mt, now)
+                if hit is not None:
+                    groups[a], groups[b], alloc_l[a] = hit
+                    alloc_l[b] = mt - alloc_l[a]
+                    changed = True
+        a = 0
+        while a < len(groups):                           # (2) merges
+            b = a + 1
+            while b < len(groups):
+                ga, gb, mt = groups[a], groups[b], alloc_l[a] + alloc_l[b]
+                now = value(ga, alloc_l[a]) + value(gb, alloc_l[b])
+                if now < mt * (1 - _REFINE_SKIP) and \
+                        value(ga + gb, mt) > now + 1e-4 * machines:
+                    groups[a], alloc_l[a] = ga + gb, mt
+                    del groups[b], alloc_l[b]
+                    changed = True
+                    continue
+                b += 1
+            a += 1
+        for gi in range(len(groups)):                    # (3) splits, new groups last
+            g, mg = groups[gi], alloc_l[gi]
+            if len(g) < 2 or mg < 2:
+                continue
+            now = value(g, mg)
+            if now >= mg * (1 - _REFINE_SKIP):
+                continue
+            hit = resplit(g, mg // 2, [], mg, now)
+            if hit is not None:
+                groups[gi], new, alloc_l[gi] = hit
+                groups.append(new)
+                alloc_l.append(mg - alloc_l[gi])
+                changed = True
+        if not changed:
+            break
+    return np.array(alloc_l, dtype=np.int64)
+
+
+def _score_bound(work: np.ndarray, base: np.ndarray, machines: int) -> float:
     """An upper bound of U for these jobs on ``machines``: m_g * Ucpu(g) <=
-    work_g / net_g, and merging jobs never raises work / net above the sum of
-    the jobs' own ratios, so Ucpu <= min(1, sum_j work_j / net_j / M);
-    Unet <= 1."""
-    ratio = float((work / np.maximum(net, 1e-300)).sum())
+    work_g / net_g(m_g) (Tg_itr >= sum Tnet), and merging jobs never raises
+    work / net above the sum of the jobs' own ratios, so Ucpu <= min(1,
+    sum_j work_j / net_j / M); Unet <= 1. With remote > 0 Tnet_j(m) >=
+    base_j = Tnet_j(1) for every m, so the bound takes the base: still a
+    valid upper bound (a job with base 0 makes it the trivial bound 1)."""
+    ratio = float((work / np.maximum(base, 1e-300)).sum())
     return score(min(1.0, ratio / machines), 1.0)
 
 
-def _candidate_n_groups(work: np.ndarray, net: np.ndarray, machines: int) -> list[int]:
+def _candidate_n_groups(work: np.ndarray, base: np.ndarray, remote: np.ndarray | None,
+                        machines: int) -> list[int]:
     """n_G values to try for one job set, largest first: all of them when
     there are at most _ALL_N_GROUPS, else L6's n*_G and the aggregate balance
     point round(M * sum Tnet / sum work), where the groups' summed COMP and
-    COMM match at equal DoP. (L6 alone lands at U 0.73 on 800 jobs / 1,000
-    machines, with the balance point 0.99; adding n*_G +- 1 or the floor and
-    ceiling of the balance point changed U by < 0.1% at twice the time.)"""
+    COMM match at equal DoP (with remote: sum work * n / M = sum base +
+    sum remote * (1 - n / M), n = M * (sum base + sum remote) / (sum work +
+    sum remote)). (L6 alone lands at U 0.73 on 800 jobs / 1,000 machines,
+    with the balance point 0.99; adding n*_G +- 1 or the floor and ceiling
+    of the balance point changed U by < 0.1% at twice the time.)"""
     hi = min(len(work), machines)
     if hi <= _ALL_N_GROUPS:
         return list(range(hi, 0, -1))
-    agg = machines * float(net.sum()) / max(float(work.sum()), 1e-300)
+    if remote is None:
+        agg = machines * float(base.sum()) / max(float(work.sum()), 1e-300)
+    else:
+        r = float(remote.sum())
+        agg = machines * (float(base.sum()) + r) / max(float(work.sum()) + r, 1e-300)
     agg_n = int(min(max(round(agg), 1), hi))
-    return sorted({_n_groups(work, net, machines), agg_n}, reverse=True)
+    return sorted({_n_groups(work, base, remote, machines), agg_n}, reverse=True)
 
 
-def _plan_for(work: np.ndarray, net: np.ndarray, machines: int, n_g: int
-              ) -> tuple[float, list[list[int]], np.ndarray]:
-    """Algorithm 1 L7-9 for one job set and n_G: (score, groups, allocation)."""
-    groups = _assign(work, net, n_g, machines / n_g)
+def _plan_for(work: np.ndarray, base: np.ndarray, remote: np.ndarray | None, machines: int,
+              n_g: int) -> tuple[float, list[list[int]], np.ndarray]:
+    """Algorithm 1 L7-9 for one job set and n_G: (score, groups, allocation).
+    Algorithm 2 sees each job's Tnet at the equal DoP M / n_G."""
+    dop = machines / n_g
+    groups = _assign(work, _net(base, remote, dop), n_g, dop)
     label = np.empty(len(work), dtype=np.int64)
     for gi, g in enumerate(groups):
         label[g] = gi
-    alloc = _allocate(np.bincount(label, work, n_g), np.bincount(label, net, n_g), machines)
-    _, u_cpu, u_net = _evaluate(work, net, groups, alloc, machines)
+    alloc = _allocate(np.bincount(label, work, n_g), np.bincount(label, base, n_g), machines,
+                      None if remote is None else np.bincount(label, remote, n_g))
+    _, u_cpu, u_net = _evaluate(work, base, remote, groups, alloc, machines)
     return score(u_cpu, u_net), groups, alloc
 
 
@@ -451,34 +710,40 @@ def assign_jobs(profiles: Sequence[Profile], n_groups: int, dop: float,
     are filled largest-first with jobs of the opposite resource bias, the
     rest go where they balance best without making a group job-bound, then
     pairs of jobs are swapped between the most imbalanced group and its most
-    complementary one while that helps both."""
-    work, net = _arrays(profiles)
-    return [[profiles[j] for j in g] for g in _assign(work, net, n_groups, dop, max_swaps)]
+    complementary one while that helps both. Tnet is each job's at ``dop``
+    (``model.t_net_at``)."""
+    work, base, remote = _arrays(profiles)
+    return [[profiles[j] for j in g]
+            for g in _assign(work, _net(base, remote, dop), n_groups, dop, max_swaps)]
 
 
 def choose_n_groups(profiles: Sequence[Profile], machines: int) -> int:
     """Algorithm 1 L6: the number of groups n_G in [1, min(|J|, M)] that
-    minimizes sum_j |Tcpu_j(n_G) - Tnet_j| at equal DoP M / n_G (ties: the
-    larger n_G)."""
+    minimizes sum_j |Tcpu_j(n_G) - Tnet_j(n_G)| at equal DoP M / n_G (ties:
+    the larger n_G); Tnet_j(n_G) is ``model.t_net_at`` at that DoP."""
     if not profiles or machines < 1:
         raise ValueError("need at least one job and one machine")
-    work, net = _arrays(profiles)
-    return _n_groups(work, net, machines)
+    work, base, remote = _arrays(profiles)
+    return _n_groups(work, base, remote, machines)
 
 
 def allocate_machines(groups: Sequence[Sequence[Profile]], machines: int) -> list[int]:
     """Machines per group: one each, then one at a time to the group whose
-    sum Tcpu(m_g) / sum Tnet is largest (the most computation-bound), until
-    all ``machines`` are handed out (idle machines never raise U).
+    sum Tcpu(m_g) / sum Tnet(m_g) at its current m_g is largest (the most
+    computation-bound), until all ``machines`` are handed out.
 
     Decision: the paper gives one machine at a time to "the most
     computation-intensive" group; that is measured here as the ratio of COMP
     to COMM time, not their difference, so that groups of short and of long
-    jobs compare on the same scale. Raises ValueError when there are more
-    groups than machines (``schedule`` never asks for that: n_G <= M)."""
+    jobs compare on the same scale. Decision: Tnet(m_g) is
+    ``model.t_net_at`` at the group's current m_g, so a group whose remote
+    COMM grows with m is spread less (see ``_allocate_remote``). Raises
+    ValueError when there are more groups than machines (``schedule`` never
+    asks for that: n_G <= M)."""
     work_sum = np.array([sum(p.work for p in g) for g in groups], dtype=float)
-    net_sum = np.array([sum(p.t_net for p in g) for g in groups], dtype=float)
-    return _allocate(work_sum, net_sum, machines).tolist()
+    base_sum = np.array([sum(p.net_base for p in g) for g in groups], dtype=float)
+    remote_sum = np.array([sum(p.remote for p in g) for g in groups], dtype=float)
+    return _allocate(work_sum, base_sum, machines, remote_sum).tolist()
 
 
 def _k_steps(n: int, literal: bool) -> list[int]:
@@ -523,7 +788,10 @@ def schedule(profiles: Sequence[Profile], machines: int, literal: bool = False) 
        and pairs opposite jobs; with per-group DoP, jobs of similar
        comp/comm ratio on a DoP that balances them are often better, and
        small instances are where the coarse choice costs most. Larger sets
-       skip it: U is already ~0.99 at 80 jobs / 100 machines.
+       skip it: U is already ~0.99 at 80 jobs / 100 machines. When jobs
+       have remote > 0 (COMM grows with DoP, see ``model``), every n_G
+       candidate of such a job set is fine-tuned with ``_reshape``, which
+       also merges and splits groups (so changes n_G).
     3. Stopping: U(k) is noisy in k (one ill-fitting job lowers it, the next
        raises it again), so the search goes on until k has doubled (and
        grown by 3) since the last k that beat the best U, then returns the
@@ -542,27 +810,33 @@ def schedule(profiles: Sequence[Profile], machines: int, literal: bool = False) 
         raise ValueError("duplicate job ids")
     if not profiles or machines < 1:
         return Plan([], ids, (0.0, 0.0))
-    work, net = _arrays(profiles)
+    work, base, remote = _arrays(profiles)
+    memo: dict = {}     # ``_reshape``'s looks at groups of jobs: the same for every k
     seen: list[tuple[int, tuple[float, list[list[int]], np.ndarray]]] = []
     best_s, best_k = -1.0, 0
     for k in _k_steps(len(profiles), literal):
-        w, n = work[:k], net[:k]
+        w, n = work[:k], base[:k]
+        r = None if remote is None else remote[:k]
         if literal:
-            cand = _plan_for(w, n, machines, _n_groups(w, n, machines))
+            cand = _plan_for(w, n, r, machines, _n_groups(w, n, r, machines))
         else:
-            cands = [_plan_for(w, n, machines, n_g)
-                     for n_g in _candidate_n_groups(w, n, machines)]
+            cands = [_plan_for(w, n, r, machines, n_g)
+                     for n_g in _candidate_n_groups(w, n, r, machines)]
             if k <= _REFINE_MAX_JOBS:   # refine the most promising n_G values
                 bound = _score_bound(w, n, machines)
-                top = sorted(range(len(cands)), key=lambda i: -cands[i][0])[:_REFINE_TOP]
-                for i in top:
+                top = sorted(range(len(cands)), key=lambda i: -cands[i][0])
+                for i in top[:_REFINE_TOP] if r is None else top:
                     if cands[i][0] >= bound * (1 - 1e-6):
                         continue        # nothing to gain
                     _, groups, alloc = cands[i]
-                    if 1 < len(groups) <= _REFINE_MAX_GROUPS:
-                        alloc = _refine(w, n, groups, alloc, machines)
-                        cands[i] = (score(*_evaluate(w, n, groups, alloc, machines)[1:]),
-                                    groups, alloc)
+                    if r is not None and len(groups) <= _REFINE_MAX_GROUPS:
+                        alloc = _reshape(w, n, r, groups, alloc, machines, memo)
+                    elif 1 < len(groups) <= _REFINE_MAX_GROUPS:
+                        alloc = _refine(w, n, r, groups, alloc, machines)
+                    else:
+                        continue
+                    cands[i] = (score(*_evaluate(w, n, r, groups, alloc, machines)[1:]),
+                                groups, alloc)
             cand = cands[0]
             for c in cands[1:]:        # largest n_G first: ties keep more groups
                 if c[0] > cand[0]:
@@ -576,7 +850,7 @@ def schedule(profiles: Sequence[Profile], machines: int, literal: bool = False) 
     floor = best_s * (1 - (0.0 if literal else _FEWER_JOBS))
     best_k, best = next((k, c) for k, c in seen if c[0] >= floor)
     _, groups, alloc = best
-    t, u_cpu, u_net = _evaluate(work, net, groups, alloc, machines)
+    t, u_cpu, u_net = _evaluate(work, base, remote, groups, alloc, machines)
     planned = [PlannedGroup(tuple(ids[j] for j in g), int(a), float(ti))
                for g, a, ti in zip(groups, alloc, t)]
     return Plan(planned, ids[best_k:], (u_cpu, u_net))

@@ -2,9 +2,24 @@
 
 A job j is profiled as (Tcpu_j, Tnet_j, c_g): the per-iteration seconds of
 its COMP subtasks and of its COMM (PULL + PUSH) subtasks, measured while its
-group ran on c_g machines. COMP time scales as 1/DoP (Eq 4.2); COMM time
-does not. A job's own iteration time is Tcpu_j + Tnet_j (its subtasks run
-one after the other).
+group ran on c_g machines. COMP time scales as 1/DoP (Eq 4.2). A job's own
+iteration time is Tcpu_j + Tnet_j (its subtasks run one after the other).
+
+Decision (a deviation from the paper): COMM time depends on the DoP m.
+In this runtime each machine of a job runs a worker and the server shard of
+1/m of the model, and traffic to the local shard does not cross the
+network, so a fraction (m-1)/m of a machine's PULL + PUSH bytes is remote:
+
+    Tnet(m) = base + R * (m - 1) / m
+
+with R (``Profile.remote``) the seconds to move all of one machine's PULL +
+PUSH bytes per iteration over its link (bytes / link rate) and base the
+local part (serialization etc.). At m = 1 a job uses no network at all; at
+m = 2 half its traffic is remote. On small clusters (2-4 machines) this
+matters a lot: a job profiled on one machine looks CPU-only. The paper's
+constant Tnet (Eq 4.2) is the limit for large m, and the exact special case
+R = 0 (the default): then ``t_net_at(p, m) == p.t_net`` for every m. Every
+formula here evaluates COMM at the group's actual DoP (``t_net_at``).
 
 Everything here is pure arithmetic on profiles: no clocks, no I/O.
 """
@@ -25,26 +40,44 @@ CPU_WEIGHT = 2.0 / 3.0
 @dataclass(frozen=True)
 class Profile:
     """Per-iteration COMP seconds ``t_cpu`` and COMM seconds ``t_net`` of job
-    ``id``, measured with the job's group on ``dop`` machines (c_g)."""
+    ``id``, measured with the job's group on ``dop`` machines (c_g).
+
+    ``remote`` (default 0: the paper's constant Tnet) is R, the seconds per
+    iteration to move all of one machine's PULL + PUSH bytes over its link
+    (bytes / link rate); the part (dop-1)/dop of it was remote, and is
+    contained in ``t_net``, when the profile was measured (see the module
+    docstring and ``t_net_at``)."""
     id: str
     t_cpu: float
     t_net: float
     dop: int
+    remote: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.t_cpu < 0 or self.t_net < 0 or self.dop < 1:
+        if self.t_cpu < 0 or self.t_net < 0 or self.dop < 1 or not self.remote >= 0:
             raise ValueError(f"bad profile {self!r}: times must be >= 0 and dop >= 1")
 
     @classmethod
     def from_record(cls, job_id: str, rec: Mapping[str, float]) -> Profile:
         """From the master's moving-average dict (``t_cpu``, ``t_net``,
-        ``machines``), as kept by ``harmony.master.jobs.Job.update_profile``."""
-        return cls(job_id, float(rec["t_cpu"]), float(rec["t_net"]), int(rec["machines"]))
+        ``machines``, optionally ``remote``), as kept by
+        ``harmony.master.jobs.Job.update_profile``."""
+        return cls(job_id, float(rec["t_cpu"]), float(rec["t_net"]), int(rec["machines"]),
+                   float(rec.get("remote", 0.0)))
 
     @property
     def work(self) -> float:
         """COMP seconds per iteration on one machine (Tcpu * c_g)."""
         return self.t_cpu * self.dop
+
+    @property
+    def net_base(self) -> float:
+        """The local part of COMM, Tnet(1): ``t_net`` less the remote part it
+        contained at ``dop``, R * (dop-1)/dop, and never below 0 (a ``remote``
+        larger than the measured COMM allows is taken as all of it)."""
+        if self.remote == 0:
+            return self.t_net
+        return max(0.0, self.t_net - self.remote * (self.dop - 1) / self.dop)
 
 
 def t_cpu_at(p: Profile, m: float) -> float:
@@ -52,30 +85,46 @@ def t_cpu_at(p: Profile, m: float) -> float:
     return p.t_cpu * p.dop / m
 
 
+def t_net_at(p: Profile, m: float) -> float:
+    """The job's COMM time per iteration on ``m`` machines:
+    ``net_base + remote * (m-1)/m``, i.e.
+    max(0, t_net - remote*(dop-1)/dop) + remote*(m-1)/m.
+
+    Decision (not the paper's Eq 4.2, where Tnet is constant): the share
+    (m-1)/m of a machine's PULL + PUSH bytes goes to the other machines'
+    server shards (see the module docstring). ``t_net_at(p, p.dop) ==
+    p.t_net`` (up to rounding) unless ``remote`` exceeds what ``t_net`` can
+    hold; with ``remote == 0`` it is ``p.t_net`` for every m."""
+    if p.remote == 0:
+        return p.t_net
+    return p.net_base + p.remote * (m - 1) / m
+
+
 def job_iter_time(p: Profile, m: float) -> float:
     """The job's own iteration time on ``m`` machines (Tj_itr = Tcpu + Tnet)."""
-    return t_cpu_at(p, m) + p.t_net
+    return t_cpu_at(p, m) + t_net_at(p, m)
 
 
 def group_iter_time(profiles: Iterable[Profile], m: float) -> float:
-    """Eq 4.1: max(sum Tcpu_j(m), sum Tnet_j, max_j Tj_itr(m)) for one group
-    on ``m`` machines; 0 for an empty group."""
+    """Eq 4.1: max(sum Tcpu_j(m), sum Tnet_j(m), max_j Tj_itr(m)) for one
+    group on ``m`` machines; 0 for an empty group."""
     cpu = net = top = 0.0
     for p in profiles:
-        c = t_cpu_at(p, m)
+        c, n = t_cpu_at(p, m), t_net_at(p, m)
         cpu += c
-        net += p.t_net
-        top = max(top, c + p.t_net)
+        net += n
+        top = max(top, c + n)
     return max(cpu, net, top)
 
 
 def group_util(profiles: Sequence[Profile], m: float) -> tuple[float, float]:
-    """Eq 4.3: (sum Tcpu_j / Tg_itr, sum Tnet_j / Tg_itr) of one group on
-    ``m`` machines; (0, 0) for an empty or all-zero group."""
+    """Eq 4.3: (sum Tcpu_j(m) / Tg_itr, sum Tnet_j(m) / Tg_itr) of one group
+    on ``m`` machines; (0, 0) for an empty or all-zero group."""
     t = group_iter_time(profiles, m)
     if t <= 0:
         return 0.0, 0.0
-    return sum(t_cpu_at(p, m) for p in profiles) / t, sum(p.t_net for p in profiles) / t
+    return (sum(t_cpu_at(p, m) for p in profiles) / t,
+            sum(t_net_at(p, m) for p in profiles) / t)
 
 
 def cluster_util(groups: Iterable[tuple[Sequence[Profile], int]],

@@ -20,7 +20,9 @@ migrate a running one, pause one, or leave it alone).
   names, keeping groups on the machines they already have.
 
 U is ``model.score`` of the utilization over all live machines, so idle
-machines count as 0%.
+machines count as 0%. Every group is evaluated with COMM at its own machine
+count (``model.t_net_at``; Decision: COMM grows with DoP when jobs have
+``remote`` > 0, see ``model``).
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ from itertools import combinations
 import numpy as np
 
 from harmony.sched.grouping import PlannedGroup, schedule
-from harmony.sched.model import Profile, cluster_util, group_iter_time, job_iter_time, score
+from harmony.sched.model import (Profile, cluster_util, group_iter_time, job_iter_time, score,
+                                 t_net_at)
 
 TOLERANCE = 0.05     # "within 5%" for similar jobs, and the 5% gain in U
 _SET_CANDIDATES = 24  # waiting jobs considered for a replacement set (pairs, triples)
@@ -216,18 +219,20 @@ def _replacement(finished: Profile, m: int, waiting: Sequence[Profile],
     time and comp/comm ratio within tol), else the first pair, else the first
     triple of waiting jobs whose summed iteration time and ratio of summed
     COMP to summed COMM are within tol (sets are searched among the first
-    _SET_CANDIDATES waiting jobs short enough to be part of one)."""
+    _SET_CANDIDATES waiting jobs short enough to be part of one). COMP and
+    COMM are all at the group's m (``model.t_net_at``), whatever DoP the
+    jobs were profiled at."""
     t_f = job_iter_time(finished, m)
-    r_f = _ratio(finished.t_cpu * finished.dop / m, finished.t_net)
+    r_f = _ratio(finished.t_cpu * finished.dop / m, t_net_at(finished, m))
     for w in waiting:
         if _close(job_iter_time(w, m), t_f, tol) and \
-                _close(_ratio(w.t_cpu * w.dop / m, w.t_net), r_f, tol):
+                _close(_ratio(w.t_cpu * w.dop / m, t_net_at(w, m)), r_f, tol):
             return (w.id,)
     small = [w for w in waiting if job_iter_time(w, m) < t_f * (1 + tol)][:_SET_CANDIDATES]
     if len(small) < 2:
         return None
     cpu = np.array([w.t_cpu * w.dop / m for w in small])
-    net = np.array([w.t_net for w in small])
+    net = np.array([t_net_at(w, m) for w in small])
     for size in (2, 3):
         combos = np.array(list(combinations(range(len(small)), size)), dtype=np.int64)
         if not len(combos):
@@ -332,11 +337,12 @@ def regroup(current: Current, waiting: Sequence[str], profiles: Mapping[str, Pro
     machines. ``waiting`` must not hold running jobs.
 
     Decision: a candidate that moves running jobs must also raise CPU
-    utilization. COMM time does not shrink with DoP (Eq 4.2), so spreading
-    a network-bound group over idle machines raises U (their network
-    counts as busy) while its jobs run no faster; the paper ranks CPU first
-    because it "directly contribute[s] to the job progress", and such a
-    move is not worth a pause and migration.
+    utilization. COMM time does not shrink with DoP (Eq 4.2; with remote >
+    0 it even grows, ``model.t_net_at``), so spreading a network-bound
+    group over idle machines raises U (their network counts as busy) while
+    its jobs run no faster; the paper ranks CPU first because it "directly
+    contribute[s] to the job progress", and such a move is not worth a
+    pause and migration.
     """
     base_util = _util(current.groups, profiles, len(current.machines))
     changes = [c for c in regroup_candidates(current, waiting, profiles, seed, reason)
