@@ -104,6 +104,7 @@ class NMF(App):
     """Non-negative matrix factorization by SGD (ratings -> user/item factors)."""
 
     name = "nmf"
+    static_keys = True    # keys(blocks) depends only on which blocks it gets
     options = [
         Option("input", str, None, "ratings file: 'user item rating' lines (.gz ok)", required=True),
         Option("rank", int, 16, "factor rank"),

@@ -377,6 +377,7 @@ class Master:
         job.attempt += 1
         job.workers = list(machines)
         job.epochs = []
+        job.store = {}
         self.db.clear_epochs(job.id)
         job.error = None
         job.transition(JobState.RUNNING, f"attempt {job.attempt} on {', '.join(machines)}")
@@ -510,6 +511,10 @@ class Master:
             return
         job, run = jr
         ep = msg["epoch"]
+        if msg.get("store") is not None:   # the block store's latest, per machine
+            job.store[job.workers[msg["index"]]] = {"epoch": ep, **{
+                str(k): v for k, v in msg["store"].items()
+                if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) < 200)}}
         got = run.sums.setdefault(ep, {})
         got[msg["index"]] = (msg["sums"], msg["timings"])
         if len(got) < len(job.workers):

@@ -4,6 +4,16 @@ It holds the job's worker role on this machine (input blocks, the app's
 compute) and its PS server shard (a thread serving this machine's model
 blocks). The master synchronizes iterations across the job's machines.
 Started by the worker daemon as ``python -m harmony.worker.executor SPEC``.
+
+Input blocks live in a :class:`~harmony.store.local.LocalInput` backed by the
+job's LMDB store under the worker's state dir (``STATE/store/JOB``). A
+fraction α of them are disk-blocks, reloaded in the background during each
+pass of the app over its blocks. α is fixed (``--disk-ratio``) or starts from
+an estimate of input and model size against this job's part of the machine's
+memory budget and is hill-climbed per epoch
+(:class:`~harmony.store.alpha.AlphaController`) from the measured reload
+stall and memory pressure. When α is 1 and memory is still short, the model
+shard is spilled during COMP too.
 """
 from __future__ import annotations
 
@@ -17,16 +27,21 @@ import traceback
 
 import msgpack
 import numpy as np
+import psutil
 import zmq
 
-from harmony.app import (App, AppError, InputPart, Step, block_groups, load_app,
+from harmony.app import (App, AppError, InputPart, ModelSpec, Step, disk_ratio, load_app,
                          parse_app_args, should_stop)
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import make_socket
 from harmony.ps.client import PSClient, PSError
 from harmony.ps.keymap import block_of
 from harmony.ps.server import ShardServer, ShardTable
-from harmony.store.blocks import BlockStore
+from harmony.store.alpha import AlphaController, Observation, Thresholds, initial_alpha
+from harmony.store.lmdb_store import JobStorage, StoreError
+from harmony.store.local import (BlockSeq, LocalInput, MemoryWatch, SpillDisabledError,
+                                 fixed_mmap_threshold, own_memory, trim_heap)
+from harmony.store.memory import executors_memory
 from harmony.worker.netem import NetEm, job_token
 
 log = logging.getLogger("harmony.executor")
@@ -42,6 +57,52 @@ class Aborted(Exception):
 
 class MasterLost(Exception):
     pass
+
+
+def _close_quietly(view) -> None:
+    if isinstance(view, BlockSeq):
+        try:
+            view.close()
+        except Exception as exc:
+            log.error("closing the block passes after an error: %s", exc)
+
+
+def _call(view, fn):
+    """``fn(view)``, then end the view's passes (a BlockSeq: finish reloads,
+    drop disk-blocks). An error of the call wins over one of the close."""
+    if not isinstance(view, BlockSeq):
+        return fn(view)
+    try:
+        out = fn(view)
+    except BaseException:
+        _close_quietly(view)
+        raise
+    view.close()
+    return out
+
+
+class MachineMemory:
+    """This machine's memory budget (``harmony-worker --memory``) and what
+    its executors use (anonymous RSS, psutil over the daemon's children)."""
+
+    def __init__(self, spec: dict) -> None:
+        self.budget = int(spec.get("memory") or psutil.virtual_memory().total)
+        self.explicit = bool(spec.get("memory_set"))
+        self.daemon_pid = spec.get("daemon_pid") or os.getppid()
+        self._others = (0, 0)
+        self._at = -1e9
+
+    def others(self, max_age: float = 1.0) -> tuple[int, int]:
+        """(bytes, count) of the machine's other executors (cached ``max_age``)."""
+        now = time.monotonic()
+        if now - self._at > max_age:
+            self._others = executors_memory(self.daemon_pid, exclude=os.getpid())
+            self._at = now
+        return self._others
+
+    def effective(self, used: int) -> int:
+        """The budget, capped by what the machine really has left."""
+        return max(1, min(self.budget, used + int(psutil.virtual_memory().available)))
 
 
 def _plain(d: dict) -> dict:
@@ -74,6 +135,18 @@ class Executor:
         self.seq = 0
         self.last_contact = self.last_ping = time.monotonic()
         self.net_wait = 0.0   # seconds spent in emulated transfers
+        # the block store
+        self.mem = MachineMemory(spec)
+        self.storage: JobStorage | None = None
+        self.input: LocalInput | None = None
+        self.table: ShardTable | None = None
+        self.watch: MemoryWatch | None = None
+        self.alpha_ctl: AlphaController | None = None     # None: α fixed
+        self.spill_model = False
+        self.pause_wanted = False
+        self.model_bytes = 0
+        self.reserve = 0          # this executor's memory besides input and model
+        self.note = ""            # why α is what it is
 
     def send(self, mtype: str, **fields) -> None:
         self.ctl.send(M.encode(mtype, job=self.job, index=self.index, **fields))
@@ -121,20 +194,30 @@ class Executor:
             cls = load_app(s["app_source"], s["app_name"])
             opts = parse_app_args(cls, list(s["args"]))
             app: App = cls(opts)
-            store = BlockStore()
-            for blk in app.read_input(InputPart(self.index, self.count, opts.blocks)):
-                store.put(blk)
+            fixed = disk_ratio(opts)
+            if fixed and not opts.spill:
+                raise AppError("bad app options: --disk-ratio > 0 needs spilling (--spill)")
+            inp = self._open_input()
+            # -- input: the one place this machine's input blocks come from.
+            # (A restore from a checkpoint would ingest the saved blocks here
+            # instead of calling read_input.)
+            part = InputPart(self.index, self.count, opts.blocks)
+            inp.ingest(app.read_input(part), **self._ingest_limits(opts))
+            inp.set_groups(opts.iters_per_epoch)
+            trim_heap()
             spec = app.model_spec()
+            self._place_input(inp, opts, spec, fixed)
             # the default update (add) runs in place on the shard
             update = None if type(app).update is App.update else app.update
-            table = ShardTable(spec.dim, spec.dtype, update)
+            table = self.table = ShardTable(spec.dim, spec.dtype, update)
+            table.attach_spill(self.storage.model)
             tag = f"{self.job}:{self.attempt}"
             self.server = ShardServer(self.ctx, s["host"], table, tag=tag)
             self.server.start()
             self.ctl.send(M.encode("exec_ready", job=self.job, index=self.index,
                                    attempt=self.attempt, endpoint=self.server.endpoint,
                                    num_keys=spec.num_keys, dim=spec.dim,
-                                   model_blocks=opts.model_blocks, local_blocks=len(store)))
+                                   model_blocks=opts.model_blocks, local_blocks=len(inp)))
             start = self.wait("job_start")
             self.queued = start["mode"] == "queued"
             owner = np.asarray(start["owner"], dtype=np.int64)
@@ -143,12 +226,14 @@ class Executor:
             table.load(mine, app.init_rows(mine))
             self.client = PSClient(self.ctx, start["peers"], owner, spec.dim, spec.dtype,
                                    throttle=self._throttle_fn(start["machines"]), tag=tag)
-            if self.queued:
+            if self.spec.get("daemon"):
+                # the daemon's subtask queues (harmony mode) and its memory
+                # accounting (every mode) count this executor from now on
                 self.dsock.send(M.encode("hello", job=self.job, index=self.index,
                                          attempt=self.attempt))
-            else:
+            if not self.queued:
                 self.barrier(-1, 0)  # every shard initialized before the first pull
-            self._train(app, opts, store, table)
+            self._train(app, opts, inp, table)
             self.send("exec_finished")
             return 0
         except Aborted as exc:
@@ -157,7 +242,7 @@ class Executor:
         except MasterLost as exc:
             log.error("giving up: %s", exc)
             return 4
-        except (AppError, PSError) as exc:
+        except (AppError, PSError, StoreError) as exc:
             self._fail(str(exc))
             return 1
         except Exception as exc:
@@ -169,6 +254,123 @@ class Executor:
             return 1
         finally:
             self.close()
+
+    # -- the block store ----------------------------------------------------------
+    def _open_input(self) -> LocalInput:
+        """The job's LMDB store on this machine (``STATE/store/JOB``) and the
+        owner of its input blocks."""
+        s = self.spec
+        root = os.path.join(s.get("state_dir") or os.path.join(os.getcwd(), "state"), "store")
+        # an older attempt's executor may still be stopping: wait for its lock
+        self.storage = JobStorage(root, self.job, max_map_size=s.get("store_max"),
+                                  lock_wait_s=10.0)
+        if self.mem.explicit:
+            # every large array its own mmap: dropped blocks leave the RSS
+            fixed_mmap_threshold()
+            self.watch = MemoryWatch()
+        self.input = LocalInput(self.storage.input)
+        return self.input
+
+    def _budget_note(self) -> str:
+        return (f" (memory budget of machine {self.spec.get('worker', '?')}: "
+                f"{self.mem.budget / 2**20:.0f} MiB{'' if self.mem.explicit else ', all of it'})")
+
+    def _others_share(self) -> int:
+        """Memory the other executors here take, for this job's estimates:
+        what they use now, or an equal share of the budget each, if more
+        (jobs starting together have not loaded their input yet)."""
+        used, n = self.mem.others(max_age=0)
+        return max(used, self.mem.budget * n // (n + 1))
+
+    def _ingest_limits(self, opts) -> dict:
+        """How much input this job may hold in memory while reading it."""
+        B = self.mem.budget
+        base = own_memory()[1]
+        if not opts.spill:
+            used, _ = self.mem.others(max_age=0)
+            limit = B - used - base
+        elif disk_ratio(opts) is not None:
+            limit = None            # fixed α: placed after reading
+        else:
+            limit = int(Thresholds().target * B) - self._others_share() - base
+        return {"memory_limit": None if limit is None else max(0, limit),
+                "spill": opts.spill, "budget_note": self._budget_note()}
+
+    def _place_input(self, inp: LocalInput, opts, spec: ModelSpec,
+                     fixed: float | None) -> None:
+        """The initial α: fixed, or estimated from the input's measured size
+        and the model's size against this job's part of the budget."""
+        item = np.dtype(spec.dtype).itemsize
+        model = spec.num_keys * spec.dim * item
+        # the shard, the pulled rows, and the app's working copy of them
+        self.model_bytes = -(-spec.num_keys // self.count) * spec.dim * item + 2 * model
+        self.reserve = max(0, own_memory()[1] - inp.memory_bytes())
+        nblocks = len(inp)
+        B = self.mem.budget
+        if fixed is not None:
+            alpha, self.note = fixed, "fixed (--disk-ratio)"
+        elif not opts.spill or nblocks == 0:
+            alpha, self.note = 0.0, "spilling disabled" if not opts.spill else "no blocks"
+            used, _ = self.mem.others(max_age=0)
+            need = used + self.reserve + inp.total_bytes() + self.model_bytes
+            if not opts.spill and need > B:
+                raise SpillDisabledError(
+                    f"out of memory: input {inp.total_bytes() / 2**20:.1f} MiB + model "
+                    f"{self.model_bytes / 2**20:.1f} MiB + this executor "
+                    f"{self.reserve / 2**20:.1f} MiB + other jobs {used / 2**20:.1f} MiB "
+                    f"exceed{self._budget_note()}; spilling is disabled (--no-spill)")
+        else:
+            others = self._others_share()
+            alpha = initial_alpha(inp.total_bytes(), self.model_bytes, B, others,
+                                  reserve_bytes=self.reserve, num_blocks=nblocks)
+            th = Thresholds()
+            self.spill_model = (alpha >= 1.0 and others + self.model_bytes + self.reserve
+                                > th.spill * B)
+            self.alpha_ctl = AlphaController(nblocks, alpha, block_bytes=inp.mean_block_bytes(),
+                                       model_bytes=self.model_bytes,
+                                       spill_model=self.spill_model)
+            self.note = "initial estimate"
+        inp.set_alpha(alpha)
+        log.info("input: %d blocks, %.1f MiB; model %.1f MiB; alpha %.2f (%s); budget %.0f MiB",
+                 nblocks, inp.total_bytes() / 2**20, self.model_bytes / 2**20, inp.alpha,
+                 self.note, B / 2**20)
+
+    def _adapt(self, inp: LocalInput, tot, mem_peak: int, blocks_per_pass: float) -> dict:
+        """One hill-climbing step per epoch; returns the epoch's store stats.
+        The machine's pressure is (this executor's peak + the others' use) /
+        budget; each executor closes its own proportional part of the gap
+        (its budget share is budget × its use / the machine's use)."""
+        others, _ = self.mem.others()
+        machine = mem_peak + others
+        eff = self.mem.effective(machine)
+        stats = {"alpha": inp.alpha, "mem_blocks": len(inp.memory), "disk_blocks":
+                 len(inp.on_disk), "stall_s": round(tot.stall_s, 6),
+                 "reload_mb": round(tot.bytes_loaded / 2**20, 3),
+                 "rss_mb": round(own_memory()[0] / 2**20, 2),
+                 "anon_mb": round(mem_peak / 2**20, 2),
+                 "machine_mb": round(machine / 2**20, 2),
+                 "budget_mb": round(self.mem.budget / 2**20, 2),
+                 "pinned_mb": round(inp.residue_bytes() / 2**20, 3),
+                 "model_spilled": bool(self.spill_model)}
+        if self.alpha_ctl is not None and len(inp):
+            share = max(1, int(eff * mem_peak / machine)) if machine > 0 else eff
+            free = inp.spillable_block_bytes()
+            d = self.alpha_ctl.step(Observation(
+                mem_used=mem_peak, mem_budget=share, stall_s=tot.stall_s,
+                comp_s=tot.comp_s if tot.proc_s else None, tbproc=tot.tbproc,
+                tbload=tot.tbload, blocks_total=max(1, int(round(blocks_per_pass))),
+                block_bytes=free or None))
+            self.note = d.reason
+            self.spill_model = d.spill_model
+            if d.pause_job and not self.pause_wanted:
+                log.warning("memory critical with everything spilled: this job should be "
+                            "paused here (%s)", d.reason)
+            self.pause_wanted = d.pause_job
+            if d.disk_blocks != len(inp.on_disk):
+                inp.set_disk_count(d.disk_blocks)
+        stats.update({"next_alpha": inp.alpha, "pause_wanted": self.pause_wanted,
+                      "reason": self.note})
+        return stats
 
     def _fail(self, error: str) -> None:
         log.error("job failed: %s", error)
@@ -214,18 +416,31 @@ class Executor:
         finally:
             self.dsock.send(M.encode("sub_done", job=self.job, seq=self.seq))
 
-    def _train(self, app: App, opts, store: BlockStore, table: ShardTable) -> None:
+    def _keys(self, app: App, inp: LocalInput, ids: list[int], cache: dict, slot) -> np.ndarray:
+        """``app.keys`` of some blocks; computed once per slot if the app's
+        keys are static (no reload pass per iteration just for the keys)."""
+        keys = cache.get(slot)
+        if keys is None:
+            keys = _call(inp.view(ids), app.keys)
+            if getattr(app, "static_keys", False):
+                cache[slot] = keys
+        return keys
+
+    def _train(self, app: App, opts, inp: LocalInput, table: ShardTable) -> None:
         assert self.client is not None
-        blocks = list(store)
-        groups = block_groups(blocks, opts.iters_per_epoch)
+        groups = inp.groups
+        all_ids = inp.ids()
+        keys_cache: dict = {}
         for epoch in range(opts.max_epochs):
             tm = {"pull": 0.0, "comp": 0.0, "push": 0.0, "sync": 0.0}
             self.net_wait = 0.0
             t_epoch = time.perf_counter()
             client = self.client
-            for it, group in enumerate(groups):
+            for it, ids in enumerate(groups):
                 step = Step(epoch, it, opts.iters_per_epoch)
-                keys = app.keys(group)
+                keys = self._keys(app, inp, ids, keys_cache, it)
+                # disk-blocks start loading now, behind the PULL
+                group = inp.view(ids, prefetch=True)
                 box = {}
 
                 def pull():
@@ -239,7 +454,10 @@ class Executor:
 
                 def comp():
                     t = time.perf_counter()
-                    box["deltas"] = app.compute(group, keys, box["rows"], step)
+                    if self.spill_model:   # every machine has pulled: shard idle until PUSH
+                        table.spill()
+                    box["deltas"] = _call(group, lambda g: app.compute(g, keys, box["rows"],
+                                                                       step))
                     tm["comp"] += time.perf_counter() - t
 
                 def push():
@@ -248,12 +466,16 @@ class Executor:
                     tm["push"] += time.perf_counter() - t
 
                 t0 = time.perf_counter()
-                self._sub("net", pull)
-                if not self.queued:
-                    # strict BSP: no machine pushes iteration k before every
-                    # machine pulled it (the synchronizer does this in harmony mode)
-                    self.barrier(epoch, 2 * it)
-                self._sub("cpu", comp)
+                try:
+                    self._sub("net", pull)
+                    if not self.queued:
+                        # strict BSP: no machine pushes iteration k before every
+                        # machine pulled it (the synchronizer does this in harmony mode)
+                        self.barrier(epoch, 2 * it)
+                    self._sub("cpu", comp)
+                except BaseException:
+                    _close_quietly(group)      # stop its prefetch
+                    raise
                 self._sub("net", push)
                 if not self.queued:
                     self.barrier(epoch, 2 * it + 1)
@@ -262,31 +484,56 @@ class Executor:
             tm["train"] = time.perf_counter() - t_epoch
             tm["iters"] = float(len(groups))
             t0 = time.perf_counter()
-            keys = app.keys(blocks)
+            keys = self._keys(app, inp, all_ids, keys_cache, "all")
+            blocks = inp.view(all_ids, prefetch=True)
             box = {}
-            self._sub("net", lambda: box.__setitem__("rows", np.array(client.pull(keys))))
 
             def evaluate():
-                box["sums"] = _plain(app.objective(blocks, keys, box["rows"]))
+                box["sums"] = _plain(_call(blocks, lambda b: app.objective(b, keys,
+                                                                           box["rows"])))
+                table.restore()
                 with table.lock:
                     for k, v in _plain(app.model_objective(table.keys, table.rows)).items():
                         box["sums"][k] = box["sums"].get(k, 0.0) + v
-            self._sub("cpu", evaluate)
+            try:
+                self._sub("net", lambda: box.__setitem__("rows", np.array(client.pull(keys))))
+                self._sub("cpu", evaluate)
+            except BaseException:
+                _close_quietly(blocks)
+                raise
             sums = box["sums"]
             tm["eval"] = time.perf_counter() - t0
             tm["net_wait"] = self.net_wait
-            self.send("epoch_done", epoch=epoch, sums=sums, timings=tm)
+            tot = inp.take_totals()
+            tm["stall"] = tot.stall_s
+            mem_peak = self.watch.take() if self.watch is not None else own_memory()[1]
+            store = self._adapt(inp, tot, mem_peak, len(all_ids) / max(1, len(groups)))
+            self.send("epoch_done", epoch=epoch, sums=sums, timings=tm, store=store)
             total = self.wait("epoch_sums")
             metrics = _plain(app.metrics(total["sums"]))
             stop = should_stop(opts, epoch, metrics)
             if self.index == 0:
                 self.send("epoch_report", epoch=epoch, metrics=metrics, stop=stop)
-            log.info("epoch %d: %s", epoch, {k: round(v, 6) for k, v in metrics.items()
-                                              if math.isfinite(v)})
+            log.info("epoch %d: %s  [alpha %.2f -> %.2f, stall %.3fs, mem %.0f/%.0f MiB: %s]",
+                     epoch, {k: round(v, 6) for k, v in metrics.items() if math.isfinite(v)},
+                     store["alpha"], store["next_alpha"], tot.stall_s, store["machine_mb"],
+                     store["budget_mb"], store["reason"])
             if stop:
                 return
 
     def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+        if self.input is not None:
+            self.input.close()
+        if self.storage is not None:
+            try:
+                if self.storage.has_checkpoints():
+                    self.storage.close()       # the spill cache goes, checkpoints stay
+                else:
+                    self.storage.destroy()
+            except Exception as exc:
+                log.warning("closing the job's store: %s", exc)
         if self.netem is not None:
             self.netem.close()
         self.dsock.close(linger=100)
