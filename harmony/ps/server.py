@@ -20,6 +20,7 @@ import zmq
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import bind_random, make_socket
 from harmony.store.blocks import Block
+from harmony.store.lmdb_store import release_scratch
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class ShardTable:
                 self._spill_store.put(Block(c, {"rows": rows[s:s + step]}))
                 n += 1
             self._chunks = n
+            release_scratch()
             self.rows = None
             self.spilled = True
             self.spills += 1

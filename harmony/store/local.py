@@ -62,7 +62,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from harmony.store.blocks import Block, BlockStore
-from harmony.store.lmdb_store import LmdbBlockStore, StoreError
+from harmony.store.lmdb_store import LmdbBlockStore, StoreError, release_scratch
 from harmony.store.reload import ReloadPipeline, ReloadStats, choose_disk_blocks, disk_count
 
 log = logging.getLogger("harmony.store.local")
@@ -359,6 +359,7 @@ class LocalInput:
             else:
                 self.add(blk)
                 held += blk.nbytes
+        release_scratch()
 
     def replace(self, block: Block) -> None:
         """Replace a block's contents by id (e.g. from a checkpoint), wherever
@@ -431,6 +432,7 @@ class LocalInput:
                 self._stored.pop(bid, None)
             self.disk.discard(bid)
         if spill or back:
+            release_scratch()
             trim_heap()
         return spill, back
 

@@ -207,6 +207,8 @@ class Executor:
             trim_heap()
             spec = app.model_spec()
             self._place_input(inp, opts, spec, fixed)
+            if self.watch is not None:
+                self.watch.take()   # epoch peaks from here on (not the app's parsing)
             # the default update (add) runs in place on the shard
             update = None if type(app).update is App.update else app.update
             table = self.table = ShardTable(spec.dim, spec.dtype, update)
