@@ -424,6 +424,8 @@ class Daemon:
                 return self._xsend(ident, M.encode("abort", reason="not an executor of this machine"))
             self.xident[msg["job"]] = ident
             ep.loaded = True
+            if self.oom_kill:
+                self._check_memory()     # at once: it may be over with its input alone
             for payload in self.pending.pop(msg["job"], []):
                 self._xsend(ident, payload)
         elif msg.type == "sub_done":

@@ -507,7 +507,8 @@ class Executor:
             tm["eval"] = time.perf_counter() - t0
             tm["net_wait"] = self.net_wait
             tot = inp.take_totals()
-            tm["stall"] = tot.stall_s
+            tm["stall"] = tot.stall_s          # reload stall of the epoch
+            tm["alpha"] = inp.alpha            # the disk ratio it ran with
             mem_peak = self.watch.take() if self.watch is not None else own_memory()[1]
             store = self._adapt(inp, tot, mem_peak, len(all_ids) / max(1, len(groups)))
             self.send("epoch_done", epoch=epoch, sums=sums, timings=tm, store=store)
