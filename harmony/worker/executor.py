@@ -279,10 +279,11 @@ class Executor:
 
     def _others_share(self) -> int:
         """Memory the other executors here take, for this job's estimates:
-        what they use now, or an equal share of the budget each, if more
-        (jobs starting together have not loaded their input yet)."""
+        what they use now, or, if more, their equal shares of the target
+        memory (jobs starting together have not loaded their input yet), so
+        that each job starts from its own equal share."""
         used, n = self.mem.others(max_age=0)
-        return max(used, self.mem.budget * n // (n + 1))
+        return max(used, int(Thresholds().target * self.mem.budget * n / (n + 1)))
 
     def _ingest_limits(self, opts) -> dict:
         """How much input this job may hold in memory while reading it."""
