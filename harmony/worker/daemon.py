@@ -10,6 +10,7 @@ the daemon if it is killed outright (PR_SET_PDEATHSIG).
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import shutil
@@ -33,7 +34,8 @@ from harmony.worker.queues import QueueError, ResourceQueues, Sub
 log = logging.getLogger("harmony.worker")
 
 KILL_GRACE_S = 5.0
-OOM_CHECK_S = 0.1     # how often the emulated OOM killer samples the executors
+MEM_CHECK_S = 0.1     # how often the executors' memory is sampled (with a budget)
+MEMORY_FILE = "memory.json"   # the latest sample, for the executors' α controllers
 
 
 def _die_with_parent() -> None:  # runs in the child before exec
@@ -105,6 +107,7 @@ class Daemon:
             log.info("cleaned stale job store %s", d)
         self._mem_at = 0.0
         self.mem_used = 0
+        self.memory_file = os.path.join(self.state_dir, MEMORY_FILE)
         self.ctx = zmq.Context()
         self.sock = make_socket(self.ctx, zmq.DEALER, identity=f"w:{self.name}:{os.getpid()}".encode())
         self.sock.connect(master)
@@ -179,7 +182,7 @@ class Daemon:
                         self._send("register", name=self.name, host=self.host, cpus=self.cpus,
                                    memory=self.memory, pid=os.getpid(),
                                    executors=sorted(self.execs))
-                if self.oom_kill and now - self._mem_at >= OOM_CHECK_S:
+                if self.memory_set and now - self._mem_at >= MEM_CHECK_S:
                     self._mem_at = now
                     self._check_memory()
                 self._reap()
@@ -267,6 +270,7 @@ class Daemon:
                 # the block store: job stores under STATE/store, the budget
                 "state_dir": self.state_dir, "memory": int(self.memory),
                 "memory_set": self.memory_set, "daemon_pid": os.getpid(),
+                "memory_file": self.memory_file if self.memory_set else None,
                 "store_max": self.store_max}
         spec_path = os.path.join(d, "spec.msgpack")
         with open(spec_path, "wb") as fh:
@@ -300,13 +304,24 @@ class Daemon:
         return out
 
     def _check_memory(self) -> None:
-        """The emulated OOM killer: when the executors (counted once their
-        input is loaded: apps parse their input files in memory first) use
-        more than the budget, SIGKILL the largest, as the kernel would."""
+        """Sample the executors whose input is loaded (apps parse their input
+        files in memory first; that is not counted), publish the sample for
+        their α controllers (``STATE/memory.json``: budget, anonymous bytes
+        per executor pid), and, with ``oom_kill``, act as the emulated OOM
+        killer: over the budget, SIGKILL the largest, as the kernel would."""
         use = self._exec_memory()
         total = sum(use.values())
         self.mem_used = total
-        if total <= self.memory or not use:
+        pids = {str(self.execs[j].proc.pid): v for j, v in use.items()}
+        tmp = self.memory_file + ".tmp"
+        try:
+            with open(tmp, "w") as fh:
+                json.dump({"t": time.time(), "budget": int(self.memory), "used": total,
+                           "executors": pids}, fh)
+            os.replace(tmp, self.memory_file)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.memory_file, exc)
+        if not self.oom_kill or total <= self.memory or not use:
             return
         job = max(use, key=use.get)
         ep = self.execs[job]
@@ -424,7 +439,7 @@ class Daemon:
                 return self._xsend(ident, M.encode("abort", reason="not an executor of this machine"))
             self.xident[msg["job"]] = ident
             ep.loaded = True
-            if self.oom_kill:
+            if self.memory_set:
                 self._check_memory()     # at once: it may be over with its input alone
             for payload in self.pending.pop(msg["job"], []):
                 self._xsend(ident, payload)

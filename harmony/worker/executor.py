@@ -17,6 +17,7 @@ shard is spilled during COMP too.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -46,6 +47,14 @@ from harmony.worker.netem import NetEm, job_token
 
 log = logging.getLogger("harmony.executor")
 
+
+# Memory thresholds of the α controller, as fractions of the machine's budget.
+# Higher than dask's defaults (0.6/0.7/0.8/0.95, the controller's own): what
+# is measured here is each executor's *peak* anonymous memory (sampled every
+# 20 ms) against a hard budget measured the same way, with no garbage
+# collector between them, and an executor's fixed cost (the interpreter and
+# its libraries, ~20 MiB) is a large share of small emulated budgets.
+THRESHOLDS = Thresholds(target=0.75, spill=0.85, pause=0.92, terminate=0.97)
 
 PING_AFTER_S = 10.0       # ping the master after this long without a word
 MASTER_TIMEOUT_S = 60.0   # and give up after this long
@@ -89,16 +98,44 @@ class MachineMemory:
         self.budget = int(spec.get("memory") or psutil.virtual_memory().total)
         self.explicit = bool(spec.get("memory_set"))
         self.daemon_pid = spec.get("daemon_pid") or os.getppid()
+        self.memory_file = spec.get("memory_file")
         self._others = (0, 0)
         self._at = -1e9
 
     def others(self, max_age: float = 1.0) -> tuple[int, int]:
-        """(bytes, count) of the machine's other executors (cached ``max_age``)."""
+        """(bytes, count) of the machine's other executors whose input is
+        loaded: from the daemon's latest sample (``STATE/memory.json``, what
+        its OOM killer counts) when fresh, else measured here (then executors
+        still reading their input count too). Cached ``max_age`` seconds."""
         now = time.monotonic()
         if now - self._at > max_age:
-            self._others = executors_memory(self.daemon_pid, exclude=os.getpid())
+            self._others = self._from_daemon() or executors_memory(self.daemon_pid,
+                                                                   exclude=os.getpid())
             self._at = now
         return self._others
+
+    def loading_others(self) -> int:
+        """Executors here that have not loaded their input yet (known only
+        with the daemon's sample; 0 without it)."""
+        loaded = self._from_daemon()
+        if loaded is None:
+            return 0
+        _, everyone = executors_memory(self.daemon_pid, exclude=os.getpid())
+        return max(0, everyone - loaded[1])
+
+    def _from_daemon(self) -> tuple[int, int] | None:
+        if not self.memory_file:
+            return None
+        try:
+            with open(self.memory_file) as fh:
+                doc = json.load(fh)
+            if time.time() - float(doc["t"]) > 2.0:
+                return None
+            me = str(os.getpid())
+            others = [int(v) for pid, v in doc["executors"].items() if pid != me]
+            return sum(others), len(others)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def effective(self, used: int) -> int:
         """The budget, capped by what the machine really has left."""
@@ -282,8 +319,9 @@ class Executor:
         what they use now, or, if more, their equal shares of the target
         memory (jobs starting together have not loaded their input yet), so
         that each job starts from its own equal share."""
-        used, n = self.mem.others(max_age=0)
-        return max(used, int(Thresholds().target * self.mem.budget * n / (n + 1)))
+        used, _ = self.mem.others(max_age=0)
+        _, n = executors_memory(self.mem.daemon_pid, exclude=os.getpid())   # loaded or not
+        return max(used, int(THRESHOLDS.target * self.mem.budget * n / (n + 1)))
 
     def _ingest_limits(self, opts) -> dict:
         """How much input this job may hold in memory while reading it."""
@@ -295,7 +333,7 @@ class Executor:
         elif disk_ratio(opts) is not None:
             limit = None            # fixed α: placed after reading
         else:
-            limit = int(Thresholds().target * B) - self._others_share() - base
+            limit = int(THRESHOLDS.target * B) - self._others_share() - base
         return {"memory_limit": None if limit is None else max(0, limit),
                 "spill": opts.spill, "budget_note": self._budget_note()}
 
@@ -325,13 +363,14 @@ class Executor:
         else:
             others = self._others_share()
             alpha = initial_alpha(inp.total_bytes(), self.model_bytes, B, others,
-                                  reserve_bytes=self.reserve, num_blocks=nblocks)
-            th = Thresholds()
+                                  reserve_bytes=self.reserve, num_blocks=nblocks,
+                                  thresholds=THRESHOLDS)
+            th = THRESHOLDS
             self.spill_model = (alpha >= 1.0 and others + self.model_bytes + self.reserve
                                 > th.spill * B)
             self.alpha_ctl = AlphaController(nblocks, alpha, block_bytes=inp.mean_block_bytes(),
-                                       model_bytes=self.model_bytes,
-                                       spill_model=self.spill_model)
+                                             model_bytes=self.model_bytes, thresholds=th,
+                                             spill_model=self.spill_model)
             self.note = "initial estimate"
         inp.set_alpha(alpha)
         log.info("input: %d blocks, %.1f MiB; model %.1f MiB; alpha %.2f (%s); budget %.0f MiB",
@@ -341,8 +380,12 @@ class Executor:
     def _adapt(self, inp: LocalInput, tot, mem_peak: int, blocks_per_pass: float) -> dict:
         """One hill-climbing step per epoch; returns the epoch's store stats.
         The machine's pressure is (this executor's peak + the others' use) /
-        budget; each executor closes its own proportional part of the gap
-        (its budget share is budget × its use / the machine's use)."""
+        budget. The budget is shared in proportion to use: when memory is
+        short, each executor closes its own part of the gap (its use / the
+        machine's use), and when it is plentiful each releases only its part
+        of the room; a job whose reloads stall may take all the room there
+        is, and jobs whose reloads hide take more disk-blocks to make room
+        for a job that stalls and finds none (``others_starved``)."""
         others, _ = self.mem.others()
         machine = mem_peak + others
         eff = self.mem.effective(machine)
@@ -355,14 +398,21 @@ class Executor:
                  "budget_mb": round(self.mem.budget / 2**20, 2),
                  "pinned_mb": round(inp.residue_bytes() / 2**20, 3),
                  "model_spilled": bool(self.spill_model)}
-        if self.alpha_ctl is not None and len(inp):
-            share = max(1, int(eff * mem_peak / machine)) if machine > 0 else eff
+        waiting = (machine < THRESHOLDS.spill * eff and self.mem.loading_others() > 0)
+        if self.alpha_ctl is not None and len(inp) and waiting:
+            # co-located jobs are still reading their input: the memory looks
+            # more plentiful than it will be, so only pressure may move α now
+            self.note = "co-located jobs still loading their input"
+        elif self.alpha_ctl is not None and len(inp):
             free = inp.spillable_block_bytes()
             d = self.alpha_ctl.step(Observation(
-                mem_used=mem_peak, mem_budget=share, stall_s=tot.stall_s,
+                mem_used=machine, mem_budget=eff, share=mem_peak / machine if machine else 1.0,
+                stall_s=tot.stall_s,
                 comp_s=tot.comp_s if tot.proc_s else None, tbproc=tot.tbproc,
                 tbload=tot.tbload, blocks_total=max(1, int(round(blocks_per_pass))),
-                block_bytes=free or None))
+                block_bytes=free or None, others_starved=self._others_starved()))
+            self._publish(inp.alpha if d.disk_blocks == len(inp.on_disk) else
+                          d.disk_blocks / len(inp), self.alpha_ctl.starved)
             self.note = d.reason
             self.spill_model = d.spill_model
             if d.pause_job and not self.pause_wanted:
@@ -374,6 +424,45 @@ class Executor:
         stats.update({"next_alpha": inp.alpha, "pause_wanted": self.pause_wanted,
                       "reason": self.note})
         return stats
+
+    # Co-located jobs see each other's α state through small files next to
+    # their stores (STATE/store/JOB/alpha.json): a job whose reloads stall
+    # and that finds no memory to keep more blocks is "starved", and jobs
+    # whose reloads hide behind their compute then take more disk-blocks.
+    STARVED_FRESH_S = 10.0
+
+    def _publish(self, alpha: float, starved: bool) -> None:
+        if self.storage is None:
+            return
+        path = os.path.join(self.storage.dir, "alpha.json")
+        try:
+            with open(path + ".tmp", "w") as fh:
+                json.dump({"pid": os.getpid(), "t": time.time(), "alpha": alpha,
+                           "starved": bool(starved)}, fh)
+            os.replace(path + ".tmp", path)
+        except OSError as exc:
+            log.debug("cannot publish alpha state: %s", exc)
+
+    def _others_starved(self) -> bool:
+        if self.storage is None:
+            return False
+        root = os.path.dirname(self.storage.dir)
+        now = time.time()
+        try:
+            names = os.listdir(root)
+        except OSError:
+            return False
+        for name in names:
+            if name == self.job:
+                continue
+            try:
+                with open(os.path.join(root, name, "alpha.json")) as fh:
+                    doc = json.load(fh)
+                if doc.get("starved") and now - float(doc["t"]) < self.STARVED_FRESH_S:
+                    return True
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return False
 
     def _fail(self, error: str) -> None:
         log.error("job failed: %s", error)
