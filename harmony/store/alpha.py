@@ -27,9 +27,9 @@ memory used / budget                   action
 < spill, COMP stalled on reload (stall **down**, but only as far as the projected
 > tolerance · COMP time) or above the   memory (+ one block's bytes per block
 stall bound                            brought back) stays below spill
-< spill, this job not stalling, a      **up** within the stall bound: memory to
-co-located job starved (stalls, no     the job whose reloads cannot hide (jobs
-room to go down), ≥ target             share a machine; ``others_starved``)
+< spill, this job not stalling, a      **up** to the stall bound at once: memory
+co-located job starved (stalls, no     to the job whose reloads cannot hide
+room to go down), ≥ target             (jobs share a machine; ``others_starved``)
 < target                               **down** (less reload work), only as far
                                        as the projection stays below target
 otherwise (target ≤ used < spill)      hold
@@ -282,10 +282,11 @@ class AlphaController:
             return d
         if obs.others_starved and frac >= th.target and self.n < min(N, bound_n):
             # this job's reloads hide behind its compute, another job's stall
-            # and find no room: give it memory (up, within the stall bound)
-            move, step = self._planned_move(+1)
-            self._commit(+1, step)
-            self.n = min(N, bound_n, self.n + move)
+            # and find no room: give it memory, straight up to this job's
+            # stall bound (all blocks if none is measured yet; its own stalls
+            # bring it back down)
+            self._commit(+1, self.step_blocks)
+            self.n = min(N, bound_n)
             return self._decide(+1, "memory to a co-located job whose reloads stall")
         if self.n > 0 and frac < th.target:
             # only this job's part of the room: the others take theirs

@@ -396,6 +396,7 @@ class Executor:
                  "anon_mb": round(mem_peak / 2**20, 2),
                  "machine_mb": round(machine / 2**20, 2),
                  "budget_mb": round(self.mem.budget / 2**20, 2),
+                 "input_mb": round(inp.total_bytes() / 2**20, 2),
                  "pinned_mb": round(inp.residue_bytes() / 2**20, 3),
                  "model_spilled": bool(self.spill_model)}
         waiting = (machine < THRESHOLDS.spill * eff and self.mem.loading_others() > 0)
