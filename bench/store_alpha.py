@@ -201,14 +201,18 @@ def plot(res: dict, path: str) -> None:
     ax.set_ylim(0.8, top * 1.06)
     ax.set_title(f"{len(res['jobs'])} co-located jobs, inputs {res['input_mb']:.0f} MiB, "
                  f"budget {res['budget_mb']:.0f} MiB", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
-    for name, hist in res["alpha_history"].items():
-        ax2.plot(range(1, len(hist) + 1), hist, ".-", label=name)
-    ax2.set_xlabel("epoch")
-    ax2.set_ylabel("α")
+    ax.legend(fontsize=8, loc="lower left", framealpha=0.95)
+    last = res["raw"]["auto"][-1]["jobs"] if res["raw"].get("auto") else {}
+    t0 = min((j["times"][0] for j in last.values() if j.get("times")), default=0.0)
+    for name, j in last.items():
+        if j.get("times"):
+            ax2.step([t - t0 for t in j["times"]], j["alpha"], where="post", marker=".",
+                     ms=3, label=name)
+    ax2.set_xlabel("seconds since the first epoch (adaptive, last round)")
+    ax2.set_ylabel("α (per epoch)")
     ax2.set_ylim(-0.05, 1.05)
     ax2.legend(fontsize=8)
-    ax2.set_title("adaptive α per job (last round)", fontsize=10)
+    ax2.set_title("adaptive α per job; NMF jobs end, then lasso is stopped", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -224,7 +228,13 @@ def main() -> int:
     p.add_argument("--only", default=None, help="comma-separated settings (exploration)")
     p.add_argument("--out", default=str(ROOT / "bench" / "out"))
     p.add_argument("--keep-logs", default=None, help="copy the cluster's logs here")
+    p.add_argument("--replot", action="store_true", help="only redraw OUT/store_alpha.png "
+                   "from OUT/store_alpha.json")
     a = p.parse_args()
+    if a.replot:
+        with open(os.path.join(a.out, "store_alpha.json")) as fh:
+            plot(json.load(fh), os.path.join(a.out, "store_alpha.png"))
+        return 0
     os.makedirs(a.out, exist_ok=True)
     t_start = time.time()
     settings = [str(r) for r in FIXED] + ["auto"]
