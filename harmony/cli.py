@@ -208,9 +208,9 @@ def cmd_status(a: argparse.Namespace) -> int:
     for machine, ms in sorted((st.get("store") or {}).items()):
         print(f"store      {machine}: alpha {ms.get('alpha', 0):.2f}  "
               f"blocks {ms.get('mem_blocks', 0):.0f} in memory, {ms.get('disk_blocks', 0):.0f} "
-              f"on disk  reload stall {ms.get('stall_s', 0):.3f}s  RSS "
-              f"{ms.get('rss_mb', 0):.0f} MiB (machine {ms.get('machine_mb', 0):.0f} of "
-              f"{ms.get('budget_mb', 0):.0f} MiB)"
+              f"on disk  reload stall {ms.get('stall_s', 0):.3f}s  memory "
+              f"{ms.get('anon_mb', 0):.0f} MiB (RSS {ms.get('rss_mb', 0):.0f}; machine "
+              f"{ms.get('machine_mb', 0):.0f} of {ms.get('budget_mb', 0):.0f} MiB)"
               + ("  model spilled" if ms.get("model_spilled") else "")
               + f"  [epoch {ms.get('epoch', 0) + 1}; next alpha "
               f"{ms.get('next_alpha', ms.get('alpha', 0)):.2f}: {ms.get('reason', '')}]")
