@@ -100,7 +100,8 @@ class MachineMemory:
         self.daemon_pid = spec.get("daemon_pid") or os.getppid()
         self.memory_file = spec.get("memory_file")
         self._others = (0, 0)
-        self._at = -1e9
+        self._at = self._loading_at = -1e9
+        self._loading = 0
 
     def others(self, max_age: float = 1.0) -> tuple[int, int]:
         """(bytes, count) of the machine's other executors whose input is
@@ -114,14 +115,18 @@ class MachineMemory:
             self._at = now
         return self._others
 
-    def loading_others(self) -> int:
+    def loading_others(self, max_age: float = 1.0) -> int:
         """Executors here that have not loaded their input yet (known only
-        with the daemon's sample; 0 without it)."""
-        loaded = self._from_daemon()
-        if loaded is None:
-            return 0
-        _, everyone = executors_memory(self.daemon_pid, exclude=os.getpid())
-        return max(0, everyone - loaded[1])
+        with the daemon's sample; 0 without it). Cached ``max_age`` seconds."""
+        now = time.monotonic()
+        if now - self._loading_at > max_age:
+            self._loading_at = now
+            loaded = self._from_daemon()
+            self._loading = 0
+            if loaded is not None:
+                _, everyone = executors_memory(self.daemon_pid, exclude=os.getpid())
+                self._loading = max(0, everyone - loaded[1])
+        return self._loading
 
     def _from_daemon(self) -> tuple[int, int] | None:
         if not self.memory_file:
