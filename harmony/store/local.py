@@ -105,24 +105,16 @@ def _get_libc():
 
 
 def trim_heap() -> None:
-    """Give freed heap memory back to the OS (glibc ``malloc_trim``)."""
+    """Give freed heap memory back to the OS (glibc ``malloc_trim``, every
+    arena; ~0.2 ms). glibc raises its mmap threshold after a large free, so
+    the arrays of dropped disk-blocks come from, and stay in, the heap: the
+    RSS would not go down without this after a pass. (A fixed low threshold,
+    ``M_MMAP_THRESHOLD``, does the same but measured 50% slower NMF epochs:
+    its per-batch temporaries then each cost an mmap and page faults.)"""
     libc = _get_libc()
     if libc:
         try:
             libc.malloc_trim(0)
-        except AttributeError:
-            pass
-
-
-def fixed_mmap_threshold(nbytes: int = 128 * 1024) -> None:
-    """Make glibc serve every allocation above ``nbytes`` with its own mmap
-    (and free it with munmap). glibc's default raises the threshold after a
-    large free, after which dropped disk-blocks' arrays come from, and stay
-    in, the heap: RSS would not go down when blocks are dropped."""
-    libc = _get_libc()
-    if libc:
-        try:
-            libc.mallopt(-3, int(nbytes))   # M_MMAP_THRESHOLD
         except AttributeError:
             pass
 
@@ -603,6 +595,7 @@ class BlockSeq(Sequence):
         for blk in self._borrowed.values():
             self._owner._release(blk)
         self._borrowed.clear()
+        trim_heap()      # the dropped disk-blocks' memory back to the OS
         if err is not None:
             raise err
 

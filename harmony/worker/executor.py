@@ -41,7 +41,7 @@ from harmony.ps.server import ShardServer, ShardTable
 from harmony.store.alpha import AlphaController, Observation, Thresholds, initial_alpha
 from harmony.store.lmdb_store import JobStorage, StoreError
 from harmony.store.local import (BlockSeq, LocalInput, MemoryWatch, SpillDisabledError,
-                                 fixed_mmap_threshold, own_memory, trim_heap)
+                                 own_memory, trim_heap)
 from harmony.store.memory import executors_memory
 from harmony.worker.netem import NetEm, job_token
 
@@ -309,8 +309,6 @@ class Executor:
         self.storage = JobStorage(root, self.job, max_map_size=s.get("store_max"),
                                   lock_wait_s=10.0)
         if self.mem.explicit:
-            # every large array its own mmap: dropped blocks leave the RSS
-            fixed_mmap_threshold()
             self.watch = MemoryWatch()
         self.input = LocalInput(self.storage.input)
         return self.input
