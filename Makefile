@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(PY) bench/ps_throughput.py --reps 60
 	$(PY) bench/nmf_epoch.py
 	$(PY) bench/colocation.py
+	$(PY) bench/store_alpha.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -140,6 +140,7 @@ class Lasso(App):
     """Lasso regression (squared loss + L1) by distributed proximal gradient (FISTA)."""
 
     name = "lasso"
+    static_keys = True    # keys(blocks) depends only on which blocks it gets
     options = [
         Option("input", str, None, "training data: LIBSVM 'target idx:val ...' lines (.gz ok)",
                required=True),

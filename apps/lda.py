@@ -379,6 +379,7 @@ class LDA(App):
     """Latent Dirichlet allocation by collapsed Gibbs sampling (UCI bag-of-words input)."""
 
     name = "lda"
+    static_keys = True    # keys(blocks) depends only on which blocks it gets
     options = [
         Option("input", str, None, "UCI docword file: D, W, NNZ header lines, then "
                "'docID wordID count' lines (.gz ok)", required=True),

@@ -104,6 +104,7 @@ class MLR(App):
     """Multinomial logistic regression (softmax, cross-entropy + L2) by mini-batch SGD."""
 
     name = "mlr"
+    static_keys = True    # keys(blocks) depends only on which blocks it gets
     options = [
         Option("input", str, None, "training data: LIBSVM 'label idx:val ...' lines (.gz ok)",
                required=True),

@@ -24,6 +24,7 @@ from harmony.ps.keymap import keyed_uniform, mix64
 from harmony.store.blocks import Block
 
 CHUNK_LINES = 200_000
+EVAL_CHUNK = 65_536      # ratings per step of the objective (temporaries ~ 150 B each)
 
 
 def open_text(path: str):
@@ -104,6 +105,7 @@ class NMF(App):
     """Non-negative matrix factorization by SGD (ratings -> user/item factors)."""
 
     name = "nmf"
+    static_keys = True    # keys(blocks) depends only on which blocks it gets
     options = [
         Option("input", str, None, "ratings file: 'user item rating' lines (.gz ok)", required=True),
         Option("rank", int, 16, "factor rank"),
@@ -162,9 +164,13 @@ class NMF(App):
         return np.maximum(rows + deltas, 0.0)
 
     def keys(self, blocks: list[Block]) -> np.ndarray:
-        if not blocks:
-            return np.zeros(0, dtype=np.int64)
-        return np.unique(np.concatenate([b["i"] for b in blocks] + [b["ti"] for b in blocks]))
+        # one block at a time (disk-blocks are loaded while the loop runs):
+        # a mask over the items instead of concatenating every block's items
+        seen = np.zeros(self.num_items, dtype=bool)
+        for b in blocks:
+            seen[b["i"]] = True
+            seen[b["ti"]] = True
+        return np.flatnonzero(seen).astype(np.int64)
 
     def compute(self, blocks: list[Block], keys: np.ndarray, rows: np.ndarray,
                 step: Step) -> np.ndarray:
@@ -196,10 +202,12 @@ class NMF(App):
             L = blk["L"]
             for u, i, r, test in ((blk["u"], blk["i"], blk["r"], False),
                                   (blk["tu"], blk["ti"], blk["tr"], True)):
-                if len(r) == 0:
-                    continue
-                pred = np.einsum("ij,ij->i", L[u], rows[np.searchsorted(keys, i)])
-                e = float(np.dot(pred - r, pred - r))
+                e = 0.0
+                for s in range(0, len(r), EVAL_CHUNK):   # bounded temporaries
+                    sl = slice(s, s + EVAL_CHUNK)
+                    pred = np.einsum("ij,ij->i", L[u[sl]], rows[np.searchsorted(keys, i[sl])])
+                    d = pred - r[sl]
+                    e += float(np.dot(d, d))
                 if test:
                     tsse, tn = tsse + e, tn + len(r)
                 else:

@@ -101,6 +101,11 @@ COMMON_OPTIONS = [
     Option("blocks", int, 16, "input blocks (split over machines by block id)"),
     Option("model_blocks", int, 256, "model blocks (hashed key ranges) over server shards"),
     Option("seed", int, 0, "random seed (model init, data order)"),
+    Option("spill", bool, True, "let the runtime keep input blocks on disk when memory is "
+           "short (--no-spill: fail instead, naming the memory budget)"),
+    Option("disk_ratio", str, "auto", "fraction of this job's input blocks kept on disk and "
+           "reloaded in the background: 'auto' (hill-climbed against the memory budget) "
+           "or a fixed value in [0, 1]"),
 ]
 
 
@@ -109,6 +114,11 @@ class App:
 
     name: str = "app"
     options: list[Option] = []
+    #: ``keys(blocks)`` depends only on which blocks it gets (not on changes
+    #: the app makes to them or to itself): the runtime may then compute it
+    #: once per block group and reuse it, which saves a reload pass over
+    #: disk-blocks per iteration. Leave False if unsure.
+    static_keys: bool = False
 
     def __init__(self, opts: argparse.Namespace) -> None:
         self.opts = opts
@@ -223,7 +233,22 @@ def parse_app_args(cls: type[App], args: list[str]) -> argparse.Namespace:
     for name in ("blocks", "model_blocks"):
         if getattr(ns, name) > MAX_BLOCKS:
             raise AppError(f"bad app options: --{name.replace('_', '-')} must be <= {MAX_BLOCKS}")
+    disk_ratio(ns)
     return ns
+
+
+def disk_ratio(opts: argparse.Namespace) -> float | None:
+    """The job's fixed disk ratio α, or None for 'auto' (hill-climbed)."""
+    text = str(getattr(opts, "disk_ratio", "auto") or "auto").strip().lower()
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:
+        raise AppError(f"bad app options: --disk-ratio must be 'auto' or in [0, 1], got {text!r}")
+    return value
 
 
 def block_groups(blocks: list[Block], iters: int) -> list[list[Block]]:

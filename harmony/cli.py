@@ -77,7 +77,12 @@ def worker_main(argv: list[str] | None = None) -> int:
     s.add_argument("--host", default="127.0.0.1",
                    help="address this machine's executors bind and advertise")
     s.add_argument("--cpus", type=int, default=None, help="cores to offer (default: all)")
-    s.add_argument("--memory", type=parse_size, default=None, help="memory to offer, e.g. 8G")
+    s.add_argument("--memory", type=parse_size, default=None,
+                   help="memory budget of this machine's jobs, e.g. 512M or 8G (default: all)")
+    s.add_argument("--oom-kill", action="store_true",
+                   help="enforce --memory: stop the largest executor when they exceed it")
+    s.add_argument("--store-max", type=parse_size, default=None,
+                   help="disk quota of each job's spill store, e.g. 10G (default: the disk)")
     s.add_argument("--state-dir", default=None)
     s.add_argument("--cpu-set", default=None,
                    help="pin this machine to these cores, e.g. 0,1 (emulated machines)")
@@ -90,7 +95,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     try:
         cpu_set = [int(c) for c in a.cpu_set.split(",")] if a.cpu_set else None
         d = Daemon(master_address(a.master), a.name, a.host, a.cpus, a.memory, a.state_dir,
-                   cpu_set=cpu_set, netem=a.netem)
+                   cpu_set=cpu_set, netem=a.netem, oom_kill=a.oom_kill, store_max=a.store_max)
     except ValueError as exc:
         return _die(str(exc))
     d.serve_forever()
@@ -219,6 +224,15 @@ def cmd_status(a: argparse.Namespace) -> int:
         print(line)
     if st.get("error"):
         print(f"error      {st['error']}")
+    for machine, ms in sorted((st.get("store") or {}).items()):
+        print(f"store      {machine}: alpha {ms.get('alpha', 0):.2f}  "
+              f"blocks {ms.get('mem_blocks', 0):.0f} in memory, {ms.get('disk_blocks', 0):.0f} "
+              f"on disk  reload stall {ms.get('stall_s', 0):.3f}s  memory "
+              f"{ms.get('anon_mb', 0):.0f} MiB (RSS {ms.get('rss_mb', 0):.0f}; machine "
+              f"{ms.get('machine_mb', 0):.0f} of {ms.get('budget_mb', 0):.0f} MiB)"
+              + ("  model spilled" if ms.get("model_spilled") else "")
+              + f"  [epoch {ms.get('epoch', 0) + 1}; next alpha "
+              f"{ms.get('next_alpha', ms.get('alpha', 0)):.2f}: {ms.get('reason', '')}]")
     if st["epochs"]:
         print("epochs:")
         for ep in st["epochs"]:
@@ -265,7 +279,8 @@ def cmd_cluster(a: argparse.Namespace) -> int:
     try:
         cl = LocalCluster(a.machines, a.state_dir, port=a.port, detach=a.detach, mode=a.mode,
                           policy=a.policy,
-                          cpus_per_machine=a.cpus_per_machine, net_bandwidth=a.net_bandwidth)
+                          cpus_per_machine=a.cpus_per_machine, net_bandwidth=a.net_bandwidth,
+                          memory_per_machine=a.memory_per_machine)
     except (ClusterError, ValueError) as exc:
         return _die(str(exc), 2)
     try:
@@ -390,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="emulate machines of C cores each (CPU affinity)")
     s.add_argument("--net-bandwidth", default=None,
                    help="emulate a NIC of this rate per machine, e.g. 50MB/s or 400Mbit")
+    s.add_argument("--memory-per-machine", type=parse_size, default=None,
+                   help="emulate machines with this memory budget, e.g. 512M (enforced)")
     s = sub.add_parser("demo", help="NMF on generated data on a local cluster")
     s.add_argument("--machines", type=int, default=2)
     s.add_argument("--users", type=int, default=20000)

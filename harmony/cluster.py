@@ -53,7 +53,8 @@ class LocalCluster:
                  port: int = 5760, detach: bool = False, log_level: str = "INFO",
                  heartbeat_timeout: float = 5.0, mode: str = "naive",
                  cpus_per_machine: int | None = None,
-                 net_bandwidth: str | float | None = None, policy: str | None = None) -> None:
+                 net_bandwidth: str | float | None = None, policy: str | None = None,
+                 memory_per_machine: int | None = None, store_max: int | None = None) -> None:
         if machines < 1:
             raise ClusterError("--machines must be >= 1")
         self.mode = mode
@@ -72,6 +73,9 @@ class LocalCluster:
         self.rate = parse_rate(net_bandwidth) if isinstance(net_bandwidth, str) \
             else net_bandwidth
         self.machines = machines
+        # emulated memory: each worker's budget, enforced by its OOM killer
+        self.memory_per_machine = memory_per_machine
+        self.store_max = store_max
         self.state_dir = os.path.abspath(state_dir or default_state_dir())
         self.host, self.port, self.detach = host, port, detach
         self.log_level = log_level
@@ -132,6 +136,10 @@ class LocalCluster:
                           "--cpus", str(len(self.cpu_sets[i]))]
             if netem:
                 extra += ["--netem", netem]
+            if self.memory_per_machine:
+                extra += ["--memory", str(int(self.memory_per_machine)), "--oom-kill"]
+            if self.store_max:
+                extra += ["--store-max", str(int(self.store_max))]
             self.procs.append(self._spawn(
                 ["harmony.worker", "start", "--master", self.endpoint, "--name", name,
                  "--host", self.host, "--state-dir", os.path.join(self.state_dir, "workers", name),

@@ -264,3 +264,55 @@ def test_probe_counts_the_process_tree():
     finally:
         child.stdin.close()
         child.wait(10)
+
+
+def test_colocated_jobs_trade_memory_to_the_one_whose_reloads_stall():
+    """Two jobs on one machine, one controller each: A's reloads hide behind
+    its compute, B's cannot. Both start at α = 0.5, memory between target and
+    spill, so pressure moves neither: B stalls and finds no room, A gives it
+    memory. A ends with every block on disk, B with as many in memory as the
+    budget allows, and both settle."""
+    N, blk, base, budget = 20, 0.1 * GB, 1.0 * GB, 5.5 * GB
+    jobs = {"A": dict(tbproc=0.2, tbload=0.01), "B": dict(tbproc=0.005, tbload=0.05)}
+    ctl = {k: AlphaController(N, 0.5, thresholds=Thresholds(0.75, 0.85, 0.92, 0.97))
+           for k in jobs}
+    starved = {k: False for k in jobs}
+    trace = []
+
+    def used(k):
+        n = ctl[k].n
+        return base + (N - n) * blk + min(n, 2) * blk
+
+    for _ in range(60):
+        total = sum(used(k) for k in jobs)
+        for k, j in jobs.items():
+            n = ctl[k].n
+            stall = max(0.0, (n - 1) * j["tbload"] - (N - 1) * j["tbproc"]) if n else 0.0
+            other = "B" if k == "A" else "A"
+            d = ctl[k].step(Observation(
+                int(total), int(budget), stall_s=stall, comp_s=N * j["tbproc"] + stall,
+                tbproc=j["tbproc"], tbload=j["tbload"] if n else None, blocks_total=N,
+                block_bytes=blk, others_starved=starved[other], share=used(k) / total))
+            starved[k] = ctl[k].starved
+        trace.append((ctl["A"].n, ctl["B"].n, total / budget))
+    a, b, frac = trace[-1]
+    assert trace[0][2] >= 0.75                        # no room for B at first
+    assert a >= N - 2 and b < N // 2                 # A spills (nearly) all, B keeps memory
+    assert frac < 0.97 and all(f < 0.97 for _, _, f in trace[1:])   # never near the limit
+    assert len(set(trace[-10:])) == 1                 # settled
+    assert any(d.reason == "memory to a co-located job whose reloads stall"
+               for d in ctl["A"].history)
+
+
+def test_each_colocated_job_closes_only_its_part_of_the_gap():
+    th = Thresholds(0.75, 0.85, 0.92, 0.97)
+    block, budget = 0.1 * GB, 10 * GB
+    used = th.spill * budget + 1                       # memory short
+    need = (used - th.target * budget) / block         # the machine's gap in blocks
+    moves = []
+    for share in (0.25, 0.75):
+        c = AlphaController(100, 0.0, thresholds=th, initial_step=50, max_step=100)
+        c.step(Observation(int(used), int(budget), block_bytes=block, share=share))
+        moves.append(c.n)
+    assert moves[0] == pytest.approx(need * 0.25, abs=1)
+    assert moves[1] == pytest.approx(need * 0.75, abs=1)

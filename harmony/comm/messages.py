@@ -66,7 +66,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "barrier": {"job": str, "index": int, "epoch": int, "iter": int},
     "sync": {"job": str, "index": int, "seq": int, "next": str},
     "epoch_done": {"job": str, "index": int, "epoch": int, "sums": dict,
-                   "timings": dict},
+                   "timings": dict, "store": (dict, _OPT)},   # store: block-store stats
     "epoch_report": {"job": str, "index": int, "epoch": int, "metrics": dict,
                      "stop": bool},
     "exec_failed": {"job": str, "index": int, "error": str, "attempt": (int, _OPT)},

@@ -71,6 +71,7 @@ class Job:
     held: bool = False                 # paused by the user: only the user resumes it
     sched_group: str = ""              # the scheduler's group, if any
     predicted: float | None = None     # its group's predicted iteration time (s)
+    store: dict[str, dict] = field(default_factory=dict)     # machine -> latest store stats
 
     def update_profile(self, timings: dict[str, float], machines: int,
                        weight: float = 0.3) -> None:
@@ -124,6 +125,7 @@ class Job:
             st[self.state.value] = st.get(self.state.value, 0.0) + (now - self.entered)
         shown = self.epochs if max_epochs is None else self.epochs[-max_epochs:]
         d.update({"args": self.args, "attempt": self.attempt, "epochs": shown,
+                  "store": self.store,
                   "epochs_total": len(self.epochs), "reason": self.reason,
                   "events": self.events, "state_time": st,
                   "elapsed": ((self.ended or now) - self.started) if self.started else 0.0})

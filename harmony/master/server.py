@@ -570,6 +570,7 @@ class Master:
         else:
             job.epochs = []
             self.db.clear_epochs(job.id)
+        job.store = {}
         job.error = None
         how = f" (resumes at epoch {job.resume['epoch']})" if job.resume else ""
         job.transition(state, f"attempt {job.attempt} on {', '.join(machines)}{how}")
@@ -708,6 +709,10 @@ class Master:
             return
         job, run = jr
         ep = msg["epoch"]
+        if msg.get("store") is not None:   # the block store's latest, per machine
+            job.store[job.workers[msg["index"]]] = {"epoch": ep, **{
+                str(k): v for k, v in msg["store"].items()
+                if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) < 200)}}
         got = run.sums.setdefault(ep, {})
         got[msg["index"]] = (msg["sums"], msg["timings"])
         if len(got) < len(job.workers):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import traceback
 from typing import Callable
 
@@ -18,6 +19,8 @@ import zmq
 
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import bind_random, make_socket
+from harmony.store.blocks import Block
+from harmony.store.lmdb_store import release_scratch
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,12 @@ class ShardTable:
         self.rows = np.zeros((0, dim), dtype=self.dtype)
         self.ready = False
         self.lock = threading.Lock()
+        # model spill (the block store's last resort): rows in LMDB, not here
+        self._spill_store = None
+        self.spilled = False
+        self.spills = self.reloads = 0
+        self.reload_s = 0.0
+        self._chunks = 0
 
     def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
         order = np.argsort(keys, kind="stable")
@@ -49,6 +58,49 @@ class ShardTable:
                 raise ValueError(f"init rows have shape {self.rows.shape}, "
                                  f"expected {(len(self.keys), self.dim)}")
             self.ready = True
+            self.spilled = False
+
+    # -- model spill -------------------------------------------------------------
+    def attach_spill(self, store) -> None:
+        """Where :meth:`spill` puts the rows: a block store with ``put``/``get``
+        (the job's LMDB ``model`` store)."""
+        self._spill_store = store
+
+    def spill(self, chunk_bytes: int = 4 << 20) -> int:
+        """Write the rows to the spill store (in chunks of ~``chunk_bytes``)
+        and drop them from memory; they come back on the next pull or push
+        (or :meth:`restore`). The rows are mutable, so every spill writes
+        them again. Returns the bytes spilled (0 if nothing to do)."""
+        with self.lock:
+            if self._spill_store is None or not self.ready or self.spilled:
+                return 0
+            rows = self.rows
+            step = max(1, chunk_bytes // max(1, rows.itemsize * self.dim))
+            n = 0
+            for c, s in enumerate(range(0, max(len(rows), 1), step)):
+                self._spill_store.put(Block(c, {"rows": rows[s:s + step]}))
+                n += 1
+            self._chunks = n
+            release_scratch()
+            self.rows = None
+            self.spilled = True
+            self.spills += 1
+            return rows.nbytes
+
+    def _ensure(self) -> None:
+        """Reload spilled rows (caller holds the lock)."""
+        if self.spilled:
+            t0 = time.perf_counter()
+            parts = [self._spill_store.get(c)["rows"] for c in range(self._chunks)]
+            self.rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            self.spilled = False
+            self.reloads += 1
+            self.reload_s += time.perf_counter() - t0
+
+    def restore(self) -> None:
+        """Bring spilled rows back into memory (no-op if not spilled)."""
+        with self.lock:
+            self._ensure()
 
     def index(self, keys: np.ndarray) -> np.ndarray | slice:
         n = len(self.keys)
@@ -65,10 +117,12 @@ class ShardTable:
         return idx
 
     def pull(self, keys: np.ndarray) -> np.ndarray:
+        self._ensure()
         idx = self.index(keys)
         return self.rows if isinstance(idx, slice) else self.rows[idx]
 
     def push(self, keys: np.ndarray, deltas: np.ndarray) -> None:
+        self._ensure()
         idx = self.index(keys)
         if not isinstance(idx, slice) and len(idx) > 1 and not (np.diff(idx) > 0).all() \
                 and len(np.unique(idx)) != len(idx):

@@ -27,6 +27,9 @@ memory used / budget                   action
 < spill, COMP stalled on reload (stall **down**, but only as far as the projected
 > tolerance · COMP time) or above the   memory (+ one block's bytes per block
 stall bound                            brought back) stays below spill
+< spill, this job not stalling, a      **up** to the stall bound at once: memory
+co-located job starved (stalls, no     to the job whose reloads cannot hide
+room to go down), ≥ target             (jobs share a machine; ``others_starved``)
 < target                               **down** (less reload work), only as far
                                        as the projection stays below target
 otherwise (target ≤ used < spill)      hold
@@ -70,6 +73,8 @@ class Observation:
     tbload: float | None = None        # mean seconds to load (+ write back) one disk-block
     blocks_total: int | None = None    # blocks in the pass (Btotal of the bound)
     block_bytes: float | None = None   # in-memory bytes of one input block
+    others_starved: bool = False       # a co-located job stalls on reload but has no room
+    share: float = 1.0                 # this job's part of mem_used (co-located jobs)
 
     @classmethod
     def from_pass(cls, stats, mem_used: int, mem_budget: int,
@@ -152,6 +157,8 @@ class AlphaController:
         self.tbproc: float | None = None
         self.tbload: float | None = None
         self.history: list[Decision] = []
+        #: the last step found reload stalling COMP and no memory to go down
+        self.starved = False
 
     @classmethod
     def from_estimate(cls, num_blocks: int, input_bytes: int, model_bytes: int,
@@ -209,10 +216,12 @@ class AlphaController:
     # -- the rule ----------------------------------------------------------------------
     def step(self, obs: Observation) -> Decision:
         th, N = self.th, self.num_blocks
+        self.starved = False
         if obs.mem_budget <= 0:
             raise ValueError("mem_budget must be > 0")
         budget, used = float(obs.mem_budget), float(obs.mem_used)
         frac = used / budget
+        share = min(1.0, max(0.0, obs.share))
         self.tbproc = self._smooth(self.tbproc, obs.tbproc)
         self.tbload = self._smooth(self.tbload, obs.tbload)
         if obs.block_bytes:
@@ -244,7 +253,8 @@ class AlphaController:
                 return self._decide(0, "memory short but at the stall bound")
             move, step = self._planned_move(+1)
             if per_block:
-                need = int(math.ceil((used - th.target * budget) / per_block - 1e-9))
+                # this job's part of the gap (co-located jobs close theirs)
+                need = int(math.ceil((used - th.target * budget) * share / per_block - 1e-9))
                 move = min(move, max(1, need))
             self._commit(+1, step)
             self.n = min(limit, self.n + move)
@@ -266,18 +276,30 @@ class AlphaController:
 
         if self.n > 0 and (stalling or self.n > bound_n):
             why = "reload stalls COMP" if stalling else "above the stall bound"
-            return self._down(used, budget, per_block, th.spill, why,
-                              at_least=self.n - bound_n if self.n > bound_n else 0)
+            d = self._down(used, budget, per_block, th.spill, why,
+                           at_least=self.n - bound_n if self.n > bound_n else 0)
+            self.starved = d.direction == 0
+            return d
+        if obs.others_starved and frac >= th.target and self.n < min(N, bound_n):
+            # this job's reloads hide behind its compute, another job's stall
+            # and find no room: give it memory, straight up to this job's
+            # stall bound (all blocks if none is measured yet; its own stalls
+            # bring it back down)
+            self._commit(+1, self.step_blocks)
+            self.n = min(N, bound_n)
+            return self._decide(+1, "memory to a co-located job whose reloads stall")
         if self.n > 0 and frac < th.target:
-            return self._down(used, budget, per_block, th.target, "memory below target")
+            # only this job's part of the room: the others take theirs
+            return self._down(used, budget, per_block, th.target, "memory below target",
+                              share=share)
         return self._decide(0, "steady")
 
     def _down(self, used: float, budget: float, per_block: float | None, ceiling: float,
-              why: str, at_least: int = 0) -> Decision:
+              why: str, at_least: int = 0, share: float = 1.0) -> Decision:
         move, step = self._planned_move(-1)
         move = min(self.n, max(move, at_least))
         if per_block:
-            fits = int(math.floor((ceiling * budget - used) / per_block - 1e-9))
+            fits = int(math.floor((ceiling * budget - used) * share / per_block - 1e-9))
             move = min(move, fits)
         elif used >= self.th.target * budget:
             move = 0
@@ -292,4 +314,5 @@ class AlphaController:
     def state(self) -> dict:
         return {"alpha": self.alpha, "disk_blocks": self.n, "step": self.step_blocks,
                 "spill_model": self.spill_model, "reversals": self.reversals,
+                "starved": self.starved,
                 "tbproc": self.tbproc, "tbload": self.tbload}

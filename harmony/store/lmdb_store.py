@@ -170,6 +170,13 @@ def frame_block(block: Block) -> memoryview:
     return mv[:n + _TRAILER.size]
 
 
+def release_scratch() -> None:
+    """Free this thread's :func:`frame_block` buffer (it is as large as the
+    largest block framed so far, up to twice that). Call it after a burst of
+    writes where memory is short, e.g. after spilling blocks."""
+    _scratch.buf = None
+
+
 def _split_trailer(value: bytes | memoryview) -> tuple[memoryview, int]:
     """(payload, stored CRC) of a framed value; ``ValueError`` if damaged."""
     mv = memoryview(value)

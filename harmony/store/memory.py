@@ -111,3 +111,23 @@ class MemoryProbe:
         avail = int(psutil.virtual_memory().available)
         return MemorySample(time.time(), used, self.budget, min(self.budget, used + avail),
                             tm.rss, avail)
+
+
+def executors_memory(daemon_pid: int, exclude: int | None = None) -> tuple[int, int]:
+    """(anonymous bytes, count) of the job executors of a worker daemon (its
+    direct children), leaving out pid ``exclude`` (e.g. the caller)."""
+    try:
+        kids = psutil.Process(daemon_pid).children()
+    except psutil.Error:
+        return 0, 0
+    used = n = 0
+    for p in kids:
+        if p.pid == exclude:
+            continue
+        try:
+            mi = p.memory_info()
+        except psutil.Error:
+            continue
+        used += max(0, mi.rss - getattr(mi, "shared", 0))
+        n += 1
+    return used, n

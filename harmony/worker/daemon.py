@@ -10,6 +10,7 @@ the daemon if it is killed outright (PR_SET_PDEATHSIG).
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import shutil
@@ -26,12 +27,15 @@ import zmq
 
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import bind_random, make_socket
+from harmony.store.lmdb_store import sweep_stale
 from harmony.worker.netem import NetEm, job_token
 from harmony.worker.queues import QueueError, ResourceQueues, Sub
 
 log = logging.getLogger("harmony.worker")
 
 KILL_GRACE_S = 5.0
+MEM_CHECK_S = 0.1     # how often the executors' memory is sampled (with a budget)
+MEMORY_FILE = "memory.json"   # the latest sample, for the executors' α controllers
 
 
 def _die_with_parent() -> None:  # runs in the child before exec
@@ -51,6 +55,8 @@ class ExecProc:
     dir: str
     log_path: str
     term_sent: float | None = None
+    loaded: bool = False          # said hello: its input is loaded
+    oom: str = ""                 # why the emulated OOM killer stopped it
 
 
 def _tail(path: str, n: int = 2000) -> str:
@@ -68,7 +74,8 @@ class Daemon:
     def __init__(self, master: str, name: str | None = None, host: str = "127.0.0.1",
                  cpus: int | None = None, memory: int | None = None,
                  state_dir: str | None = None, cpu_set: list[int] | None = None,
-                 netem: str | None = None) -> None:
+                 netem: str | None = None, oom_kill: bool = False,
+                 store_max: int | None = None) -> None:
         self.master = master
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.host = host
@@ -83,10 +90,24 @@ class Daemon:
         if self.netem is not None and self.name not in self.netem.index:
             raise ValueError(f"machine {self.name!r} is not in the network emulation "
                              f"({self.netem.names})")
+        # the memory budget: shared by this machine's executors (each sees
+        # the machine's use against it and adapts its disk ratio); with
+        # oom_kill, exceeding it stops the largest executor (emulated OOM)
+        self.memory_set = bool(memory)
         self.memory = memory or psutil.virtual_memory().total
+        if oom_kill and not memory:
+            raise ValueError("--oom-kill needs --memory")
+        self.oom_kill = oom_kill
+        self.store_max = store_max
         self.state_dir = os.path.abspath(state_dir or os.path.join(
             os.path.expanduser("~/.harmony/workers"), self.name))
         os.makedirs(os.path.join(self.state_dir, "jobs"), exist_ok=True)
+        # job stores of executors that crashed in an earlier run of this worker
+        for d in sweep_stale(os.path.join(self.state_dir, "store")):
+            log.info("cleaned stale job store %s", d)
+        self._mem_at = 0.0
+        self.mem_used = 0
+        self.memory_file = os.path.join(self.state_dir, MEMORY_FILE)
         self.ctx = zmq.Context()
         self.sock = make_socket(self.ctx, zmq.DEALER, identity=f"w:{self.name}:{os.getpid()}".encode())
         self.sock.connect(master)
@@ -161,6 +182,9 @@ class Daemon:
                         self._send("register", name=self.name, host=self.host, cpus=self.cpus,
                                    memory=self.memory, pid=os.getpid(),
                                    executors=sorted(self.execs))
+                if self.memory_set and now - self._mem_at >= MEM_CHECK_S:
+                    self._mem_at = now
+                    self._check_memory()
                 self._reap()
         finally:
             self.shutdown()
@@ -243,7 +267,12 @@ class Daemon:
                 "app_source": msg["app_source"], "args": msg["args"],
                 "master": self.master, "host": self.host, "worker": self.name,
                 "daemon": self.xendpoint, "netem": self.netem_path,
-                "ckpt": msg.get("ckpt"), "resume": msg.get("resume")}
+                "ckpt": msg.get("ckpt"), "resume": msg.get("resume"),
+                # the block store: job stores under STATE/store, the budget
+                "state_dir": self.state_dir, "memory": int(self.memory),
+                "memory_set": self.memory_set, "daemon_pid": os.getpid(),
+                "memory_file": self.memory_file if self.memory_set else None,
+                "store_max": self.store_max}
         spec_path = os.path.join(d, "spec.msgpack")
         with open(spec_path, "wb") as fh:
             fh.write(msgpack.packb(spec, use_bin_type=True))
@@ -261,6 +290,53 @@ class Daemon:
         self.execs[job] = ExecProc(job, msg["index"], msg["attempt"], proc, d, log_path)
         log.info("started executor %d of %s (attempt %d, pid %d)", msg["index"], job,
                  msg["attempt"], proc.pid)
+
+    def _exec_memory(self) -> dict[str, int]:
+        """Anonymous RSS of every executor whose input is loaded."""
+        out = {}
+        for job, ep in self.execs.items():
+            if not ep.loaded or ep.oom:
+                continue
+            try:
+                mi = psutil.Process(ep.proc.pid).memory_info()
+            except psutil.Error:
+                continue
+            out[job] = max(0, mi.rss - getattr(mi, "shared", 0))
+        return out
+
+    def _check_memory(self) -> None:
+        """Sample the executors whose input is loaded (apps parse their input
+        files in memory first; that is not counted), publish the sample for
+        their α controllers (``STATE/memory.json``: budget, anonymous bytes
+        per executor pid), and, with ``oom_kill``, act as the emulated OOM
+        killer: over the budget, SIGKILL the largest, as the kernel would."""
+        use = self._exec_memory()
+        total = sum(use.values())
+        self.mem_used = total
+        pids = {str(self.execs[j].proc.pid): v for j, v in use.items()}
+        tmp = self.memory_file + ".tmp"
+        try:
+            with open(tmp, "w") as fh:
+                json.dump({"t": time.time(), "budget": int(self.memory), "used": total,
+                           "executors": pids}, fh)
+            os.replace(tmp, self.memory_file)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.memory_file, exc)
+        if not self.oom_kill or total <= self.memory or not use:
+            return
+        job = max(use, key=use.get)
+        ep = self.execs[job]
+        ep.oom = (f"out of memory: the executors of machine {self.name} used "
+                  f"{total / 2**20:.0f} MiB, over its memory budget of "
+                  f"{self.memory / 2**20:.0f} MiB (--memory); the largest, {job} "
+                  f"({use[job] / 2**20:.0f} MiB), was killed (emulated OOM killer)")
+        log.warning(ep.oom)
+        try:
+            with open(ep.log_path, "a") as fh:
+                fh.write(f"harmony-worker: {ep.oom}\n")
+            ep.proc.kill()
+        except (OSError, ProcessLookupError):
+            pass
 
     def _terminate(self, ep: ExecProc) -> None:
         if ep.proc.poll() is None and ep.term_sent is None:
@@ -289,6 +365,8 @@ class Daemon:
             del self.execs[job]
             self._drop(job)
             tail = _tail(ep.log_path) if code != 0 else ""
+            if ep.oom:   # the reason first: the log's tail may be long
+                tail = f"{ep.oom}\n{tail}"
             log.info("executor of %s exited with %s", job, code)
             self._send("exec_exited", job=job, index=ep.index, attempt=ep.attempt,
                        code=int(code), log_tail=tail)
@@ -361,6 +439,9 @@ class Daemon:
             if ep is None or ep.attempt != msg["attempt"]:
                 return self._xsend(ident, M.encode("abort", reason="not an executor of this machine"))
             self.xident[msg["job"]] = ident
+            ep.loaded = True
+            if self.memory_set:
+                self._check_memory()     # at once: it may be over with its input alone
             for payload in self.pending.pop(msg["job"], []):
                 self._xsend(ident, payload)
         elif msg.type == "sub_done":
@@ -410,7 +491,9 @@ class Daemon:
         if prev is None:
             return {"t": now}
         dt = max(now - prev["t"], 1e-6)
+        mem = sum(self._exec_memory().values())
         out = {"t": now, "dt": dt, "cpu": min(1.0, max(0.0, dcpu) / (dt * self.cpus)),
+               "mem": mem / self.memory,
                "q_cpu": min(1.0, (cur["q_cpu"] - prev["q_cpu"]) / dt),
                "q_net": min(1.0, (cur["q_net"] - prev["q_net"]) / (2 * dt))}
         if self.netem is not None:

@@ -4,9 +4,20 @@ It holds the job's worker role on this machine (input blocks, the app's
 compute) and its PS server shard (a thread serving this machine's model
 blocks). The master synchronizes iterations across the job's machines.
 Started by the worker daemon as ``python -m harmony.worker.executor SPEC``.
+
+Input blocks live in a :class:`~harmony.store.local.LocalInput` backed by the
+job's LMDB store under the worker's state dir (``STATE/store/JOB``). A
+fraction α of them are disk-blocks, reloaded in the background during each
+pass of the app over its blocks. α is fixed (``--disk-ratio``) or starts from
+an estimate of input and model size against this job's part of the machine's
+memory budget and is hill-climbed per epoch
+(:class:`~harmony.store.alpha.AlphaController`) from the measured reload
+stall and memory pressure. When α is 1 and memory is still short, the model
+shard is spilled during COMP too.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -17,21 +28,34 @@ import traceback
 
 import msgpack
 import numpy as np
+import psutil
 import zmq
 
-from harmony.app import (App, AppError, InputPart, Step, block_groups, load_app,
+from harmony.app import (App, AppError, InputPart, ModelSpec, Step, disk_ratio, load_app,
                          parse_app_args, should_stop)
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import make_socket
 from harmony.ps.client import PSClient, PSError
 from harmony.ps.keymap import block_of
 from harmony.ps.server import ShardServer, ShardTable
-from harmony.store.blocks import BlockStore
 from harmony.worker import jobckpt
+from harmony.store.alpha import AlphaController, Observation, Thresholds, initial_alpha
+from harmony.store.lmdb_store import JobStorage, StoreError
+from harmony.store.local import (BlockSeq, LocalInput, MemoryWatch, SpillDisabledError,
+                                 own_memory, trim_heap)
+from harmony.store.memory import executors_memory
 from harmony.worker.netem import NetEm, job_token
 
 log = logging.getLogger("harmony.executor")
 
+
+# Memory thresholds of the α controller, as fractions of the machine's budget.
+# Higher than dask's defaults (0.6/0.7/0.8/0.95, the controller's own): what
+# is measured here is each executor's *peak* anonymous memory (sampled every
+# 20 ms) against a hard budget measured the same way, with no garbage
+# collector between them, and an executor's fixed cost (the interpreter and
+# its libraries, ~20 MiB) is a large share of small emulated budgets.
+THRESHOLDS = Thresholds(target=0.75, spill=0.85, pause=0.92, terminate=0.97)
 
 PING_AFTER_S = 10.0       # ping the master after this long without a word
 MASTER_TIMEOUT_S = 60.0   # and give up after this long
@@ -47,6 +71,85 @@ class MasterLost(Exception):
 
 class Paused(Exception):
     """The master paused the job; its checkpoint part is written."""
+
+
+def _close_quietly(view) -> None:
+    if isinstance(view, BlockSeq):
+        try:
+            view.close()
+        except Exception as exc:
+            log.error("closing the block passes after an error: %s", exc)
+
+
+def _call(view, fn):
+    """``fn(view)``, then end the view's passes (a BlockSeq: finish reloads,
+    drop disk-blocks). An error of the call wins over one of the close."""
+    if not isinstance(view, BlockSeq):
+        return fn(view)
+    try:
+        out = fn(view)
+    except BaseException:
+        _close_quietly(view)
+        raise
+    view.close()
+    return out
+
+
+class MachineMemory:
+    """This machine's memory budget (``harmony-worker --memory``) and what
+    its executors use (anonymous RSS, psutil over the daemon's children)."""
+
+    def __init__(self, spec: dict) -> None:
+        self.budget = int(spec.get("memory") or psutil.virtual_memory().total)
+        self.explicit = bool(spec.get("memory_set"))
+        self.daemon_pid = spec.get("daemon_pid") or os.getppid()
+        self.memory_file = spec.get("memory_file")
+        self._others = (0, 0)
+        self._at = self._loading_at = -1e9
+        self._loading = 0
+
+    def others(self, max_age: float = 1.0) -> tuple[int, int]:
+        """(bytes, count) of the machine's other executors whose input is
+        loaded: from the daemon's latest sample (``STATE/memory.json``, what
+        its OOM killer counts) when fresh, else measured here (then executors
+        still reading their input count too). Cached ``max_age`` seconds."""
+        now = time.monotonic()
+        if now - self._at > max_age:
+            self._others = self._from_daemon() or executors_memory(self.daemon_pid,
+                                                                   exclude=os.getpid())
+            self._at = now
+        return self._others
+
+    def loading_others(self, max_age: float = 1.0) -> int:
+        """Executors here that have not loaded their input yet (known only
+        with the daemon's sample; 0 without it). Cached ``max_age`` seconds."""
+        now = time.monotonic()
+        if now - self._loading_at > max_age:
+            self._loading_at = now
+            loaded = self._from_daemon()
+            self._loading = 0
+            if loaded is not None:
+                _, everyone = executors_memory(self.daemon_pid, exclude=os.getpid())
+                self._loading = max(0, everyone - loaded[1])
+        return self._loading
+
+    def _from_daemon(self) -> tuple[int, int] | None:
+        if not self.memory_file:
+            return None
+        try:
+            with open(self.memory_file) as fh:
+                doc = json.load(fh)
+            if time.time() - float(doc["t"]) > 2.0:
+                return None
+            me = str(os.getpid())
+            others = [int(v) for pid, v in doc["executors"].items() if pid != me]
+            return sum(others), len(others)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def effective(self, used: int) -> int:
+        """The budget, capped by what the machine really has left."""
+        return max(1, min(self.budget, used + int(psutil.virtual_memory().available)))
 
 
 def _plain(d: dict) -> dict:
@@ -79,6 +182,18 @@ class Executor:
         self.seq = 0
         self.last_contact = self.last_ping = time.monotonic()
         self.net_wait = 0.0   # seconds spent in emulated transfers
+        # the block store
+        self.mem = MachineMemory(spec)
+        self.storage: JobStorage | None = None
+        self.input: LocalInput | None = None
+        self.table: ShardTable | None = None
+        self.watch: MemoryWatch | None = None
+        self.alpha_ctl: AlphaController | None = None     # None: α fixed
+        self.spill_model = False
+        self.pause_wanted = False
+        self.model_bytes = 0
+        self.reserve = 0          # this executor's memory besides input and model
+        self.note = ""            # why α is what it is
 
     def send(self, mtype: str, **fields) -> None:
         self.ctl.send(M.encode(mtype, job=self.job, index=self.index, **fields))
@@ -126,23 +241,34 @@ class Executor:
             cls = load_app(s["app_source"], s["app_name"])
             opts = parse_app_args(cls, list(s["args"]))
             app: App = cls(opts)
-            # input is always (re)read: it also sets the app's own fields; a
-            # resumed attempt then replaces the blocks' mutable state below
-            store = BlockStore()
-            for blk in app.read_input(InputPart(self.index, self.count, opts.blocks)):
-                store.put(blk)
+            fixed = disk_ratio(opts)
+            if fixed and not opts.spill:
+                raise AppError("bad app options: --disk-ratio > 0 needs spilling (--spill)")
+            inp = self._open_input()
+            # -- input: the one place this machine's input blocks come from.
+            # Input is always (re)read, which also sets the app's own fields;
+            # a resumed attempt then replaces its blocks' mutable state from
+            # the checkpoint once the owner map is known (below).
+            part = InputPart(self.index, self.count, opts.blocks)
+            inp.ingest(app.read_input(part), **self._ingest_limits(opts))
+            inp.set_groups(opts.iters_per_epoch)
+            trim_heap()
             restored = jobckpt.Restored(self.job, s["resume"]) if s.get("resume") else None
             spec = app.model_spec()
+            self._place_input(inp, opts, spec, fixed)
+            if self.watch is not None:
+                self.watch.take()   # epoch peaks from here on (not the app's parsing)
             # the default update (add) runs in place on the shard
             update = None if type(app).update is App.update else app.update
-            table = ShardTable(spec.dim, spec.dtype, update)
+            table = self.table = ShardTable(spec.dim, spec.dtype, update)
+            table.attach_spill(self.storage.model)
             tag = f"{self.job}:{self.attempt}"
             self.server = ShardServer(self.ctx, s["host"], table, tag=tag)
             self.server.start()
             self.ctl.send(M.encode("exec_ready", job=self.job, index=self.index,
                                    attempt=self.attempt, endpoint=self.server.endpoint,
                                    num_keys=spec.num_keys, dim=spec.dim,
-                                   model_blocks=opts.model_blocks, local_blocks=len(store)))
+                                   model_blocks=opts.model_blocks, local_blocks=len(inp)))
             start = self.wait("job_start")
             self.queued = start["mode"] == "queued"
             owner = np.asarray(start["owner"], dtype=np.int64)
@@ -152,22 +278,25 @@ class Executor:
                 table.load(mine, app.init_rows(mine))
             else:
                 restored.load(self.index, self.count, owner)
-                if sorted(restored.inputs) != store.ids():
+                if sorted(restored.inputs) != inp.ids():
                     raise jobckpt.CheckpointError(
                         f"checkpoint holds input blocks {sorted(restored.inputs)[:8]}... for "
-                        f"executor {self.index}, its input has {store.ids()[:8]}...")
+                        f"executor {self.index}, its input has {inp.ids()[:8]}...")
                 for blk in restored.inputs.values():
-                    store.put(blk)
+                    inp.replace(blk)
+                restored.inputs = {}
                 table.load(mine, restored.model_rows(mine, spec.dim, spec.dtype))
                 log.info("resumed from checkpoint at epoch %d", restored.epoch)
             self.client = PSClient(self.ctx, start["peers"], owner, spec.dim, spec.dtype,
                                    throttle=self._throttle_fn(start["machines"]), tag=tag)
-            if self.queued:
+            if self.spec.get("daemon"):
+                # the daemon's subtask queues (harmony mode) and its memory
+                # accounting (every mode) count this executor from now on
                 self.dsock.send(M.encode("hello", job=self.job, index=self.index,
                                          attempt=self.attempt))
-            else:
+            if not self.queued:
                 self.barrier(-1, 0)  # every shard initialized before the first pull
-            self._train(app, opts, store, table, restored.epoch if restored else 0)
+            self._train(app, opts, inp, table, restored.epoch if restored else 0)
             self.send("exec_finished")
             return 0
         except Paused as exc:
@@ -179,7 +308,7 @@ class Executor:
         except MasterLost as exc:
             log.error("giving up: %s", exc)
             return 4
-        except (AppError, PSError) as exc:
+        except (AppError, PSError, StoreError) as exc:
             self._fail(str(exc))
             return 1
         except Exception as exc:
@@ -191,6 +320,175 @@ class Executor:
             return 1
         finally:
             self.close()
+
+    # -- the block store ----------------------------------------------------------
+    def _open_input(self) -> LocalInput:
+        """The job's LMDB store on this machine (``STATE/store/JOB``) and the
+        owner of its input blocks."""
+        s = self.spec
+        root = os.path.join(s.get("state_dir") or os.path.join(os.getcwd(), "state"), "store")
+        # an older attempt's executor may still be stopping: wait for its lock
+        self.storage = JobStorage(root, self.job, max_map_size=s.get("store_max"),
+                                  lock_wait_s=10.0)
+        if self.mem.explicit:
+            self.watch = MemoryWatch()
+        self.input = LocalInput(self.storage.input)
+        return self.input
+
+    def _budget_note(self) -> str:
+        return (f" (memory budget of machine {self.spec.get('worker', '?')}: "
+                f"{self.mem.budget / 2**20:.0f} MiB{'' if self.mem.explicit else ', all of it'})")
+
+    def _others_share(self) -> int:
+        """Memory the other executors here take, for this job's estimates:
+        what they use now, or, if more, their equal shares of the target
+        memory (jobs starting together have not loaded their input yet), so
+        that each job starts from its own equal share."""
+        used, _ = self.mem.others(max_age=0)
+        _, n = executors_memory(self.mem.daemon_pid, exclude=os.getpid())   # loaded or not
+        return max(used, int(THRESHOLDS.target * self.mem.budget * n / (n + 1)))
+
+    def _ingest_limits(self, opts) -> dict:
+        """How much input this job may hold in memory while reading it."""
+        B = self.mem.budget
+        base = own_memory()[1]
+        if not opts.spill:
+            used, _ = self.mem.others(max_age=0)
+            limit = B - used - base
+        elif disk_ratio(opts) is not None:
+            limit = None            # fixed α: placed after reading
+        else:
+            limit = int(THRESHOLDS.target * B) - self._others_share() - base
+        return {"memory_limit": None if limit is None else max(0, limit),
+                "spill": opts.spill, "budget_note": self._budget_note()}
+
+    def _place_input(self, inp: LocalInput, opts, spec: ModelSpec,
+                     fixed: float | None) -> None:
+        """The initial α: fixed, or estimated from the input's measured size
+        and the model's size against this job's part of the budget."""
+        item = np.dtype(spec.dtype).itemsize
+        model = spec.num_keys * spec.dim * item
+        # the shard, the pulled rows, and the app's working copy of them
+        self.model_bytes = -(-spec.num_keys // self.count) * spec.dim * item + 2 * model
+        self.reserve = max(0, own_memory()[1] - inp.memory_bytes())
+        nblocks = len(inp)
+        B = self.mem.budget
+        if fixed is not None:
+            alpha, self.note = fixed, "fixed (--disk-ratio)"
+        elif not opts.spill or nblocks == 0:
+            alpha, self.note = 0.0, "spilling disabled" if not opts.spill else "no blocks"
+            used, _ = self.mem.others(max_age=0)
+            need = used + self.reserve + inp.total_bytes() + self.model_bytes
+            if not opts.spill and need > B:
+                raise SpillDisabledError(
+                    f"out of memory: input {inp.total_bytes() / 2**20:.1f} MiB + model "
+                    f"{self.model_bytes / 2**20:.1f} MiB + this executor "
+                    f"{self.reserve / 2**20:.1f} MiB + other jobs {used / 2**20:.1f} MiB "
+                    f"exceed{self._budget_note()}; spilling is disabled (--no-spill)")
+        else:
+            others = self._others_share()
+            alpha = initial_alpha(inp.total_bytes(), self.model_bytes, B, others,
+                                  reserve_bytes=self.reserve, num_blocks=nblocks,
+                                  thresholds=THRESHOLDS)
+            th = THRESHOLDS
+            self.spill_model = (alpha >= 1.0 and others + self.model_bytes + self.reserve
+                                > th.spill * B)
+            self.alpha_ctl = AlphaController(nblocks, alpha, block_bytes=inp.mean_block_bytes(),
+                                             model_bytes=self.model_bytes, thresholds=th,
+                                             spill_model=self.spill_model)
+            self.note = "initial estimate"
+        inp.set_alpha(alpha)
+        log.info("input: %d blocks, %.1f MiB; model %.1f MiB; alpha %.2f (%s); budget %.0f MiB",
+                 nblocks, inp.total_bytes() / 2**20, self.model_bytes / 2**20, inp.alpha,
+                 self.note, B / 2**20)
+
+    def _adapt(self, inp: LocalInput, tot, mem_peak: int, blocks_per_pass: float) -> dict:
+        """One hill-climbing step per epoch; returns the epoch's store stats.
+        The machine's pressure is (this executor's peak + the others' use) /
+        budget. The budget is shared in proportion to use: when memory is
+        short, each executor closes its own part of the gap (its use / the
+        machine's use), and when it is plentiful each releases only its part
+        of the room; a job whose reloads stall may take all the room there
+        is, and jobs whose reloads hide take more disk-blocks to make room
+        for a job that stalls and finds none (``others_starved``)."""
+        others, _ = self.mem.others()
+        machine = mem_peak + others
+        eff = self.mem.effective(machine)
+        stats = {"alpha": inp.alpha, "mem_blocks": len(inp.memory), "disk_blocks":
+                 len(inp.on_disk), "stall_s": round(tot.stall_s, 6),
+                 "reload_mb": round(tot.bytes_loaded / 2**20, 3),
+                 "rss_mb": round(own_memory()[0] / 2**20, 2),
+                 "anon_mb": round(mem_peak / 2**20, 2),
+                 "machine_mb": round(machine / 2**20, 2),
+                 "budget_mb": round(self.mem.budget / 2**20, 2),
+                 "input_mb": round(inp.total_bytes() / 2**20, 2),
+                 "pinned_mb": round(inp.residue_bytes() / 2**20, 3),
+                 "model_spilled": bool(self.spill_model)}
+        waiting = (machine < THRESHOLDS.spill * eff and self.mem.loading_others() > 0)
+        if self.alpha_ctl is not None and len(inp) and waiting:
+            # co-located jobs are still reading their input: the memory looks
+            # more plentiful than it will be, so only pressure may move α now
+            self.note = "co-located jobs still loading their input"
+        elif self.alpha_ctl is not None and len(inp):
+            free = inp.spillable_block_bytes()
+            d = self.alpha_ctl.step(Observation(
+                mem_used=machine, mem_budget=eff, share=mem_peak / machine if machine else 1.0,
+                stall_s=tot.stall_s,
+                comp_s=tot.comp_s if tot.proc_s else None, tbproc=tot.tbproc,
+                tbload=tot.tbload, blocks_total=max(1, int(round(blocks_per_pass))),
+                block_bytes=free or None, others_starved=self._others_starved()))
+            self._publish(inp.alpha if d.disk_blocks == len(inp.on_disk) else
+                          d.disk_blocks / len(inp), self.alpha_ctl.starved)
+            self.note = d.reason
+            self.spill_model = d.spill_model
+            if d.pause_job and not self.pause_wanted:
+                log.warning("memory critical with everything spilled: this job should be "
+                            "paused here (%s)", d.reason)
+            self.pause_wanted = d.pause_job
+            if d.disk_blocks != len(inp.on_disk):
+                inp.set_disk_count(d.disk_blocks)
+        stats.update({"next_alpha": inp.alpha, "pause_wanted": self.pause_wanted,
+                      "reason": self.note})
+        return stats
+
+    # Co-located jobs see each other's α state through small files next to
+    # their stores (STATE/store/JOB/alpha.json): a job whose reloads stall
+    # and that finds no memory to keep more blocks is "starved", and jobs
+    # whose reloads hide behind their compute then take more disk-blocks.
+    STARVED_FRESH_S = 10.0
+
+    def _publish(self, alpha: float, starved: bool) -> None:
+        if self.storage is None:
+            return
+        path = os.path.join(self.storage.dir, "alpha.json")
+        try:
+            with open(path + ".tmp", "w") as fh:
+                json.dump({"pid": os.getpid(), "t": time.time(), "alpha": alpha,
+                           "starved": bool(starved)}, fh)
+            os.replace(path + ".tmp", path)
+        except OSError as exc:
+            log.debug("cannot publish alpha state: %s", exc)
+
+    def _others_starved(self) -> bool:
+        if self.storage is None:
+            return False
+        root = os.path.dirname(self.storage.dir)
+        now = time.time()
+        try:
+            names = os.listdir(root)
+        except OSError:
+            return False
+        for name in names:
+            if name == self.job:
+                continue
+            try:
+                with open(os.path.join(root, name, "alpha.json")) as fh:
+                    doc = json.load(fh)
+                if doc.get("starved") and now - float(doc["t"]) < self.STARVED_FRESH_S:
+                    return True
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return False
 
     def _fail(self, error: str) -> None:
         log.error("job failed: %s", error)
@@ -236,20 +534,33 @@ class Executor:
         finally:
             self.dsock.send(M.encode("sub_done", job=self.job, seq=self.seq))
 
-    def _train(self, app: App, opts, store: BlockStore, table: ShardTable,
+    def _keys(self, app: App, inp: LocalInput, ids: list[int], cache: dict, slot) -> np.ndarray:
+        """``app.keys`` of some blocks; computed once per slot if the app's
+        keys are static (no reload pass per iteration just for the keys)."""
+        keys = cache.get(slot)
+        if keys is None:
+            keys = _call(inp.view(ids), app.keys)
+            if getattr(app, "static_keys", False):
+                cache[slot] = keys
+        return keys
+
+    def _train(self, app: App, opts, inp: LocalInput, table: ShardTable,
                first_epoch: int = 0) -> None:
         assert self.client is not None
-        blocks = list(store)
-        groups = block_groups(blocks, opts.iters_per_epoch)
+        groups = inp.groups
+        all_ids = inp.ids()
+        keys_cache: dict = {}
         for epoch in range(first_epoch, opts.max_epochs):
             tm = {"pull": 0.0, "comp": 0.0, "push": 0.0, "sync": 0.0}
             self.net_wait = 0.0
             moved = list(self.client.peer_bytes)
             t_epoch = time.perf_counter()
             client = self.client
-            for it, group in enumerate(groups):
+            for it, ids in enumerate(groups):
                 step = Step(epoch, it, opts.iters_per_epoch)
-                keys = app.keys(group)
+                keys = self._keys(app, inp, ids, keys_cache, it)
+                # disk-blocks start loading now, behind the PULL
+                group = inp.view(ids, prefetch=True)
                 box = {}
 
                 def pull():
@@ -263,7 +574,10 @@ class Executor:
 
                 def comp():
                     t = time.perf_counter()
-                    box["deltas"] = app.compute(group, keys, box["rows"], step)
+                    if self.spill_model:   # every machine has pulled: shard idle until PUSH
+                        table.spill()
+                    box["deltas"] = _call(group, lambda g: app.compute(g, keys, box["rows"],
+                                                                       step))
                     tm["comp"] += time.perf_counter() - t
 
                 def push():
@@ -272,12 +586,16 @@ class Executor:
                     tm["push"] += time.perf_counter() - t
 
                 t0 = time.perf_counter()
-                self._sub("net", pull)
-                if not self.queued:
-                    # strict BSP: no machine pushes iteration k before every
-                    # machine pulled it (the synchronizer does this in harmony mode)
-                    self.barrier(epoch, 2 * it)
-                self._sub("cpu", comp)
+                try:
+                    self._sub("net", pull)
+                    if not self.queued:
+                        # strict BSP: no machine pushes iteration k before every
+                        # machine pulled it (the synchronizer does this in harmony mode)
+                        self.barrier(epoch, 2 * it)
+                    self._sub("cpu", comp)
+                except BaseException:
+                    _close_quietly(group)      # stop its prefetch
+                    raise
                 self._sub("net", push)
                 if not self.queued:
                     self.barrier(epoch, 2 * it + 1)
@@ -292,43 +610,58 @@ class Executor:
             tm["remote_bytes"] = float(sum(delta) - delta[self.index])
             tm["link"] = float(self.netem.rate) if self.netem is not None else 0.0
             t0 = time.perf_counter()
-            keys = app.keys(blocks)
+            keys = self._keys(app, inp, all_ids, keys_cache, "all")
+            blocks = inp.view(all_ids, prefetch=True)
             box = {}
-            self._sub("net", lambda: box.__setitem__("rows", np.array(client.pull(keys))))
 
             def evaluate():
-                box["sums"] = _plain(app.objective(blocks, keys, box["rows"]))
+                box["sums"] = _plain(_call(blocks, lambda b: app.objective(b, keys,
+                                                                           box["rows"])))
+                table.restore()
                 with table.lock:
                     for k, v in _plain(app.model_objective(table.keys, table.rows)).items():
                         box["sums"][k] = box["sums"].get(k, 0.0) + v
-            self._sub("cpu", evaluate)
+            try:
+                self._sub("net", lambda: box.__setitem__("rows", np.array(client.pull(keys))))
+                self._sub("cpu", evaluate)
+            except BaseException:
+                _close_quietly(blocks)
+                raise
             sums = box["sums"]
             tm["eval"] = time.perf_counter() - t0
             tm["net_wait"] = self.net_wait
-            self.send("epoch_done", epoch=epoch, sums=sums, timings=tm)
+            tot = inp.take_totals()
+            tm["stall"] = tot.stall_s          # reload stall of the epoch
+            tm["alpha"] = inp.alpha            # the disk ratio it ran with
+            mem_peak = self.watch.take() if self.watch is not None else own_memory()[1]
+            store = self._adapt(inp, tot, mem_peak, len(all_ids) / max(1, len(groups)))
+            self.send("epoch_done", epoch=epoch, sums=sums, timings=tm, store=store)
             total = self.wait("epoch_sums")
             metrics = _plain(app.metrics(total["sums"]))
             stop = should_stop(opts, epoch, metrics)
             if self.index == 0:
                 self.send("epoch_report", epoch=epoch, metrics=metrics, stop=stop)
-            log.info("epoch %d: %s", epoch, {k: round(v, 6) for k, v in metrics.items()
-                                              if math.isfinite(v)})
+            log.info("epoch %d: %s  [alpha %.2f -> %.2f, stall %.3fs, mem %.0f/%.0f MiB: %s]",
+                     epoch, {k: round(v, 6) for k, v in metrics.items() if math.isfinite(v)},
+                     store["alpha"], store["next_alpha"], tot.stall_s, store["machine_mb"],
+                     store["budget_mb"], store["reason"])
             if stop:
                 return
             if total.get("pause"):
-                self._pause(opts, store, table, epoch, len(groups))
+                self._pause(inp, table, epoch, len(groups))
 
-    def _pause(self, opts, store: BlockStore, table: ShardTable, epoch: int, iters: int) -> None:
+    def _pause(self, inp: LocalInput, table: ShardTable, epoch: int, iters: int) -> None:
         """Write this executor's checkpoint part at the epoch boundary (every
         push of the epoch is applied and evaluated) and tell the master."""
         if not self.spec.get("ckpt"):
             raise RuntimeError("asked to pause without a checkpoint directory")
         t0 = time.perf_counter()
+        table.restore()       # a spilled model shard comes back first
         with table.lock:
             keys, rows = table.keys.copy(), table.rows.copy()
         version = jobckpt.write_part(
             self.spec["ckpt"], self.job, self.index, keys=keys, rows=rows,
-            model_blocks=self.client.nblocks, inputs=list(store), epoch=epoch,
+            model_blocks=self.client.nblocks, inputs=inp.iter_blocks(), epoch=epoch,
             iteration=iters - 1, meta={"attempt": self.attempt, "count": self.count})
         self.ctl.send(M.encode("exec_paused", job=self.job, index=self.index,
                                attempt=self.attempt, epoch=epoch, version=version))
@@ -336,6 +669,18 @@ class Executor:
                      f"{time.perf_counter() - t0:.2f}s")
 
     def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+        if self.input is not None:
+            self.input.close()
+        if self.storage is not None:
+            try:
+                if self.storage.has_checkpoints():
+                    self.storage.close()       # the spill cache goes, checkpoints stay
+                else:
+                    self.storage.destroy()
+            except Exception as exc:
+                log.warning("closing the job's store: %s", exc)
         if self.netem is not None:
             self.netem.close()
         self.dsock.close(linger=100)

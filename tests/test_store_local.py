@@ -1,0 +1,171 @@
+"""LocalInput (one job's input blocks on a machine, in memory or in LMDB) and
+the model shard's spill, without processes."""
+import threading
+
+import numpy as np
+import pytest
+
+from harmony.ps.server import ShardTable
+from harmony.store.blocks import Block
+from harmony.store.lmdb_store import JobStorage, StoreFullError
+from harmony.store.local import BlockSeq, LocalInput, SpillDisabledError, digests
+
+
+def blocks(n: int = 8, size: int = 2000) -> list[Block]:
+    return [Block(b, {"x": np.arange(size, dtype=np.float64) + b,
+                      "L": np.full((10, 2), float(b), dtype=np.float32)}) for b in range(n)]
+
+
+@pytest.fixture
+def storage(tmp_path):
+    st = JobStorage(str(tmp_path), "job-l")
+    yield st
+    st.close()
+
+
+@pytest.fixture
+def inp(storage):
+    li = LocalInput(storage.input)
+    li.ingest(blocks())
+    li.set_groups(2)
+    return li
+
+
+def run_pass(view, fn):
+    try:
+        for blk in view:
+            fn(blk)
+    finally:
+        if isinstance(view, BlockSeq):
+            view.close()
+
+
+def test_placement_round_trip_keeps_every_byte(inp, storage):
+    before = {b.id: digests(b.arrays) for b in blocks()}
+    spilled, back = inp.set_alpha(0.5)
+    assert len(spilled) == 4 and back == [] and inp.alpha == 0.5
+    assert sorted(storage.input.ids()) == sorted(inp.on_disk)
+    # each iteration's group gets its share of disk-blocks, never its first block
+    for g in inp.groups:
+        assert sum(b in inp.on_disk for b in g) == 2 and g[0] not in inp.on_disk
+    assert {b.id: digests(b.arrays) for b in inp.iter_blocks()} == before
+    spilled, back = inp.set_alpha(0.0)
+    assert spilled == [] and len(back) == 4 and len(storage.input) == 0
+    assert {b.id: digests(b.arrays) for b in inp.iter_blocks()} == before
+
+
+def test_a_group_without_disk_blocks_is_a_plain_list(inp):
+    inp.set_alpha(0.25)
+    views = [inp.view(g) for g in inp.groups]
+    assert isinstance(views[0], BlockSeq) or isinstance(views[1], BlockSeq)
+    inp.set_alpha(0.0)
+    v = inp.view(inp.groups[0])
+    assert type(v) is list and [b.id for b in v] == inp.groups[0]
+
+
+def test_changed_arrays_are_pinned_in_memory_and_never_lost(inp, storage):
+    inp.set_alpha(1.0)
+    for epoch in range(3):
+        for g in inp.groups:
+            run_pass(inp.view(g, prefetch=True), lambda b: b["L"].__iadd__(1.0))
+    assert inp.pinned == {"L"}
+    assert inp.residue_bytes() == 8 * 10 * 2 * 4          # only L stays in memory
+    for b in inp.iter_blocks():
+        assert (b["L"] == b.id + 3).all() and b["x"][0] == b.id
+    # LMDB holds only the immutable part after a new spill
+    inp.set_alpha(0.0)
+    inp.set_alpha(1.0)
+    assert "L" not in storage.input.get(0).arrays
+    assert (next(iter(inp.iter_blocks()))["L"] == 3).all()
+
+
+def test_replaced_array_and_removed_array_are_kept(inp, storage):
+    inp.set_alpha(1.0)
+
+    def change(b):
+        b["new"] = np.ones(3)           # added: pinned
+        if b.id == 3:
+            del b.arrays["x"]           # removed: the block is written again
+    run_pass(inp.view(inp.ids()), change)
+    got = {b.id: b for b in inp.iter_blocks()}
+    assert "x" not in got[3].arrays and "x" in got[2].arrays
+    assert all((b["new"] == 1).all() for b in got.values())
+    assert "x" not in storage.input.get(3).arrays
+
+
+def test_indexing_a_disk_block_loads_it_and_keeps_changes(inp):
+    inp.set_alpha(1.0)
+    seq = inp.view(inp.groups[0])
+    assert len(seq) == 4 and seq[0].id == inp.groups[0][0]
+    seq[1]["L"][:] = -7.0
+    assert [b.id for b in seq[1:3]] == inp.groups[0][1:3]
+    seq.close()
+    assert (dict((b.id, b) for b in inp.iter_blocks())[inp.groups[0][1]]["L"] == -7).all()
+    with pytest.raises(Exception, match="after its app call ended"):
+        iter(seq)
+
+
+def test_replace_by_id_reaches_disk_blocks(inp):
+    inp.set_alpha(1.0)
+    inp.replace(Block(5, {"x": np.zeros(4), "L": np.ones((1, 2), np.float32)}))
+    got = {b.id: b for b in inp.iter_blocks()}
+    assert got[5]["x"].tolist() == [0, 0, 0, 0] and got[5]["L"].shape == (1, 2)
+    assert len(inp) == 8
+
+
+def test_ingest_spills_beyond_the_limit_or_refuses(storage):
+    li = LocalInput(storage.input)
+    size = blocks()[0].nbytes
+    li.ingest(blocks(), memory_limit=3 * size)
+    assert len(li.memory) == 3 and len(li.on_disk) == 5
+    li2 = LocalInput(None)
+    with pytest.raises(SpillDisabledError, match=r"budget X; spilling is disabled \(--no-spill\)"):
+        li2.ingest(blocks(), memory_limit=3 * size, spill=False, budget_note=" budget X")
+
+
+def test_full_store_is_a_clear_error(tmp_path):
+    st = JobStorage(str(tmp_path), "job-f", max_map_size=1 << 20)
+    try:
+        li = LocalInput(st.input)
+        li.ingest(blocks(8, size=40000))
+        li.set_groups(1)
+        with pytest.raises(StoreFullError, match="store full: job job-f"):
+            li.set_alpha(1.0)
+        # what was placed stays consistent: every block still readable
+        assert sorted(b.id for b in li.iter_blocks()) == list(range(8))
+    finally:
+        st.close()
+
+
+def test_model_shard_spill_and_reload_on_demand(storage):
+    t = ShardTable(3, "float32", None)
+    keys = np.arange(0, 20000, 2, dtype=np.int64)
+    t.load(keys, np.arange(len(keys) * 3, dtype=np.float32).reshape(-1, 3))
+    t.attach_spill(storage.model)
+    ref = t.rows.copy()
+    assert t.spill(chunk_bytes=4096) == ref.nbytes and t.spilled and t.rows is None
+    assert t.spill() == 0                                  # already out
+    with t.lock:
+        got = t.pull(keys[5:9])                           # a pull brings it back
+    assert not t.spilled and np.array_equal(got, ref[5:9]) and t.reloads == 1
+    t.spill()
+    with t.lock:
+        t.push(keys[:2], np.ones((2, 3), np.float32))     # so does a push
+    ref[:2] += 1
+    t.spill()
+    t.restore()
+    assert np.array_equal(t.rows, ref) and t.spills == 3
+
+
+def test_release_runs_on_the_reload_thread_only_for_disk_blocks(inp):
+    inp.set_alpha(0.5)
+    seen = []
+    orig = inp._release
+
+    def spy(b):
+        seen.append((b.id, threading.current_thread().name))
+        orig(b)
+    inp._release = spy
+    run_pass(inp.view(inp.ids()), lambda b: None)
+    assert sorted(i for i, _ in seen) == sorted(inp.on_disk)
+    assert {n for _, n in seen} == {"harmony-reload"}
