@@ -23,8 +23,10 @@ def _pause(c, job):
     return wait_state(c, job, ("paused",), timeout=60)
 
 
-def test_pause_resume_on_one_machine_is_bit_identical_to_the_reference(client, ratings):
-    args = ["--input", ratings, "--max-epochs", "12", *NMF_ARGS]
+@pytest.mark.parametrize("disk", ["0", "0.5"])
+def test_pause_resume_on_one_machine_is_bit_identical_to_the_reference(client, ratings, disk):
+    # with disk-blocks too: the checkpoint reads them back, the resume replaces them
+    args = ["--input", ratings, "--max-epochs", "12", *NMF_ARGS, "--disk-ratio", disk]
     ref = run_local(load_app(NMF_APP.read_text(), "nmf.py"), args)
     job = client.submit("nmf.py", NMF_APP.read_text(), args, machines=1)
     _wait_epochs(client, job, 2)
