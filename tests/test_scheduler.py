@@ -150,3 +150,18 @@ def test_a_profiled_job_stays_where_it_was_profiled_when_that_is_as_good():
                                 job(2, "profiling", (0.5, 0.5, 1), ["m1"], "g:job-0002")))
     dec = harmony(view)
     assert dec.promote == ["job-0002"] and not dec.pause
+
+
+def test_a_job_that_adds_little_to_a_shared_group_waits_instead():
+    m1 = (WorkerView("m0", 1, 1 << 30, 0),)
+    cpu = (1.0, 0.02, 1)
+    view = ClusterView(m1, (), (job(1, "running", cpu, ["m0"], "g1"),
+                                job(2, "profiling", cpu, ["m0"], "g1")))
+    dec = harmony(view)
+    # two CPU-bound jobs time-slicing one core: U +2%, so job 2 waits, paused
+    assert dec.pause == {"job-0002": None} and not dec.promote
+    # a complementary job raises U by far more and stays
+    view = ClusterView(m1, (), (job(1, "running", cpu, ["m0"], "g1"),
+                                job(2, "profiling", (0.05, 1.0, 1), ["m0"], "g1")))
+    dec = harmony(view)
+    assert dec.promote == ["job-0002"] and not dec.pause

@@ -132,10 +132,22 @@ def harmony(view: ClusterView) -> Decision:
             cur = _without(cur, j.id)
             change = on_arrival(cur, j.id, waiting, profiles, tol=MIN_GAIN)
             stay = _stay(cur, home, j.id)
-            if stay is not None and cur.group_of(j.id) is None and change.groups != cur.groups \
-                    and _U(stay, profiles, len(live)) >= _U(change.groups, profiles, len(live)) - 1e-9:
+            total = len(live)
+            u_base = _U(cur.groups, profiles, total)
+            placed = change.groups
+            if stay is not None and change.groups != cur.groups \
+                    and _U(stay, profiles, total) >= _U(change.groups, profiles, total) - 1e-9:
                 # as good where it was profiled: no move (a move costs a pause and restart)
-                cur = Current(stay, live)
+                placed, change = stay, None
+            mates = next((g.jobs for g in placed if j.id in g.jobs), ())
+            if len(mates) > 1 and _U(placed, profiles, total) < (1 + MIN_GAIN) * u_base:
+                # Decision: sharing a group must raise U by MIN_GAIN. The paper
+                # adds a job where U improves at all, and prefers fewer jobs
+                # per group; a job that adds < 5% mostly slows its group
+                # mates down (time-slicing), so it waits for a completion.
+                notes.append(f"arrival of {j.id}: waits (U +{_U(placed, profiles, total) / max(u_base, 1e-12) - 1:.1%} < {MIN_GAIN:.0%} in a shared group)")
+            elif change is None:
+                cur = Current(placed, live)
                 notes.append(f"arrival of {j.id}: stays")
             else:
                 take(change)
