@@ -279,9 +279,12 @@ def pick(base: float, candidates: Sequence[tuple[int, float]], tol: float = TOLE
 
 
 # ------------------------------------------------------------------ rules
+ORDERS = ("waiting first", "running first")
+
+
 def regroup_candidates(current: Current, waiting: Sequence[str],
                        profiles: Mapping[str, Profile], seed: str | None = None,
-                       reason: str = "regroup") -> list[Change]:
+                       reason: str = "regroup", orders: Sequence[str] = ORDERS) -> list[Change]:
     """The candidate decisions ``regroup`` chooses from, fewest groups first.
 
     Candidate k takes the group ``seed`` (a group id, e.g. the finished
@@ -312,7 +315,8 @@ def regroup_candidates(current: Current, waiting: Sequence[str],
         if not pool or not (wait or run):
             continue
         keep = [g for g in current.groups if g not in part]
-        for label, jobs in (("waiting first", wait + run), ("running first", run + wait)):
+        for label in orders:
+            jobs = wait + run if label == "waiting first" else run + wait
             placed = place(schedule(jobs, len(pool)).groups, current, pool)
             ch = _diff(current, keep + list(placed), profiles,
                        f"{reason}: {len(part)} group(s), {label}", base_util)
@@ -327,7 +331,7 @@ def regroup_candidates(current: Current, waiting: Sequence[str],
 
 def regroup(current: Current, waiting: Sequence[str], profiles: Mapping[str, Profile],
             seed: str | None = None, tol: float = TOLERANCE,
-            reason: str = "regroup") -> Change:
+            reason: str = "regroup", orders: Sequence[str] = ORDERS) -> Change:
     """Algorithm 1 on incrementally more groups (``regroup_candidates``),
     choosing with the 5% rules (``pick``): fewer moved jobs unless moving
     more gains >= ``tol`` in U, and no change at all for a gain < ``tol``
@@ -345,7 +349,7 @@ def regroup(current: Current, waiting: Sequence[str], profiles: Mapping[str, Pro
     pause and migration.
     """
     base_util = _util(current.groups, profiles, len(current.machines))
-    changes = [c for c in regroup_candidates(current, waiting, profiles, seed, reason)
+    changes = [c for c in regroup_candidates(current, waiting, profiles, seed, reason, orders)
                if c.moved == 0 or c.util[0] > base_util[0] * (1 + 1e-9)]
     i = pick(score(*base_util), [(c.moved, score(*c.util)) for c in changes], tol)
     if i is None:
@@ -355,7 +359,8 @@ def regroup(current: Current, waiting: Sequence[str], profiles: Mapping[str, Pro
 
 
 def on_completion(current: Current, finished: str, waiting: Sequence[str],
-                  profiles: Mapping[str, Profile], tol: float = TOLERANCE) -> Change:
+                  profiles: Mapping[str, Profile], tol: float = TOLERANCE,
+                  orders: Sequence[str] = ORDERS) -> Change:
     """A running job finished: repair its group (see the module docstring).
 
     The returned Change is against ``current`` without ``finished`` (its
@@ -377,6 +382,7 @@ def on_completion(current: Current, finished: str, waiting: Sequence[str],
                         for x in current.groups)
             return _diff(after, new, profiles, "replace" if len(hit) == 1 else "replace-set")
     return regroup(after, waiting, profiles, seed=g.id if rest else None, tol=tol,
+                   orders=orders,
                    reason=f"completion of {finished}")
 
 
