@@ -133,12 +133,15 @@ def run_setting(c: Client, jobs: list[dict], ratio: str, epochs: int) -> dict:
     return out
 
 
-def per_job_times(jobs: dict) -> dict[str, float]:
+def per_job_times(jobs: dict, late: bool = False) -> dict[str, float]:
     """Seconds per iteration of each job, over its epochs after the first
-    that ran while every job was training."""
+    that ran while every job was training (``late``: only those in the
+    second half of that window, after adaptive α had time to move)."""
     start = max(j["times"][1] if len(j["times"]) > 1 else j["times"][0]
                 for j in jobs.values())
     end = min(j["times"][-1] for j in jobs.values())
+    if late:
+        start = (start + end) / 2
     out = {}
     for name, j in jobs.items():
         t = j["times"]
@@ -149,27 +152,59 @@ def per_job_times(jobs: dict) -> dict[str, float]:
     return out
 
 
-def summarize(runs: dict[str, list[dict]], names: list[str]) -> dict:
+def summarize(runs: dict[str, list[dict]], names: list[str], late: bool = False) -> dict:
     """Per setting: per-job seconds per iteration (median over rounds), and
     the score: the mean over jobs of (its time / its best time over all
     settings), i.e. the mean slowdown against each job's own best."""
+    per = {s: [None if (r["oom"] or r["failed"]) else per_job_times(r["jobs"], late)
+               for r in rs] for s, rs in runs.items()}
     med: dict[str, dict | None] = {}
-    for s, rs in runs.items():
-        if any(r["per_job"] is None for r in rs):
-            med[s] = None
-        else:
-            med[s] = {n: statistics.median(r["per_job"][n] for r in rs) for n in names}
+    for s, rs in per.items():
+        med[s] = None if any(r is None for r in rs) else \
+            {n: statistics.median(r[n] for r in rs) for n in names}
     best = {n: min(m[n] for m in med.values() if m) for n in names}
     out = {}
-    for s, rs in runs.items():
+    for s, rs in per.items():
         m = med[s]
         out[s] = {"per_job": m,
                   "score": None if m is None else statistics.mean(m[n] / best[n] for n in names),
-                  "rounds": [None if r["per_job"] is None else
-                             statistics.mean(r["per_job"][n] / best[n] for n in names)
+                  "rounds": [None if r is None else statistics.mean(r[n] / best[n] for n in names)
                              for r in rs],
-                  "oom": [r["oom"] for r in rs]}
+                  "oom": [r["oom"] for r in runs[s]]}
     return out
+
+
+def report(res: dict) -> None:
+    """Print both tables (whole run, late half) and the verdict."""
+    names = list(res["jobs"])
+    settings = list(res["raw"])
+    for key, title in (("settings", "epochs after the first, while all jobs ran"),
+                       ("settings_late", "second half of that window")):
+        sm = res[key]
+        print(f"\n{title}:\n")
+        print("| α | " + " | ".join(f"{n} s/iter" for n in names)
+              + " | score (mean slowdown vs each job's best) | OOM in rounds |")
+        print("|---" * (len(names) + 3) + "|")
+        order = [s for s in settings if s != "auto"] + (["auto"] if "auto" in sm else [])
+        for s in order:
+            v = sm[s]
+            pj = v["per_job"]
+            cells = [("OOM" if pj is None else f"{pj[n]:.3f}") for n in names]
+            sc = "OOM" if v["score"] is None else f"{v['score']:.3f}"
+            nom = sum(1 for o in v["oom"] if o)
+            print(f"| {'adaptive' if s == 'auto' else s} | " + " | ".join(cells)
+                  + f" | {sc} | {nom} of {len(v['oom'])} |")
+        fixed = {s: v for s, v in sm.items() if s != "auto"}
+        ranked = sorted(fixed.values(), key=lambda v: (v["score"] is None, v["score"] or 0))
+        median = ranked[len(ranked) // 2]["score"] if ranked else None
+        ok = {s: v["score"] for s, v in fixed.items() if v["score"] is not None}
+        best = min(ok.items(), key=lambda kv: kv[1]) if ok else (None, None)
+        auto = sm.get("auto", {}).get("score")
+        fmt = (lambda x: "OOM" if x is None else f"{x:.3f}")
+        print(f"\nbest fixed α {best[0]}: {fmt(best[1])}; median fixed α: {fmt(median)}; "
+              f"adaptive: {fmt(auto)}")
+        res.setdefault("verdict", {})[key] = {"best_fixed": best, "median_fixed": median,
+                                               "adaptive": auto}
 
 
 def plot(res: dict, path: str) -> None:
@@ -228,12 +263,17 @@ def main() -> int:
     p.add_argument("--only", default=None, help="comma-separated settings (exploration)")
     p.add_argument("--out", default=str(ROOT / "bench" / "out"))
     p.add_argument("--keep-logs", default=None, help="copy the cluster's logs here")
-    p.add_argument("--replot", action="store_true", help="only redraw OUT/store_alpha.png "
-                   "from OUT/store_alpha.json")
+    p.add_argument("--report", action="store_true", help="only recompute the tables and "
+                   "redraw the plot from OUT/store_alpha.json")
     a = p.parse_args()
-    if a.replot:
+    if a.report:
         with open(os.path.join(a.out, "store_alpha.json")) as fh:
-            plot(json.load(fh), os.path.join(a.out, "store_alpha.png"))
+            res = json.load(fh)
+        names = list(res["jobs"])
+        res["settings"] = summarize(res["raw"], names)
+        res["settings_late"] = summarize(res["raw"], names, True)
+        report(res)
+        plot(res, os.path.join(a.out, "store_alpha.png"))
         return 0
     os.makedirs(a.out, exist_ok=True)
     t_start = time.time()
@@ -275,33 +315,10 @@ def main() -> int:
                             ignore=shutil.ignore_patterns("*.mdb", "*.bin"))
     res = {"budget_mb": budget / MiB, "input_mb": input_mb, "idle_executor_mb": idle / MiB,
            "jobs": {j["name"]: j["input_mb"] for j in jobs}, "mode": a.mode,
-           "epochs": a.epochs, "rounds": a.rounds, "settings": summarize(runs, names),
-           "raw": runs}
-    last = runs["auto"][-1] if runs.get("auto") else {"jobs": {}}
-    res["alpha_history"] = {n: j.get("alpha", []) for n, j in last["jobs"].items()}
-    fixed = {s: v for s, v in res["settings"].items() if s != "auto"}
-    ranked = sorted(fixed.values(), key=lambda v: (v["score"] is None, v["score"] or 0))
-    median = ranked[len(ranked) // 2]["score"] if ranked else None
-    ok = {s: v["score"] for s, v in fixed.items() if v["score"] is not None}
-    best = min(ok.items(), key=lambda kv: kv[1]) if ok else (None, None)
-    auto = res["settings"].get("auto", {}).get("score")
-    res.update({"best_fixed": best, "median_fixed": median, "adaptive": auto,
-                "wall_s": time.time() - t_start})
-    print()
-    print("| α | " + " | ".join(f"{n} s/iter" for n in names)
-          + " | score (mean slowdown vs each job's best) | OOM in rounds |")
-    print("|---" * (len(names) + 3) + "|")
-    for s in settings:
-        v = res["settings"][s]
-        pj = v["per_job"]
-        cells = [("OOM" if pj is None else f"{pj[n]:.3f}") for n in names]
-        sc = "OOM" if v["score"] is None else f"{v['score']:.3f}"
-        nom = sum(1 for o in v["oom"] if o)
-        print(f"| {'adaptive' if s == 'auto' else s} | " + " | ".join(cells)
-              + f" | {sc} | {nom} of {len(v['oom'])} |")
-    fmt = (lambda x: "OOM" if x is None else f"{x:.3f}")
-    print(f"\nbest fixed α {best[0]}: {fmt(best[1])}; median fixed α: {fmt(median)}; "
-          f"adaptive: {fmt(auto)}")
+           "epochs": a.epochs, "rounds": a.rounds, "raw": runs,
+           "settings": summarize(runs, names), "settings_late": summarize(runs, names, True),
+           "wall_s": time.time() - t_start}
+    report(res)
     print(f"wall time {res['wall_s']:.0f} s")
     with open(os.path.join(a.out, "store_alpha.json"), "w") as fh:
         json.dump(res, fh, indent=1)

@@ -21,15 +21,16 @@ whole blocks back after every use:
   whole job, and every disk-block keeps its copy of a pinned array in memory
   (the *residue*), merged back into the block when it is loaded again;
 * so nothing is written back in steady state: NMF's ``L`` (about 8% of a
-  block) and LDA's ``z`` (about 20%) stay in memory, the immutable ratings and
+  block at rank 16 and 40 ratings per user) and LDA's ``z`` (about 20%) stay
+  in memory, the immutable ratings and
   tokens are reloaded, read-only, from LMDB. A changed non-pinned array is
   detected on the very use that changed it, so no change is ever lost (up to
   a CRC-32 collision, 2^-32 per changed array);
 * blocks are written to LMDB without their pinned arrays; a block whose set of
   arrays shrank is written again.
 
-Writing mutated blocks back instead would rewrite ~12x more bytes than NMF
-changes, on every pass; the price of pinning is that mutable state never
+Writing mutated blocks back instead would rewrite over 10x more bytes than
+NMF changes, on every pass; the price of pinning is that mutable state never
 leaves memory (documented in the README; model spill is the next lever).
 
 Apps must not keep references to a disk-block after moving past it in a
