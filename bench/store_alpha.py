@@ -1,33 +1,36 @@
 """Disk ratio α under a memory budget: fixed α ∈ {0, 0.1, …, 1} vs adaptive.
 
 One emulated machine with a memory budget (``--memory-per-machine``,
-enforced by the worker's emulated OOM killer) runs three co-located NMF jobs
-whose inputs together exceed the budget (harmony mode: one COMP at a time,
-so a job's disk-blocks reload while the others compute):
+enforced by the worker's emulated OOM killer) runs three co-located jobs in
+naive mode (they share the machine's 2 cores freely):
 
-  light : rank 4,  the largest input   (least compute per byte)
-  mid   : rank 8
-  heavy : rank 16, the smallest input
+  nmf-r8  : NMF rank 8,  32 MiB of input   (compute-bound: reloads hide)
+  nmf-r16 : NMF rank 16, 16 MiB
+  lasso   : Lasso (FISTA), 70 MiB          (light compute per byte: reloads
+                                            cannot hide behind it)
 
 For every setting — each fixed ``--disk-ratio`` for all three jobs, and
-``auto`` (per job: estimated, then hill-climbed per epoch) — the three jobs
-are submitted together on the same cluster and run ``--epochs`` epochs. The
-settings are run in rounds, in a different order each round (forward,
-backward, ...), to spread the shared VM's drift over all of them.
+``auto`` (per job: estimated, then hill-climbed per epoch) — the jobs are
+submitted together on the same cluster; the NMF jobs run ``--epochs``
+epochs and Lasso runs until they end (then it is cancelled). The settings
+run in rounds, in a different order each round (forward, backward, ...), to
+spread the shared VM's drift over all of them.
 
-Iteration time of a setting: per job, the wall time between consecutive
-epoch reports (master clock) of the epochs after the first, counted only
-while all three jobs were training, divided by iterations per epoch; then
-the mean over jobs, and the median over rounds. A setting where the OOM
-killer stopped a job is reported as OOM.
+Per job: seconds per iteration from the master's epoch report times, over
+the epochs after the first that ran while all three jobs were training
+(and, second table, over the second half of that window only); median over
+rounds. Score of a setting: the mean over jobs of (the job's time / its best
+time in any setting). A setting where the OOM killer stopped a job is OOM.
 
-The budget is set relative to what this host's idle executors use (their
-imports alone are ~20 MiB each): budget = 3 × idle executor + ``--room`` ×
-the jobs' total input, so the inputs together exceed it.
+The budget is relative to what this host's executors use: 3 × (an idle
+executor, ~20 MiB of imports, + 12 MiB of working memory) + ``--room`` × the
+jobs' total input. With the default room 0.8 the inputs exceed what the
+budget leaves for data, not the budget itself; ``--scale 2`` doubles them.
 
-    python bench/store_alpha.py [--rounds 2] [--epochs 6] [--room 0.35] [--out bench/out]
+    python bench/store_alpha.py [--rounds 2] [--epochs 12] [--room 0.8] [--scale 1]
+    python bench/store_alpha.py --report      # tables and plot again from the JSON
 
-Writes ``OUT/store_alpha.json`` and ``OUT/store_alpha.png``.
+Writes ``OUT/store_alpha.json`` and ``OUT/store_alpha.png`` (OUT: bench/out).
 """
 from __future__ import annotations
 
