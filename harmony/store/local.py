@@ -411,11 +411,13 @@ class LocalInput:
             self._require_disk()
         spill = [bid for bid in self.memory.ids() if bid in target]
         back = sorted(self.on_disk - target)
-        for i in range(0, len(spill), 16):            # bounded transactions
-            chunk = spill[i:i + 16]
-            self._spill_blocks([self.memory.get(b) for b in chunk])
-            for b in chunk:
-                self.memory.remove(b)
+        for bid in spill:
+            # one block per transaction, dropped at once: an LMDB write txn
+            # holds its dirty pages in memory until it commits, so spilling
+            # many blocks in one txn would first need their size again
+            self._spill_blocks([self.memory.get(bid)])
+            self.memory.remove(bid)
+            release_scratch()
         for bid in back:
             blk = self._load(bid)
             self.memory.put(blk)
