@@ -64,7 +64,7 @@ import numpy as np
 
 from harmony.store.blocks import Block, BlockStore
 from harmony.store.lmdb_store import LmdbBlockStore, StoreError, release_scratch
-from harmony.store.reload import ReloadPipeline, ReloadStats, choose_disk_blocks, disk_count
+from harmony.store.reload import ReloadPipeline, ReloadStats, choose_disk_blocks
 
 log = logging.getLogger("harmony.store.local")
 
