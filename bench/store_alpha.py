@@ -1,33 +1,36 @@
 """Disk ratio α under a memory budget: fixed α ∈ {0, 0.1, …, 1} vs adaptive.
 
 One emulated machine with a memory budget (``--memory-per-machine``,
-enforced by the worker's emulated OOM killer) runs three co-located NMF jobs
-whose inputs together exceed the budget (harmony mode: one COMP at a time,
-so a job's disk-blocks reload while the others compute):
+enforced by the worker's emulated OOM killer) runs three co-located jobs in
+naive mode (they share the machine's 2 cores freely):
 
-  light : rank 4,  the largest input   (least compute per byte)
-  mid   : rank 8
-  heavy : rank 16, the smallest input
+  nmf-r8  : NMF rank 8,  32 MiB of input   (compute-bound: reloads hide)
+  nmf-r16 : NMF rank 16, 16 MiB
+  lasso   : Lasso (FISTA), 70 MiB          (light compute per byte: reloads
+                                            cannot hide behind it)
 
 For every setting — each fixed ``--disk-ratio`` for all three jobs, and
-``auto`` (per job: estimated, then hill-climbed per epoch) — the three jobs
-are submitted together on the same cluster and run ``--epochs`` epochs. The
-settings are run in rounds, in a different order each round (forward,
-backward, ...), to spread the shared VM's drift over all of them.
+``auto`` (per job: estimated, then hill-climbed per epoch) — the jobs are
+submitted together on the same cluster; the NMF jobs run ``--epochs``
+epochs and Lasso runs until they end (then it is cancelled). The settings
+run in rounds, in a different order each round (forward, backward, ...), to
+spread the shared VM's drift over all of them.
 
-Iteration time of a setting: per job, the wall time between consecutive
-epoch reports (master clock) of the epochs after the first, counted only
-while all three jobs were training, divided by iterations per epoch; then
-the mean over jobs, and the median over rounds. A setting where the OOM
-killer stopped a job is reported as OOM.
+Per job: seconds per iteration from the master's epoch report times, over
+the epochs after the first that ran while all three jobs were training
+(and, second table, over the second half of that window only); median over
+rounds. Score of a setting: the mean over jobs of (the job's time / its best
+time in any setting). A setting where the OOM killer stopped a job is OOM.
 
-The budget is set relative to what this host's idle executors use (their
-imports alone are ~20 MiB each): budget = 3 × idle executor + ``--room`` ×
-the jobs' total input, so the inputs together exceed it.
+The budget is relative to what this host's executors use: 3 × (an idle
+executor, ~20 MiB of imports, + 12 MiB of working memory) + ``--room`` × the
+jobs' total input. With the default room 0.8 the inputs exceed what the
+budget leaves for data, not the budget itself; ``--scale 2`` doubles them.
 
-    python bench/store_alpha.py [--rounds 2] [--epochs 6] [--room 0.35] [--out bench/out]
+    python bench/store_alpha.py [--rounds 2] [--epochs 12] [--room 0.8] [--scale 1]
+    python bench/store_alpha.py --report      # tables and plot again from the JSON
 
-Writes ``OUT/store_alpha.json`` and ``OUT/store_alpha.png``.
+Writes ``OUT/store_alpha.json`` and ``OUT/store_alpha.png`` (OUT: bench/out).
 """
 from __future__ import annotations
 
@@ -133,12 +136,15 @@ def run_setting(c: Client, jobs: list[dict], ratio: str, epochs: int) -> dict:
     return out
 
 
-def per_job_times(jobs: dict) -> dict[str, float]:
+def per_job_times(jobs: dict, late: bool = False) -> dict[str, float]:
     """Seconds per iteration of each job, over its epochs after the first
-    that ran while every job was training."""
+    that ran while every job was training (``late``: only those in the
+    second half of that window, after adaptive α had time to move)."""
     start = max(j["times"][1] if len(j["times"]) > 1 else j["times"][0]
                 for j in jobs.values())
     end = min(j["times"][-1] for j in jobs.values())
+    if late:
+        start = (start + end) / 2
     out = {}
     for name, j in jobs.items():
         t = j["times"]
@@ -149,27 +155,59 @@ def per_job_times(jobs: dict) -> dict[str, float]:
     return out
 
 
-def summarize(runs: dict[str, list[dict]], names: list[str]) -> dict:
+def summarize(runs: dict[str, list[dict]], names: list[str], late: bool = False) -> dict:
     """Per setting: per-job seconds per iteration (median over rounds), and
     the score: the mean over jobs of (its time / its best time over all
     settings), i.e. the mean slowdown against each job's own best."""
+    per = {s: [None if (r["oom"] or r["failed"]) else per_job_times(r["jobs"], late)
+               for r in rs] for s, rs in runs.items()}
     med: dict[str, dict | None] = {}
-    for s, rs in runs.items():
-        if any(r["per_job"] is None for r in rs):
-            med[s] = None
-        else:
-            med[s] = {n: statistics.median(r["per_job"][n] for r in rs) for n in names}
+    for s, rs in per.items():
+        med[s] = None if any(r is None for r in rs) else \
+            {n: statistics.median(r[n] for r in rs) for n in names}
     best = {n: min(m[n] for m in med.values() if m) for n in names}
     out = {}
-    for s, rs in runs.items():
+    for s, rs in per.items():
         m = med[s]
         out[s] = {"per_job": m,
                   "score": None if m is None else statistics.mean(m[n] / best[n] for n in names),
-                  "rounds": [None if r["per_job"] is None else
-                             statistics.mean(r["per_job"][n] / best[n] for n in names)
+                  "rounds": [None if r is None else statistics.mean(r[n] / best[n] for n in names)
                              for r in rs],
-                  "oom": [r["oom"] for r in rs]}
+                  "oom": [r["oom"] for r in runs[s]]}
     return out
+
+
+def report(res: dict) -> None:
+    """Print both tables (whole run, late half) and the verdict."""
+    names = list(res["jobs"])
+    settings = list(res["raw"])
+    for key, title in (("settings", "epochs after the first, while all jobs ran"),
+                       ("settings_late", "second half of that window")):
+        sm = res[key]
+        print(f"\n{title}:\n")
+        print("| α | " + " | ".join(f"{n} s/iter" for n in names)
+              + " | score (mean slowdown vs each job's best) | OOM in rounds |")
+        print("|---" * (len(names) + 3) + "|")
+        order = [s for s in settings if s != "auto"] + (["auto"] if "auto" in sm else [])
+        for s in order:
+            v = sm[s]
+            pj = v["per_job"]
+            cells = [("OOM" if pj is None else f"{pj[n]:.3f}") for n in names]
+            sc = "OOM" if v["score"] is None else f"{v['score']:.3f}"
+            nom = sum(1 for o in v["oom"] if o)
+            print(f"| {'adaptive' if s == 'auto' else s} | " + " | ".join(cells)
+                  + f" | {sc} | {nom} of {len(v['oom'])} |")
+        fixed = {s: v for s, v in sm.items() if s != "auto"}
+        ranked = sorted(fixed.values(), key=lambda v: (v["score"] is None, v["score"] or 0))
+        median = ranked[len(ranked) // 2]["score"] if ranked else None
+        ok = {s: v["score"] for s, v in fixed.items() if v["score"] is not None}
+        best = min(ok.items(), key=lambda kv: kv[1]) if ok else (None, None)
+        auto = sm.get("auto", {}).get("score")
+        fmt = (lambda x: "OOM" if x is None else f"{x:.3f}")
+        print(f"\nbest fixed α {best[0]}: {fmt(best[1])}; median fixed α: {fmt(median)}; "
+              f"adaptive: {fmt(auto)}")
+        res.setdefault("verdict", {})[key] = {"best_fixed": best, "median_fixed": median,
+                                               "adaptive": auto}
 
 
 def plot(res: dict, path: str) -> None:
@@ -228,12 +266,17 @@ def main() -> int:
     p.add_argument("--only", default=None, help="comma-separated settings (exploration)")
     p.add_argument("--out", default=str(ROOT / "bench" / "out"))
     p.add_argument("--keep-logs", default=None, help="copy the cluster's logs here")
-    p.add_argument("--replot", action="store_true", help="only redraw OUT/store_alpha.png "
-                   "from OUT/store_alpha.json")
+    p.add_argument("--report", action="store_true", help="only recompute the tables and "
+                   "redraw the plot from OUT/store_alpha.json")
     a = p.parse_args()
-    if a.replot:
+    if a.report:
         with open(os.path.join(a.out, "store_alpha.json")) as fh:
-            plot(json.load(fh), os.path.join(a.out, "store_alpha.png"))
+            res = json.load(fh)
+        names = list(res["jobs"])
+        res["settings"] = summarize(res["raw"], names)
+        res["settings_late"] = summarize(res["raw"], names, True)
+        report(res)
+        plot(res, os.path.join(a.out, "store_alpha.png"))
         return 0
     os.makedirs(a.out, exist_ok=True)
     t_start = time.time()
@@ -275,33 +318,10 @@ def main() -> int:
                             ignore=shutil.ignore_patterns("*.mdb", "*.bin"))
     res = {"budget_mb": budget / MiB, "input_mb": input_mb, "idle_executor_mb": idle / MiB,
            "jobs": {j["name"]: j["input_mb"] for j in jobs}, "mode": a.mode,
-           "epochs": a.epochs, "rounds": a.rounds, "settings": summarize(runs, names),
-           "raw": runs}
-    last = runs["auto"][-1] if runs.get("auto") else {"jobs": {}}
-    res["alpha_history"] = {n: j.get("alpha", []) for n, j in last["jobs"].items()}
-    fixed = {s: v for s, v in res["settings"].items() if s != "auto"}
-    ranked = sorted(fixed.values(), key=lambda v: (v["score"] is None, v["score"] or 0))
-    median = ranked[len(ranked) // 2]["score"] if ranked else None
-    ok = {s: v["score"] for s, v in fixed.items() if v["score"] is not None}
-    best = min(ok.items(), key=lambda kv: kv[1]) if ok else (None, None)
-    auto = res["settings"].get("auto", {}).get("score")
-    res.update({"best_fixed": best, "median_fixed": median, "adaptive": auto,
-                "wall_s": time.time() - t_start})
-    print()
-    print("| α | " + " | ".join(f"{n} s/iter" for n in names)
-          + " | score (mean slowdown vs each job's best) | OOM in rounds |")
-    print("|---" * (len(names) + 3) + "|")
-    for s in settings:
-        v = res["settings"][s]
-        pj = v["per_job"]
-        cells = [("OOM" if pj is None else f"{pj[n]:.3f}") for n in names]
-        sc = "OOM" if v["score"] is None else f"{v['score']:.3f}"
-        nom = sum(1 for o in v["oom"] if o)
-        print(f"| {'adaptive' if s == 'auto' else s} | " + " | ".join(cells)
-              + f" | {sc} | {nom} of {len(v['oom'])} |")
-    fmt = (lambda x: "OOM" if x is None else f"{x:.3f}")
-    print(f"\nbest fixed α {best[0]}: {fmt(best[1])}; median fixed α: {fmt(median)}; "
-          f"adaptive: {fmt(auto)}")
+           "epochs": a.epochs, "rounds": a.rounds, "raw": runs,
+           "settings": summarize(runs, names), "settings_late": summarize(runs, names, True),
+           "wall_s": time.time() - t_start}
+    report(res)
     print(f"wall time {res['wall_s']:.0f} s")
     with open(os.path.join(a.out, "store_alpha.json"), "w") as fh:
         json.dump(res, fh, indent=1)

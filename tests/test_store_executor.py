@@ -4,8 +4,10 @@ apps that mutate their input), a job whose input exceeds the emulated
 machine's memory budget completes by spilling and fails cleanly without
 it, the emulated OOM killer, a full store, status fields, α settling."""
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -121,10 +123,17 @@ def test_job_over_the_memory_budget_fails_cleanly_without_spilling(small):
 
 def test_emulated_oom_killer_stops_a_job_that_keeps_its_input_in_memory(small):
     with Client(small.endpoint) as c:
-        st = wait_state(c, _bulk(c, "--disk-ratio", "0"), ("finished", "failed"), timeout=60)
+        job = _bulk(c, "--disk-ratio", "0")
+        st = wait_state(c, job, ("finished", "failed"), timeout=60)
         assert st["state"] == "failed"
         assert "out of memory" in st["error"] and "emulated OOM killer" in st["error"]
         assert f"budget of {small.budget / MiB:.0f} MiB" in st["error"]
+        # the killed executor's job store is cleaned up by its worker
+        store = os.path.join(small.state_dir, "workers", "m0", "store", job)
+        deadline = time.time() + 10
+        while os.path.exists(store) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not os.path.exists(store)
         # the machine is fine afterwards
         st = wait_state(c, _bulk(c, epochs=2), ("finished", "failed"), timeout=60)
         assert st["state"] == "finished", st["error"]

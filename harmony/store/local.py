@@ -21,15 +21,16 @@ whole blocks back after every use:
   whole job, and every disk-block keeps its copy of a pinned array in memory
   (the *residue*), merged back into the block when it is loaded again;
 * so nothing is written back in steady state: NMF's ``L`` (about 8% of a
-  block) and LDA's ``z`` (about 20%) stay in memory, the immutable ratings and
+  block at rank 16 and 40 ratings per user) and LDA's ``z`` (about 20%) stay
+  in memory, the immutable ratings and
   tokens are reloaded, read-only, from LMDB. A changed non-pinned array is
   detected on the very use that changed it, so no change is ever lost (up to
   a CRC-32 collision, 2^-32 per changed array);
 * blocks are written to LMDB without their pinned arrays; a block whose set of
   arrays shrank is written again.
 
-Writing mutated blocks back instead would rewrite ~12x more bytes than NMF
-changes, on every pass; the price of pinning is that mutable state never
+Writing mutated blocks back instead would rewrite over 10x more bytes than
+NMF changes, on every pass; the price of pinning is that mutable state never
 leaves memory (documented in the README; model spill is the next lever).
 
 Apps must not keep references to a disk-block after moving past it in a
@@ -63,7 +64,7 @@ import numpy as np
 
 from harmony.store.blocks import Block, BlockStore
 from harmony.store.lmdb_store import LmdbBlockStore, StoreError, release_scratch
-from harmony.store.reload import ReloadPipeline, ReloadStats, choose_disk_blocks, disk_count
+from harmony.store.reload import ReloadPipeline, ReloadStats, choose_disk_blocks
 
 log = logging.getLogger("harmony.store.local")
 
@@ -410,11 +411,13 @@ class LocalInput:
             self._require_disk()
         spill = [bid for bid in self.memory.ids() if bid in target]
         back = sorted(self.on_disk - target)
-        for i in range(0, len(spill), 16):            # bounded transactions
-            chunk = spill[i:i + 16]
-            self._spill_blocks([self.memory.get(b) for b in chunk])
-            for b in chunk:
-                self.memory.remove(b)
+        for bid in spill:
+            # one block per transaction, dropped at once: an LMDB write txn
+            # holds its dirty pages in memory until it commits, so spilling
+            # many blocks in one txn would first need their size again
+            self._spill_blocks([self.memory.get(bid)])
+            self.memory.remove(bid)
+            release_scratch()
         for bid in back:
             blk = self._load(bid)
             self.memory.put(blk)

@@ -374,6 +374,9 @@ class Daemon:
                 shutil.rmtree(ep.dir, ignore_errors=True)
             else:
                 self._prune_failed()
+                # a killed executor (e.g. by the OOM killer) left its job
+                # store behind: delete its spill cache (checkpoints stay)
+                sweep_stale(os.path.join(self.state_dir, "store"))
 
     def _prune_failed(self, keep: int = 20) -> None:
         """Keep the directories (logs) of the newest failed executors only."""

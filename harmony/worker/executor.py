@@ -372,6 +372,8 @@ class Executor:
         self.model_bytes = -(-spec.num_keys // self.count) * spec.dim * item + 2 * model
         self.reserve = max(0, own_memory()[1] - inp.memory_bytes())
         nblocks = len(inp)
+        # disk-blocks in flight during a pass: loading ahead, in use, dropping
+        pipeline = (inp.depth + 1) * inp.mean_block_bytes()
         B = self.mem.budget
         if fixed is not None:
             alpha, self.note = fixed, "fixed (--disk-ratio)"
@@ -390,6 +392,10 @@ class Executor:
             alpha = initial_alpha(inp.total_bytes(), self.model_bytes, B, others,
                                   reserve_bytes=self.reserve, num_blocks=nblocks,
                                   thresholds=THRESHOLDS)
+            if alpha > 0:   # with disk-blocks, the pipeline's blocks need room too
+                alpha = initial_alpha(inp.total_bytes(), self.model_bytes, B, others,
+                                      reserve_bytes=self.reserve + int(pipeline),
+                                      num_blocks=nblocks, thresholds=THRESHOLDS)
             th = THRESHOLDS
             self.spill_model = (alpha >= 1.0 and others + self.model_bytes + self.reserve
                                 > th.spill * B)
