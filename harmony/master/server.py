@@ -296,7 +296,7 @@ class Master:
         if not job.state.active or job.id not in self.runs:
             return self._send(ident, M.error("not_active", f"{job.id} is {job.state.value}, "
                                                            f"not running"))
-        self.pause_job(job, None, "paused by user")
+        self.pause_job(job, None, "paused by user", held=True)
         self._send(ident, M.encode("ok", info={"job": job.id, "state": "pausing"}))
 
     def _on_resume(self, ident: bytes, msg: M.Message) -> None:
@@ -317,16 +317,16 @@ class Master:
         self._dirty = True
         self._send(ident, M.encode("ok", info={"job": job.id, "state": job.state.value}))
 
-    def pause_job(self, job: Job, to: list[str] | None, note: str) -> None:
+    def pause_job(self, job: Job, to: list[str] | None, note: str, held: bool = False) -> None:
         """Pause ``job`` at its next epoch end: every executor checkpoints
         its model shard and input state and exits; with ``to``, the job then
-        resumes on those machines (a migration)."""
+        resumes on those machines (a migration). A ``held`` job stays paused
+        until the user resumes it."""
         run = self.runs.get(job.id)
         if run is None or run.stopping or not job.state.active:
             return
         run.pausing, run.pause_to, run.pause_note = True, to, note
-        if to is None and note == "paused by user":
-            job.held = True
+        job.held = held
         log.info("pausing %s at its next epoch end%s", job.id,
                  f", then resuming on {to}" if to else "")
 
