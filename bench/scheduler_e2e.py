@@ -100,31 +100,46 @@ def run_mode(spec: str, jobs, times, tmp: str, a) -> dict:
 
 def prediction_error(metrics: str) -> dict:
     """Per job epoch: |predicted group iteration time - measured| / measured,
-    with the prediction of the last decision before that epoch."""
+    with the prediction of the last decision before that epoch. "steady"
+    leaves out epochs during which another job was being profiled on the
+    group's machines (the prediction cannot include a job without a
+    profile)."""
     path = os.path.join(metrics, "decisions.jsonl")
     if not os.path.exists(path):
         return {}
     decisions = [json.loads(line) for line in open(path)]
     epochs = [json.loads(line) for line in open(os.path.join(metrics, "jobs.jsonl"))]
-    errs = []
+    errs, steady = [], []
     for ep in epochs:
         group = pred = None
+        profiling: dict[str, str] = {}      # profiling job -> its group
         for d in decisions:
             if d["t"] > ep["t"]:
                 break
+            for j in d["profile"]:
+                profiling[j] = d["assign"].get(j, "")
+            for j in list(d["promote"]) + list(d["pause"]):
+                profiling.pop(j, None)
             group = d["assign"].get(ep["job"], group)
             if group is not None and group in d["predicted"]:
                 pred = d["predicted"][group]
         tm = ep["timings"]
-        if pred is None or not tm.get("iters") or ep["epoch"] == 0:
+        if pred is None or not tm.get("iters") or ep["epoch"] == 0 or ep["job"] in profiling:
             continue
         measured = tm["train"] / tm["iters"]
-        errs.append(abs(pred - measured) / measured)
+        err = abs(pred - measured) / measured
+        errs.append(err)
+        if group not in profiling.values():
+            steady.append(err)
     if not errs:
         return {"decisions": len(decisions)}
-    errs.sort()
-    return {"decisions": len(decisions), "pred_err_median": errs[len(errs) // 2],
-            "pred_err_mean": statistics.mean(errs), "pred_samples": len(errs)}
+    out = {"decisions": len(decisions), "pred_samples": len(errs),
+           "pred_err_median": statistics.median(errs), "pred_err_mean": statistics.mean(errs)}
+    if steady:
+        out.update({"steady_samples": len(steady),
+                    "steady_err_median": statistics.median(steady),
+                    "steady_err_mean": statistics.mean(steady)})
+    return out
 
 
 def main() -> None:
@@ -160,13 +175,15 @@ def main() -> None:
     base = next((r for r in results if r["mode"].startswith("isolated")), results[0])
     print(f"\nratios against {base['mode']}")
     print(f"\n{'mode':11} {'makespan':>9} {'x iso':>6} {'mean JCT':>9} {'x iso':>6} "
-          f"{'moves':>5} {'pauses':>6} {'pred err (median/mean)':>22}")
+          f"{'moves':>5} {'pauses':>6} {'pred err (median/mean)':>22} {'steady':>15}")
     for r in results:
         pe = (f"{100 * r['pred_err_median']:.1f}% / {100 * r['pred_err_mean']:.1f}%"
               if "pred_err_median" in r else "-")
+        st = (f"{100 * r['steady_err_median']:.1f}% / {100 * r['steady_err_mean']:.1f}%"
+              if "steady_err_median" in r else "-")
         print(f"{r['mode']:11} {r['makespan']:8.1f}s {base['makespan'] / r['makespan']:6.2f} "
               f"{r['mean_jct']:8.1f}s {base['mean_jct'] / r['mean_jct']:6.2f} "
-              f"{r['moves']:5d} {r['pauses']:6d} {pe:>22}")
+              f"{r['moves']:5d} {r['pauses']:6d} {pe:>22} {st:>15}")
 
 
 if __name__ == "__main__":

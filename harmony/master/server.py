@@ -100,6 +100,7 @@ class Master:
         self.exec_ident: dict[bytes, tuple[str, int, int]] = {}
         self.runs: dict[str, Run] = {}
         self._ended: list[P.JobView] = []   # completions the scheduler has not seen yet
+        self._last_predicted: dict[str, float] = {}
         self._recover()
         self.ctx = zmq.Context()
         self.sock = make_socket(self.ctx, zmq.ROUTER)
@@ -523,6 +524,10 @@ class Master:
         self._ended = []
         if not (dec.profile or dec.start or dec.pause or dec.promote):
             self._set_predictions(dec)
+            if dec.predicted and dec.predicted != self._last_predicted:
+                # e.g. a group lost a finished job: the run record must hold
+                # the prediction the groups now run under
+                self._log_decision(dec)
             return
         for jid, ms in dec.profile.items():
             self._launch(self.jobs[jid], ms, JobState.PROFILING)
@@ -540,12 +545,16 @@ class Master:
         for jid, ms in dec.start.items():
             self._launch(self.jobs[jid], ms)
         self._set_predictions(dec)
+        self._log_decision(dec)
+        log.info("scheduler: %s (profile %s, start %s, pause/move %s, promote %s)", dec.note,
+                 sorted(dec.profile), sorted(dec.start), sorted(dec.pause), dec.promote)
+
+    def _log_decision(self, dec: P.Decision) -> None:
+        self._last_predicted = dict(dec.predicted)
         self._decisions_log.write(json.dumps({
             "t": time.time(), "note": dec.note, "util": dec.util, "profile": dec.profile,
             "start": dec.start, "pause": dec.pause, "promote": dec.promote,
             "assign": dec.assign, "predicted": dec.predicted}) + "\n")
-        log.info("scheduler: %s (profile %s, start %s, pause/move %s, promote %s)", dec.note,
-                 sorted(dec.profile), sorted(dec.start), sorted(dec.pause), dec.promote)
 
     def _set_predictions(self, dec: P.Decision) -> None:
         for jid, g in dec.assign.items():
