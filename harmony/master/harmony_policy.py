@@ -28,8 +28,9 @@ from __future__ import annotations
 
 from harmony.master.policy import (MIN_GAIN, PROFILE_SAMPLES, ClusterView, Decision,
                                    JobView)
-from harmony.sched.model import Profile, cluster_util, group_iter_time, score
-from harmony.sched.regroup import Current, RunningGroup, on_arrival, on_completion, regroup
+from harmony.sched.model import Profile, group_iter_time, score
+from harmony.sched.regroup import (Current, RunningGroup, on_arrival, on_completion, regroup,
+                                   utilization)
 
 __all__ = ["harmony", "PROFILE_SAMPLES", "MIN_GAIN"]
 
@@ -75,8 +76,7 @@ def _fresh(cur: Current, want: str) -> str:
 
 
 def _U(groups, profiles, total: int) -> float:
-    return score(*cluster_util([([profiles[x] for x in g.jobs if x in profiles], len(g.machines))
-                                for g in groups], total_machines=total))
+    return score(*utilization(groups, profiles, total))
 
 
 def _stay(cur: Current, home: RunningGroup | None, job: str) -> tuple | None:
@@ -201,7 +201,6 @@ def harmony(view: ClusterView) -> Decision:
     for x in before:
         if x not in placed:
             dec.pause[x] = None
-    dec.util = cluster_util([([profiles[x] for x in g.jobs if x in profiles], len(g.machines))
-                             for g in cur.groups], total_machines=len(live))
+    dec.util = utilization(cur.groups, profiles, len(live))
     dec.note = "; ".join(notes)
     return dec

@@ -471,14 +471,16 @@ def _best_split(rows: np.ndarray, w: np.ndarray, n: np.ndarray, nr: np.ndarray |
         ja = np.where(rows, w / ma[:, :, None] + n + nr * fa[:, :, None], 0.0).max(2)
         jb = np.where(rows, 0.0, w / mb[:, :, None] + n + nr * fb[:, :, None]).max(2)
         na, nb = na + qa * fa, nb + qb * fb
-    ca, cb = wa / ma, wb / mb
-    ta = np.maximum(np.maximum(ca, na), ja)
-    tb = np.maximum(np.maximum(cb, nb), jb)
-    va = (CPU_WEIGHT * ca + (1 - CPU_WEIGHT) * na) * ma / np.where(ta > 0, ta, 1.0)
-    vb = (CPU_WEIGHT * cb + (1 - CPU_WEIGHT) * nb) * mb / np.where(tb > 0, tb, 1.0)
-    v = va + vb
+    v = _pair_value(wa / ma, na, ja, ma) + _pair_value(wb / mb, nb, jb, mb)
     c, i = np.unravel_index(int(np.argmax(v)), v.shape)
     return float(v[c, i]), int(i), int(ma[c, i])
+
+
+def _pair_value(cpu: np.ndarray, net: np.ndarray, top: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """m * score(U) of one side of a split: summed Tcpu ``cpu``, summed Tnet
+    ``net``, longest job iteration ``top`` (Eq 4.1, 4.3), on ``m`` machines."""
+    t = np.maximum(np.maximum(cpu, net), top)
+    return (CPU_WEIGHT * cpu + (1 - CPU_WEIGHT) * net) * m / np.where(t > 0, t, 1.0)
 
 
 def _best_split_all(rows: np.ndarray, w: np.ndarray, n: np.ndarray, nr: np.ndarray, mt: int,
@@ -495,13 +497,7 @@ def _best_split_all(rows: np.ndarray, w: np.ndarray, n: np.ndarray, nr: np.ndarr
     tb_job = (w / mb + n + nr * fb)[:, None, :]
     ja = np.where(rows, ta_job, 0.0).max(2)              # (splits, rows)
     jb = np.where(rows, 0.0, tb_job).max(2)
-    ca, cb = wa / ma, wb / mb
-    na, nb = na + qa * fa, nb + qb * fb
-    ta = np.maximum(np.maximum(ca, na), ja)
-    tb = np.maximum(np.maximum(cb, nb), jb)
-    va = (CPU_WEIGHT * ca + (1 - CPU_WEIGHT) * na) * ma / np.where(ta > 0, ta, 1.0)
-    vb = (CPU_WEIGHT * cb + (1 - CPU_WEIGHT) * nb) * mb / np.where(tb > 0, tb, 1.0)
-    v = va + vb
+    v = _pair_value(wa / ma, na + qa * fa, ja, ma) + _pair_value(wb / mb, nb + qb * fb, jb, mb)
     c, i = np.unravel_index(int(np.argmax(v)), v.shape)
     return float(v[c, i]), int(i), int(ma[c, 0])
 

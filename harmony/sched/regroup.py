@@ -103,8 +103,8 @@ class Change:
 
 
 # ---------------------------------------------------------------- helpers
-def _util(groups: Iterable[RunningGroup], profiles: Mapping[str, Profile],
-          total: int) -> tuple[float, float]:
+def utilization(groups: Iterable[RunningGroup], profiles: Mapping[str, Profile],
+                total: int) -> tuple[float, float]:
     """U over ``total`` machines; jobs without a profile (still profiling)
     are left out of their group's utilization."""
     return cluster_util((([profiles[j] for j in g.jobs if j in profiles], len(g.machines))
@@ -128,9 +128,9 @@ def _diff(before: Current, after: Sequence[RunningGroup], profiles: Mapping[str,
     pause = tuple(j for j in before.running if j not in placed)
     predicted = {g.id: group_iter_time([profiles[j] for j in g.jobs if j in profiles],
                                        len(g.machines)) for g in after}
-    ub = _util(before.groups, profiles, total) if util_before is None else util_before
+    ub = utilization(before.groups, profiles, total) if util_before is None else util_before
     return Change(tuple(after), start, migrate, pause, tuple(keep), predicted,
-                  _util(after, profiles, total), ub, reason)
+                  utilization(after, profiles, total), ub, reason)
 
 
 def _fresh_ids(taken: set[str]) -> Iterable[str]:
@@ -300,7 +300,7 @@ def regroup_candidates(current: Current, waiting: Sequence[str],
     cost on large clusters). Groups holding a job without a profile (still
     profiling) never take part.
     """
-    base_util = _util(current.groups, profiles, len(current.machines))
+    base_util = utilization(current.groups, profiles, len(current.machines))
     movable = [g for g in current.groups if all(j in profiles for j in g.jobs)]
     first = [g for g in movable if g.id == seed]
     others = sorted((g for g in movable if g.id != seed), key=lambda g: len(g.jobs))
@@ -348,7 +348,7 @@ def regroup(current: Current, waiting: Sequence[str], profiles: Mapping[str, Pro
     contribute[s] to the job progress", and such a move is not worth a
     pause and migration.
     """
-    base_util = _util(current.groups, profiles, len(current.machines))
+    base_util = utilization(current.groups, profiles, len(current.machines))
     changes = [c for c in regroup_candidates(current, waiting, profiles, seed, reason, orders)
                if c.moved == 0 or c.util[0] > base_util[0] * (1 + 1e-9)]
     i = pick(score(*base_util), [(c.moved, score(*c.util)) for c in changes], tol)
@@ -404,7 +404,7 @@ def on_arrival(current: Current, new: str, waiting: Sequence[str],
     if current.group_of(new) is not None:
         raise ValueError(f"{new} is running; on_arrival takes a job that waits")
     total = len(current.machines)
-    base_util = _util(current.groups, profiles, total)
+    base_util = utilization(current.groups, profiles, total)
     if waiting:
         if regroup_if_others_wait:
             return regroup(current, list(waiting) + [new], profiles, tol=tol,
@@ -420,7 +420,7 @@ def on_arrival(current: Current, new: str, waiting: Sequence[str],
         options.append(current.groups + (RunningGroup(gid, (new,), current.idle),))
     best, best_s = None, score(*base_util)
     for opt in options:
-        s = score(*_util(opt, profiles, total))
+        s = score(*utilization(opt, profiles, total))
         if s > best_s:
             best, best_s = opt, s
     if best is None:
