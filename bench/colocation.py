@@ -11,8 +11,9 @@ once instead. Isolated runs one job at a time on both machines.
   cpu-heavy x2 : few items, many ratings, high rank  -> long COMP, tiny COMM
   net-heavy x2 : many items, few ratings             -> big PULL/PUSH, short COMP
 
-The cap is chosen so that the network-heavy job's COMM time is comparable to
-the CPU-heavy job's COMP time. Reports makespan, mean JCT and average CPU and
+The cap and the CPU-heavy job's size are chosen so that the network-heavy
+job's COMM time is comparable to the CPU-heavy job's COMP time (the run
+prints both, measured in isolated mode). Reports makespan, mean JCT and average CPU and
 network utilization, as ratios to isolated, and writes a per-machine
 utilization timeline PNG.
 
@@ -86,7 +87,9 @@ def run_mode(mode: str, jobs, tmp: str, a) -> dict:
         return {n.split("-")[0] for a_, b_, n in spans if a_ <= t <= b_}
     both = [s for s in samples if kinds_running(s["t"] - s["dt"] / 2) == {"cpu", "net"}]
     jct = {ids[j]: s["ended"] - s["submitted"] for j, s in sts.items()}
-    return {"mode": mode, "makespan": t1 - t0, "mean_jct": statistics.mean(jct.values()),
+    prof = {ids[j]: {k: s["profile"].get(k) for k in ("t_cpu", "t_net", "t_iter")}
+            for j, s in sts.items()}
+    return {"mode": mode, "profiles": prof, "makespan": t1 - t0, "mean_jct": statistics.mean(jct.values()),
             "jct": jct, "cpu": statistics.mean(s["cpu"] for s in samples),
             "net": statistics.mean(s["net"] for s in samples),
             "cpu_both": statistics.mean(s["cpu"] for s in both) if both else float("nan"),
@@ -125,7 +128,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--bandwidth", default="12MB/s")
     ap.add_argument("--cpu-users", type=int, default=16000)
-    ap.add_argument("--cpu-per-user", type=int, default=60)
+    ap.add_argument("--cpu-per-user", type=int, default=100)
     ap.add_argument("--cpu-rank", type=int, default=64)
     ap.add_argument("--net-users", type=int, default=20000)
     ap.add_argument("--net-items", type=int, default=150000)
@@ -148,6 +151,10 @@ def main() -> None:
                   f"net {100 * r['net_both']:5.1f}%)  JCTs "
                   + " ".join(f"{k}={v:.1f}" for k, v in sorted(r["jct"].items())), flush=True)
     base = next((r for r in results if r["mode"] == "isolated"), results[0])
+    print(f"\nper-iteration profiles in {base['mode']} mode (COMP, PULL+PUSH, iteration):")
+    for name, p in sorted(base["profiles"].items()):
+        print(f"  {name:12} COMP {p['t_cpu']:.3f}s  COMM {p['t_net']:.3f}s  "
+              f"iteration {p['t_iter']:.3f}s")
     print(f"\n4 NMF jobs (2 CPU-heavy, 2 network-heavy), DoP 2, 2 machines x 1 core, "
           f"{a.bandwidth} per machine; ratios to {base['mode']} from this run")
     print(f"{'mode':9} {'makespan':>9} {'speedup':>8} {'mean JCT':>9} {'speedup':>8} "

@@ -37,6 +37,8 @@ def intervals(evs, kind, role=None):
             start[key] = e["t"]
         elif e["ev"] == "promote" and e["kind"] == kind and role == "primary":
             start[key] = e["t"]
+        elif e["ev"] == "demote" and key in start and role == "primary":
+            out.append((start.pop(key), e["t"], *key))
         elif e["ev"] == "done" and key in start:
             out.append((start.pop(key), e["t"], *key))
     return sorted(out)

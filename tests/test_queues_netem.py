@@ -39,6 +39,23 @@ def test_net_queue_primary_secondary_and_promotion():
     assert q.primary() == Sub("b", 1, "net")
 
 
+def test_a_shorter_network_subtask_leads_the_link():
+    q = ResourceQueues()
+    assert grants(q.enqueue(Sub("long", 1, "net", 0.3))) == [("long", 1, "primary")]
+    acts = q.enqueue(Sub("short", 1, "net", 0.01))
+    assert grants(acts) == [("short", 1, "primary")]
+    assert ("demote", Sub("long", 1, "net", 0.3)) in acts
+    assert q.primary().job == "short"
+    assert grants(q.enqueue(Sub("other", 1, "net", 0.001))) == []   # waits: FIFO grants
+    acts = q.done("short", 1)
+    assert ("promote", Sub("long", 1, "net", 0.3)) in acts
+    assert grants(acts) == [("other", 1, "primary")]                # and leads at once
+    # an unknown expectation (0) never takes the lead
+    q2 = ResourceQueues()
+    q2.enqueue(Sub("a", 1, "net", 0.2))
+    assert grants(q2.enqueue(Sub("b", 1, "net"))) == [("b", 1, "secondary")]
+
+
 def test_dropping_a_job_frees_its_slots():
     q = ResourceQueues()
     q.enqueue(Sub("bad", 1, "net"))

@@ -55,7 +55,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                "app_source": str, "args": list, "attempt": int,
                "ckpt": (str, _OPT), "resume": (dict, _OPT)},
     "kill": {"job": str},
-    "enqueue": {"job": str, "seq": int, "kind": str},   # subtask synchronizer
+    "enqueue": {"job": str, "seq": int, "kind": str, "prio": (_NUM, _OPT)},   # subtask synchronizer
     # job executor <-> its worker daemon (subtask queues)
     "hello": {"job": str, "index": int, "attempt": int},
     "grant": {"seq": int, "role": str},

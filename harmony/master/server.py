@@ -708,7 +708,12 @@ class Master:
         if len(kinds) != 1:
             return self._end(job, JobState.FAILED,
                              f"executors disagree on the next subtask after {msg['seq']}: {got}")
-        out = M.encode("enqueue", job=job.id, seq=msg["seq"] + 1, kind=kinds.pop())
+        kind = kinds.pop()
+        # the subtask's expected seconds from the job's profile: of two
+        # network subtasks on a machine, the shorter leads the link
+        p = job.profile
+        prio = (p.get("t_cpu") if kind == "cpu" else p.get("t_net", 0.0) / 2) or 0.0
+        out = M.encode("enqueue", job=job.id, seq=msg["seq"] + 1, kind=kind, prio=float(prio))
         for name in job.workers:
             self._send(self.workers[name].ident, out)
 

@@ -4,13 +4,24 @@ CPU queue: exactly one COMP runs at a time (it may use all cores of the
 machine). NET queue: at most two network subtasks run at once, a *primary*
 and a *secondary*. The secondary only uses bandwidth the primary leaves idle
 (enforced by the network emulation's priority track, or by the real network's
-sharing). When the primary ends, the secondary is promoted. Both queues are
-FIFO, and the master enqueues co-located jobs' subtasks in the same order
-on every machine, so every machine runs them in the same order.
+sharing). When the primary ends, the secondary is promoted. Both queues
+grant in FIFO order, and the master enqueues co-located jobs' subtasks in the
+same order on every machine, so every machine runs them in the same order.
+
+Of two running network subtasks, the one expected to be shorter (``prio``:
+the seconds the master expects from the job's profile) is the primary:
+shortest first on the link. A short PULL of a CPU-heavy job then takes the
+link for its few milliseconds and unblocks that job's long COMP, instead of
+trickling behind a network-heavy job's long transfer while the CPU idles;
+the long transfer loses only the time the short one needed. The grant
+order stays FIFO: which subtask runs *next* must not depend on when an
+enqueue happens to arrive on each machine, but which of two running
+transfers leads may (it changes shares of the link, not the order).
 
 Every call returns the actions for the I/O shell to carry out:
 ``("grant", Sub, role)`` with role "cpu", "primary" or "secondary", and
-``("promote", Sub)`` when a running secondary becomes primary.
+``("promote", Sub)`` when a running secondary becomes primary, and
+``("demote", Sub)`` when a shorter newcomer takes the primary role from it.
 """
 from __future__ import annotations
 
@@ -23,6 +34,7 @@ class Sub:
     job: str
     seq: int
     kind: str          # "cpu" or "net"
+    prio: float = 0.0  # expected seconds (0: unknown); the shorter leads the link
 
 
 class QueueError(ValueError):
@@ -88,8 +100,14 @@ class ResourceQueues:
             acts.append(("grant", self.cpu_run, "cpu"))
         while len(self.net_run) < self.net_slots and self.net_wait:
             s = self.net_wait.popleft()
-            self.net_run.append(s)
-            acts.append(("grant", s, "primary" if len(self.net_run) == 1 else "secondary"))
+            if self.net_run and 0 < s.prio < self.net_run[0].prio:
+                # shorter than the running primary: it leads the link
+                acts.append(("demote", self.net_run[0]))
+                self.net_run.insert(0, s)
+                acts.append(("grant", s, "primary"))
+            else:
+                self.net_run.append(s)
+                acts.append(("grant", s, "primary" if len(self.net_run) == 1 else "secondary"))
         return acts
 
     def primary(self) -> Sub | None:
