@@ -17,7 +17,9 @@ prints both, measured in isolated mode). Reports makespan, mean JCT and average 
 network utilization, as ratios to isolated, and writes a per-machine
 utilization timeline PNG.
 
-    python bench/colocation.py [--epochs 8] [--bandwidth 20MB/s] [--out bench/out]
+    python bench/colocation.py [--rounds 3] [--epochs 6] [--bandwidth 12MB/s] [--out bench/out]
+
+The plot shows the last round.
 """
 from __future__ import annotations
 
@@ -136,33 +138,53 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--one-group", action="store_true",
                     help="co-locate all 4 jobs at once instead of two complementary pairs")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of all modes, interleaved; the summary reports medians")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out"))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    modes = a.modes.split(",")
+    rounds: list[list[dict]] = []
     with tempfile.TemporaryDirectory(prefix="harmony-coloc-") as tmp:
         jobs = make_jobs(tmp, a)
-        results = []
-        for mode in a.modes.split(","):
-            r = run_mode(mode, jobs, tmp, a)
-            results.append(r)
-            print(f"{mode:9} makespan {r['makespan']:6.1f}s  mean JCT {r['mean_jct']:6.1f}s  "
-                  f"CPU {100 * r['cpu']:5.1f}%  net {100 * r['net']:5.1f}%  "
-                  f"(both kinds running: CPU {100 * r['cpu_both']:5.1f}% "
-                  f"net {100 * r['net_both']:5.1f}%)  JCTs "
-                  + " ".join(f"{k}={v:.1f}" for k, v in sorted(r["jct"].items())), flush=True)
-    base = next((r for r in results if r["mode"] == "isolated"), results[0])
-    print(f"\nper-iteration profiles in {base['mode']} mode (COMP, PULL+PUSH, iteration):")
+        # rounds interleave the modes, so that a slow minute of a shared
+        # machine hits every mode alike; the summary takes medians
+        for rnd in range(a.rounds):
+            results = []
+            for mode in modes:
+                r = run_mode(mode, jobs, tmp, a)
+                results.append(r)
+                print(f"round {rnd + 1} {mode:9} makespan {r['makespan']:6.1f}s  "
+                      f"mean JCT {r['mean_jct']:6.1f}s  "
+                      f"CPU {100 * r['cpu']:5.1f}%  net {100 * r['net']:5.1f}%  "
+                      f"(both kinds running: CPU {100 * r['cpu_both']:5.1f}% "
+                      f"net {100 * r['net_both']:5.1f}%)  JCTs "
+                      + " ".join(f"{k}={v:.1f}" for k, v in sorted(r["jct"].items())),
+                      flush=True)
+            rounds.append(results)
+
+    def med(mode: str, key: str) -> float:
+        return statistics.median(r[key] for rs in rounds for r in rs if r["mode"] == mode)
+    base_mode = "isolated" if "isolated" in modes else modes[0]
+    base = next(r for r in rounds[-1] if r["mode"] == base_mode)
+    print(f"\nper-iteration profiles in {base_mode} mode, last round "
+          f"(COMP, PULL+PUSH, iteration):")
     for name, p in sorted(base["profiles"].items()):
         print(f"  {name:12} COMP {p['t_cpu']:.3f}s  COMM {p['t_net']:.3f}s  "
               f"iteration {p['t_iter']:.3f}s")
     print(f"\n4 NMF jobs (2 CPU-heavy, 2 network-heavy), DoP 2, 2 machines x 1 core, "
-          f"{a.bandwidth} per machine; ratios to {base['mode']} from this run")
+          f"{a.bandwidth} per machine; medians of {a.rounds} round(s), ratios to "
+          f"{base_mode} from the same rounds")
     print(f"{'mode':9} {'makespan':>9} {'speedup':>8} {'mean JCT':>9} {'speedup':>8} "
-          f"{'CPU util':>9} {'net util':>9}")
-    for r in results:
-        print(f"{r['mode']:9} {r['makespan']:8.1f}s {base['makespan'] / r['makespan']:7.2f}x "
-              f"{r['mean_jct']:8.1f}s {base['mean_jct'] / r['mean_jct']:7.2f}x "
-              f"{100 * r['cpu']:8.1f}% {100 * r['net']:8.1f}%")
+          f"{'CPU util':>9} {'net util':>9} {'CPU, both kinds':>16}")
+    for mode in modes:
+        print(f"{mode:9} {med(mode, 'makespan'):8.1f}s "
+              f"{med(base_mode, 'makespan') / med(mode, 'makespan'):7.2f}x "
+              f"{med(mode, 'mean_jct'):8.1f}s "
+              f"{med(base_mode, 'mean_jct') / med(mode, 'mean_jct'):7.2f}x "
+              f"{100 * med(mode, 'cpu'):8.1f}% {100 * med(mode, 'net'):8.1f}% "
+              f"{100 * med(mode, 'cpu_both'):15.1f}%")
+    results = rounds[-1]
     png = os.path.join(a.out, "colocation.png")
     try:
         plot(results, png)
@@ -170,8 +192,8 @@ def main() -> None:
     except ImportError:
         print("matplotlib not installed: no plot (pip install matplotlib)")
     with open(os.path.join(a.out, "colocation.json"), "w") as fh:
-        json.dump([{k: v for k, v in r.items() if k not in ("samples",)} for r in results], fh,
-                  indent=1)
+        json.dump([[{k: v for k, v in r.items() if k not in ("samples",)} for r in rs]
+                   for rs in rounds], fh, indent=1)
 
 
 if __name__ == "__main__":
