@@ -39,7 +39,7 @@ from harmony.client import Client  # noqa: E402
 from harmony.cluster import LocalCluster  # noqa: E402
 from harmony.datagen.nmf import gen_nmf  # noqa: E402
 
-MODES = ("isolated", "naive", "harmony")
+MODES = ("isolated", "naive", "harmony", "harmony-nopreempt")
 
 
 def make_jobs(tmp: str, a: argparse.Namespace) -> list[tuple[str, list[str]]]:
@@ -59,10 +59,13 @@ def make_jobs(tmp: str, a: argparse.Namespace) -> list[tuple[str, list[str]]]:
 def run_mode(mode: str, jobs, tmp: str, a) -> dict:
     src = (ROOT / "apps" / "nmf.py").read_text()
     sd = os.path.join(tmp, mode)
-    # explicit pairs (--group): harmony mode with the colocate policy
-    with LocalCluster(2, sd, port=0, mode=mode, cpus_per_machine=1,
-                      policy="colocate" if mode == "harmony" else None,
-                      net_bandwidth=a.bandwidth) as cl, Client(cl.endpoint) as c:
+    # explicit pairs (--group): harmony mode with the colocate policy;
+    # harmony-nopreempt: the same without CPU preemption (an ablation)
+    base = mode.split("-")[0]
+    with LocalCluster(2, sd, port=0, mode=base, cpus_per_machine=1,
+                      policy="colocate" if base == "harmony" else None,
+                      net_bandwidth=a.bandwidth, preempt=mode != "harmony-nopreempt") as cl, \
+            Client(cl.endpoint) as c:
         # isolated ignores groups; naive and harmony run the pairs one after
         # another, each pair sharing both machines
         ids = {c.submit("nmf.py", src, args, machines=2, name=name,
@@ -154,7 +157,7 @@ def main() -> None:
             for mode in modes:
                 r = run_mode(mode, jobs, tmp, a)
                 results.append(r)
-                print(f"round {rnd + 1} {mode:9} makespan {r['makespan']:6.1f}s  "
+                print(f"round {rnd + 1} {mode:18} makespan {r['makespan']:6.1f}s  "
                       f"mean JCT {r['mean_jct']:6.1f}s  "
                       f"CPU {100 * r['cpu']:5.1f}%  net {100 * r['net']:5.1f}%  "
                       f"(both kinds running: CPU {100 * r['cpu_both']:5.1f}% "
@@ -175,10 +178,10 @@ def main() -> None:
     print(f"\n4 NMF jobs (2 CPU-heavy, 2 network-heavy), DoP 2, 2 machines x 1 core, "
           f"{a.bandwidth} per machine; medians of {a.rounds} round(s), ratios to "
           f"{base_mode} from the same rounds")
-    print(f"{'mode':9} {'makespan':>9} {'speedup':>8} {'mean JCT':>9} {'speedup':>8} "
+    print(f"{'mode':18} {'makespan':>9} {'speedup':>8} {'mean JCT':>9} {'speedup':>8} "
           f"{'CPU util':>9} {'net util':>9} {'CPU, both kinds':>16}")
     for mode in modes:
-        print(f"{mode:9} {med(mode, 'makespan'):8.1f}s "
+        print(f"{mode:18} {med(mode, 'makespan'):8.1f}s "
               f"{med(base_mode, 'makespan') / med(mode, 'makespan'):7.2f}x "
               f"{med(mode, 'mean_jct'):8.1f}s "
               f"{med(base_mode, 'mean_jct') / med(mode, 'mean_jct'):7.2f}x "

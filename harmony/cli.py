@@ -88,6 +88,8 @@ def worker_main(argv: list[str] | None = None) -> int:
                    help="pin this machine to these cores, e.g. 0,1 (emulated machines)")
     s.add_argument("--netem", default=None,
                    help="network emulation file of a local cluster (bandwidth caps)")
+    s.add_argument("--no-preempt", dest="preempt", action="store_false",
+                   help="harmony mode: never stop a long COMP for a much shorter one")
     s.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     _setup_logging(a.log_level)
@@ -95,7 +97,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     try:
         cpu_set = [int(c) for c in a.cpu_set.split(",")] if a.cpu_set else None
         d = Daemon(master_address(a.master), a.name, a.host, a.cpus, a.memory, a.state_dir,
-                   cpu_set=cpu_set, netem=a.netem, oom_kill=a.oom_kill, store_max=a.store_max)
+                   cpu_set=cpu_set, netem=a.netem, oom_kill=a.oom_kill, store_max=a.store_max,
+                   preempt=a.preempt)
     except ValueError as exc:
         return _die(str(exc))
     d.serve_forever()
@@ -280,7 +283,7 @@ def cmd_cluster(a: argparse.Namespace) -> int:
         cl = LocalCluster(a.machines, a.state_dir, port=a.port, detach=a.detach, mode=a.mode,
                           policy=a.policy,
                           cpus_per_machine=a.cpus_per_machine, net_bandwidth=a.net_bandwidth,
-                          memory_per_machine=a.memory_per_machine)
+                          memory_per_machine=a.memory_per_machine, preempt=a.preempt)
     except (ClusterError, ValueError) as exc:
         return _die(str(exc), 2)
     try:
@@ -407,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="emulate a NIC of this rate per machine, e.g. 50MB/s or 400Mbit")
     s.add_argument("--memory-per-machine", type=parse_size, default=None,
                    help="emulate machines with this memory budget, e.g. 512M (enforced)")
+    s.add_argument("--no-preempt", dest="preempt", action="store_false",
+                   help="harmony mode: never stop a long COMP for a much shorter one")
     s = sub.add_parser("demo", help="NMF on generated data on a local cluster")
     s.add_argument("--machines", type=int, default=2)
     s.add_argument("--users", type=int, default=20000)

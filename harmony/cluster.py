@@ -54,7 +54,8 @@ class LocalCluster:
                  heartbeat_timeout: float = 5.0, mode: str = "naive",
                  cpus_per_machine: int | None = None,
                  net_bandwidth: str | float | None = None, policy: str | None = None,
-                 memory_per_machine: int | None = None, store_max: int | None = None) -> None:
+                 memory_per_machine: int | None = None, store_max: int | None = None,
+                 preempt: bool = True) -> None:
         if machines < 1:
             raise ClusterError("--machines must be >= 1")
         self.mode = mode
@@ -76,6 +77,7 @@ class LocalCluster:
         # emulated memory: each worker's budget, enforced by its OOM killer
         self.memory_per_machine = memory_per_machine
         self.store_max = store_max
+        self.preempt = preempt
         self.state_dir = os.path.abspath(state_dir or default_state_dir())
         self.host, self.port, self.detach = host, port, detach
         self.log_level = log_level
@@ -140,6 +142,8 @@ class LocalCluster:
                 extra += ["--memory", str(int(self.memory_per_machine)), "--oom-kill"]
             if self.store_max:
                 extra += ["--store-max", str(int(self.store_max))]
+            if not self.preempt:
+                extra += ["--no-preempt"]
             self.procs.append(self._spawn(
                 ["harmony.worker", "start", "--master", self.endpoint, "--name", name,
                  "--host", self.host, "--state-dir", os.path.join(self.state_dir, "workers", name),

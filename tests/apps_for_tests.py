@@ -13,6 +13,7 @@ class Toy(App):
     options = [Option("crash", str, "none", "none|raise|abort|exit"),
                Option("crash_epoch", int, 1, ""),
                Option("sleep", float, 0.0, "seconds of COMP per iteration"),
+               Option("spin", float, 0.0, "CPU seconds of COMP per iteration (busy)"),
                Option("keys", int, 50, "")]
 
     def read_input(self, part):
@@ -34,6 +35,9 @@ class Toy(App):
             if self.opts.crash == "exit":
                 os._exit(7)
         time.sleep(self.opts.sleep)
+        t = time.thread_time()
+        while time.thread_time() - t < self.opts.spin:
+            pass
         return np.full(rows.shape, 0.1, dtype=np.float32)
 
     def objective(self, blocks, keys, rows):

@@ -1,6 +1,7 @@
 """Co-located execution on emulated machines: queues, synchronizer, modes."""
 import json
 import os
+import time
 
 import pytest
 
@@ -39,6 +40,10 @@ def intervals(evs, kind, role=None):
             start[key] = e["t"]
         elif e["ev"] == "demote" and key in start and role == "primary":
             out.append((start.pop(key), e["t"], *key))
+        elif e["ev"] == "stop" and key in start:        # a preempted COMP stands
+            out.append((start.pop(key), e["t"], *key))
+        elif e["ev"] == "resume" and e["kind"] == kind:
+            start[key] = e["t"]
         elif e["ev"] == "done" and key in start:
             out.append((start.pop(key), e["t"], *key))
     return sorted(out)
@@ -72,6 +77,66 @@ def test_harmony_queues_and_synchronizer(hcluster):
     for kind in ("cpu", "net"):
         assert [x for x in order["m0"] if x[2] == kind] == \
                [x for x in order["m1"] if x[2] == kind]
+
+
+def test_a_short_comp_preempts_a_long_one(hcluster):
+    """A job with 0.2 s COMPs and one with 0.03 s COMPs in one group: once
+    profiled, the short COMP stops the long one instead of waiting behind
+    it; still one COMP at a time, and the long job's COMP time does not
+    count the time it stood."""
+    base = ["--keys", "1000", "--iters-per-epoch", "2", "--max-epochs", "5"]
+    with Client(hcluster.endpoint) as c:
+        long = c.submit("toy.py", TOY_APP, [*base, "--spin", "0.2"], machines=2, group="pre")
+        short = c.submit("toy.py", TOY_APP, [*base, "--spin", "0.03"], machines=2,
+                         group="pre")
+        sts = [wait_state(c, j, ("finished", "failed"), timeout=90) for j in (long, short)]
+    assert all(s["state"] == "finished" for s in sts), [s["error"] for s in sts]
+    for m in ("m0", "m1"):
+        mine = [e for e in events(hcluster, m) if e["job"] in (long, short)]
+        assert not overlaps(intervals(mine, "cpu")), f"two COMPs at once on {m}"
+        stops = [e for e in mine if e["ev"] == "stop"]
+        assert stops and all(e["job"] == long for e in stops)
+        assert len(stops) == len([e for e in mine if e["ev"] == "resume"])
+    # the executors learnt how long they stood (the daemons logged it too)
+    rec = [json.loads(line) for line in
+           open(os.path.join(hcluster.state_dir, "master", "metrics", "jobs.jsonl"))]
+    stood = sum(r["timings"].get("stood", 0.0) for r in rec if r["job"] == long)
+    evs = events(hcluster, "m0") + events(hcluster, "m1")
+    logged, at = 0.0, {}
+    for e in sorted(evs, key=lambda e: e["t"]):
+        if e["job"] == long and e["ev"] == "stop":
+            at[(e["job"], e["seq"])] = e["t"]
+        elif e["job"] == long and e["ev"] == "resume" and (e["job"], e["seq"]) in at:
+            logged += e["t"] - at.pop((e["job"], e["seq"]))
+    # jobs.jsonl holds one record per epoch: each timing is the largest over
+    # the machines, so the epochs' sum lies between half and all of both logs
+    assert 0 < 0.9 * logged / 2 <= stood <= 1.1 * logged
+    assert sts[0]["profile"]["t_cpu"] == pytest.approx(0.2, rel=0.3)
+
+
+def test_cancelling_a_preempted_job_does_not_hang(hcluster):
+    """Cancel a long-COMP job while short COMPs keep stopping it: a stopped
+    executor still gets its SIGTERM (the daemon continues it), and its
+    partner goes on."""
+    base = ["--keys", "1000", "--iters-per-epoch", "2"]
+    with Client(hcluster.endpoint) as c:
+        long = c.submit("toy.py", TOY_APP, [*base, "--max-epochs", "40", "--spin", "0.2"],
+                        machines=2, group="pre2")
+        short = c.submit("toy.py", TOY_APP, [*base, "--max-epochs", "12", "--spin", "0.03"],
+                         machines=2, group="pre2")
+        path = os.path.join(hcluster.state_dir, "workers", "m0", "queue-events.jsonl")
+        deadline = time.time() + 60
+        with open(path) as fh:     # cancel just after a stop, while it stands
+            while time.time() < deadline:
+                line = fh.readline()
+                if not line:
+                    time.sleep(0.002)
+                elif f'"stop", "job": "{long}"' in line:
+                    break
+        c.cancel(long)
+        assert wait_state(c, long, ("cancelled", "failed"), timeout=20)["state"] == "cancelled"
+        st = wait_state(c, short, ("finished", "failed"), timeout=60)
+    assert st["state"] == "finished", st["error"]
 
 
 def test_profiles_converge_on_a_steady_job(hcluster):

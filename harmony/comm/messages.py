@@ -55,7 +55,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                "app_source": str, "args": list, "attempt": int,
                "ckpt": (str, _OPT), "resume": (dict, _OPT)},
     "kill": {"job": str},
-    "enqueue": {"job": str, "seq": int, "kind": str, "prio": (_NUM, _OPT)},   # subtask synchronizer
+    "enqueue": {"job": str, "seq": int, "kind": str, "prio": (_NUM, _OPT)},
+    "preempted": {"seq": int, "seconds": _NUM},   # daemon -> executor, after a stop   # subtask synchronizer
     # job executor <-> its worker daemon (subtask queues)
     "hello": {"job": str, "index": int, "attempt": int},
     "grant": {"seq": int, "role": str},

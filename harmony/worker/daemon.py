@@ -82,7 +82,7 @@ class Daemon:
                  cpus: int | None = None, memory: int | None = None,
                  state_dir: str | None = None, cpu_set: list[int] | None = None,
                  netem: str | None = None, oom_kill: bool = False,
-                 store_max: int | None = None) -> None:
+                 store_max: int | None = None, preempt: bool = True) -> None:
         self.master = master
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.host = host
@@ -121,7 +121,8 @@ class Daemon:
         # executors of this machine talk to the daemon here (subtask queues)
         self.xsock = make_socket(self.ctx, zmq.ROUTER)
         self.xendpoint = bind_random(self.xsock, "127.0.0.1")
-        self.queues = ResourceQueues()
+        self.queues = ResourceQueues(preempt=preempt)
+        self._stopped_at: dict[tuple[str, int], float] = {}   # preempted COMPs
         self.xident: dict[str, bytes] = {}           # job -> executor identity
         self.pending: dict[str, list[bytes]] = {}    # grants waiting for a hello
         self.deferred: dict[str, Sub] = {}           # enqueues that overtook a release
@@ -350,8 +351,39 @@ class Daemon:
             ep.term_sent = time.time()
             try:
                 ep.proc.terminate()
+                os.killpg(ep.proc.pid, signal.SIGCONT)   # if preempted: let it see SIGTERM
             except ProcessLookupError:
                 pass
+
+    def _preempt(self, what: str, sub: Sub) -> None:
+        """CPU preemption: stop a long COMP's executor (SIGSTOP to its
+        process group) while a much shorter COMP runs, and continue it
+        after. The executor is told how long it stood still, so that its
+        COMP time (its profile) does not count the other job's COMP."""
+        key = (sub.job, sub.seq)
+        now = time.time()
+        if what == "stop":
+            start, kind = self._running.pop(key, (None, "cpu"))
+            if start is not None:
+                self.busy[kind] += now - start
+            self._stopped_at[key] = now
+        else:
+            stood = now - self._stopped_at.pop(key, now)
+            run = self.queues.cpu_run
+            ident = self.xident.get(sub.job)
+            # (not when its COMP had ended just before the stop reached it)
+            if run is not None and (run.job, run.seq) == key:
+                self._running[key] = (now, sub.kind)
+                if ident is not None:   # before it runs on: it reads this after its COMP
+                    self._xsend(ident, M.encode("preempted", seq=sub.seq, seconds=stood))
+        self._log_event(what, sub, "cpu")
+        ep = self.execs.get(sub.job)
+        if ep is None or ep.proc.poll() is not None:
+            return
+        try:
+            os.killpg(ep.proc.pid, signal.SIGSTOP if what == "stop" else signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
     def _reap(self) -> None:
         now = time.time()
@@ -420,6 +452,8 @@ class Daemon:
                     self.netem.set_primary(self.name, job_token(sub.job))
             elif act[0] == "demote":     # a shorter newcomer leads the link now
                 self._log_event("demote", act[1], "secondary")
+            elif act[0] in ("stop", "resume"):
+                self._preempt(act[0], act[1])
         if self.netem is not None and self.queues.primary() is None:
             self.netem.set_primary(self.name, 0)
 
@@ -437,6 +471,8 @@ class Daemon:
         self.xident.pop(job, None)
         self.pending.pop(job, None)
         self.deferred.pop(job, None)
+        for key in [k for k in self._stopped_at if k[0] == job]:
+            del self._stopped_at[key]
         self._apply(self.queues.drop_job(job))
 
     def _handle_exec(self, frames: list[bytes]) -> None:

@@ -182,6 +182,8 @@ class Executor:
         self.seq = 0
         self.last_contact = self.last_ping = time.monotonic()
         self.net_wait = 0.0   # seconds spent in emulated transfers
+        self.stood = 0.0      # seconds its COMPs stood stopped (CPU preemption)
+        self._held: list[M.Message] = []   # daemon messages read early
         # the block store
         self.mem = MachineMemory(spec)
         self.storage: JobStorage | None = None
@@ -525,20 +527,37 @@ class Executor:
         while True:
             while self.ctl.poll(0):  # pongs, aborts
                 self._from_master(M.decode(self.ctl.recv_multipart()))
-            if not self.dsock.poll(1000):
+            if self._held:
+                msg = self._held.pop(0)
+            elif self.dsock.poll(1000):
+                msg = M.decode(self.dsock.recv_multipart())
+            else:
                 self._liveness()
                 continue
-            msg = M.decode(self.dsock.recv_multipart())
             if msg.type == "grant" and msg["seq"] == self.seq:
                 break
-            if msg.type == "abort":
+            if msg.type == "preempted":    # late news of the previous COMP
+                self.stood += msg["seconds"]
+            elif msg.type == "abort":
                 raise Aborted(msg["reason"])
-            if msg.type == "error":
+            elif msg.type == "error":
                 raise RuntimeError(f"daemon: {msg['code']}: {msg['message']}")
         try:
             return fn()
         finally:
+            if kind == "cpu":
+                self._read_preempted()
             self.dsock.send(M.encode("sub_done", job=self.job, seq=self.seq))
+
+    def _read_preempted(self) -> None:
+        """The daemon sends "preempted" before it continues a stopped COMP,
+        so the news is here when that COMP ends; other messages wait."""
+        while self.dsock.poll(0):
+            msg = M.decode(self.dsock.recv_multipart())
+            if msg.type == "preempted":
+                self.stood += msg["seconds"]
+            else:
+                self._held.append(msg)
 
     def _keys(self, app: App, inp: LocalInput, ids: list[int], cache: dict, slot) -> np.ndarray:
         """``app.keys`` of some blocks; computed once per slot if the app's
@@ -559,6 +578,7 @@ class Executor:
         for epoch in range(first_epoch, opts.max_epochs):
             tm = {"pull": 0.0, "comp": 0.0, "push": 0.0, "sync": 0.0}
             self.net_wait = 0.0
+            stood0 = self.stood
             moved = list(self.client.peer_bytes)
             t_epoch = time.perf_counter()
             client = self.client
@@ -606,7 +626,11 @@ class Executor:
                 if not self.queued:
                     self.barrier(epoch, 2 * it + 1)
                 tm["sync"] += time.perf_counter() - t0
-            tm["sync"] -= tm["pull"] + tm["comp"] + tm["push"]
+            # COMP time is the job's own: not the time it stood stopped while
+            # a shorter job's COMP ran (that time stays in the iteration time)
+            tm["stood"] = self.stood - stood0
+            tm["comp"] = max(0.0, tm["comp"] - tm["stood"])
+            tm["sync"] -= tm["pull"] + tm["comp"] + tm["push"] + tm["stood"]
             tm["train"] = time.perf_counter() - t_epoch
             tm["iters"] = float(len(groups))
             # PULL/PUSH data bytes of the epoch's iterations, all and to other

@@ -10,18 +10,27 @@ same order on every machine, so every machine runs them in the same order.
 
 Of two running network subtasks, the one expected to be shorter (``prio``:
 the seconds the master expects from the job's profile) is the primary:
-shortest first on the link. A short PULL of a CPU-heavy job then takes the
-link for its few milliseconds and unblocks that job's long COMP, instead of
-trickling behind a network-heavy job's long transfer while the CPU idles;
-the long transfer loses only the time the short one needed. The grant
-order stays FIFO: which subtask runs *next* must not depend on when an
-enqueue happens to arrive on each machine, but which of two running
+shortest first on the link. A short PULL of a CPU-heavy job then
+takes the link for its few milliseconds and unblocks that job's long COMP,
+instead of trickling behind a network-heavy job's long transfer while the
+CPU idles; the long transfer loses only the time the short one needed. The
+grant order stays FIFO: which subtask runs *next* must not depend on when
+an enqueue happens to arrive on each machine, but which of two running
 transfers leads may (it changes shares of the link, not the order).
+
+The CPU queue preempts the same way, one level deep: when the next waiting
+COMP is expected to take at most 1/PREEMPT_RATIO of the running one, the
+running one is stopped (the daemon sends SIGSTOP to its executor) while the
+short one runs, then continues. Without it, a network-heavy job's 30 ms
+COMP waits up to a whole 250 ms COMP of its CPU-heavy partner, and its
+long transfer starts that much later; the partner loses only the 30 ms.
+Still only one COMP runs at a time.
 
 Every call returns the actions for the I/O shell to carry out:
 ``("grant", Sub, role)`` with role "cpu", "primary" or "secondary", and
 ``("promote", Sub)`` when a running secondary becomes primary, and
-``("demote", Sub)`` when a shorter newcomer takes the primary role from it.
+``("demote", Sub)`` when a shorter newcomer takes the primary role from it,
+``("stop", Sub)`` and ``("resume", Sub)`` for a preempted COMP.
 """
 from __future__ import annotations
 
@@ -34,18 +43,25 @@ class Sub:
     job: str
     seq: int
     kind: str          # "cpu" or "net"
-    prio: float = 0.0  # expected seconds (0: unknown); the shorter leads the link
+    prio: float = 0.0  # expected seconds (0: unknown: never preempts or leads)
 
 
 class QueueError(ValueError):
     pass
 
 
+PREEMPT_RATIO = 4.0   # a COMP preempts one expected to run >= this many times longer
+MAX_BYPASS = 2        # short COMPs in a row while a long one stands stopped
+
+
 class ResourceQueues:
-    def __init__(self, net_slots: int = 2) -> None:
+    def __init__(self, net_slots: int = 2, preempt: bool = True) -> None:
         self.cpu_wait: deque[Sub] = deque()
         self.net_wait: deque[Sub] = deque()
         self.cpu_run: Sub | None = None
+        self.cpu_stopped: Sub | None = None    # a long COMP preempted by cpu_run
+        self.bypassed = 0                      # short COMPs run while it stands
+        self.preempt = preempt
         self.net_run: list[Sub] = []        # [primary, secondary]
         self.net_slots = net_slots
 
@@ -61,6 +77,11 @@ class ResourceQueues:
         if self.cpu_run is not None and (self.cpu_run.job, self.cpu_run.seq) == (job, seq):
             self.cpu_run = None
             return self._grant()
+        if self.cpu_stopped is not None and \
+                (self.cpu_stopped.job, self.cpu_stopped.seq) == (job, seq):
+            # it had ended just before the stop reached it: let it go on
+            self.cpu_stopped = None
+            return [("resume", Sub(job, seq, "cpu"))]
         for i, s in enumerate(self.net_run):
             if (s.job, s.seq) == (job, seq):
                 del self.net_run[i]
@@ -75,6 +96,8 @@ class ResourceQueues:
         self.cpu_wait = deque(s for s in self.cpu_wait if s.job != job)
         self.net_wait = deque(s for s in self.net_wait if s.job != job)
         acts: list[tuple] = []
+        if self.cpu_stopped is not None and self.cpu_stopped.job == job:
+            self.cpu_stopped = None
         if self.cpu_run is not None and self.cpu_run.job == job:
             self.cpu_run = None
         was_primary = bool(self.net_run) and self.net_run[0].job == job
@@ -88,16 +111,30 @@ class ResourceQueues:
         return self._find(job)
 
     def _find(self, job: str) -> Sub | None:
-        for s in (self.cpu_run, *self.net_run, *self.cpu_wait, *self.net_wait):
+        for s in (self.cpu_run, self.cpu_stopped, *self.net_run, *self.cpu_wait,
+                  *self.net_wait):
             if s is not None and s.job == job:
                 return s
         return None
 
     def _grant(self) -> list[tuple]:
         acts: list[tuple] = []
-        if self.cpu_run is None and self.cpu_wait:
+        head = self.cpu_wait[0] if self.cpu_wait else None
+        if self.cpu_run is None and self.cpu_stopped is not None and not (
+                head and self._bypasses(head, self.cpu_stopped)):
+            self.cpu_run, self.cpu_stopped = self.cpu_stopped, None    # it goes on
+            acts.append(("resume", self.cpu_run))
+        elif self.cpu_run is None and head:
             self.cpu_run = self.cpu_wait.popleft()
+            if self.cpu_stopped is not None:
+                self.bypassed += 1
             acts.append(("grant", self.cpu_run, "cpu"))
+        elif head and self.cpu_stopped is None and self._bypasses(head, self.cpu_run):
+            # the next COMP is short next to the running one: stop the long
+            # one while the short one runs (one level deep, grants stay FIFO)
+            self.cpu_stopped, self.cpu_run = self.cpu_run, self.cpu_wait.popleft()
+            self.bypassed = 1
+            acts += [("stop", self.cpu_stopped), ("grant", self.cpu_run, "cpu")]
         while len(self.net_run) < self.net_slots and self.net_wait:
             s = self.net_wait.popleft()
             if self.net_run and 0 < s.prio < self.net_run[0].prio:
@@ -109,6 +146,13 @@ class ResourceQueues:
                 self.net_run.append(s)
                 acts.append(("grant", s, "primary" if len(self.net_run) == 1 else "secondary"))
         return acts
+
+    def _bypasses(self, short: Sub, long: Sub) -> bool:
+        """May ``short`` run while ``long`` stands stopped? Never more than
+        MAX_BYPASS short COMPs in a row, so a long COMP is not starved."""
+        if not self.preempt or short.prio <= 0 or short.prio * PREEMPT_RATIO > long.prio:
+            return False
+        return self.cpu_stopped is None or self.bypassed < MAX_BYPASS
 
     def primary(self) -> Sub | None:
         return self.net_run[0] if self.net_run else None
