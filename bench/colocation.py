@@ -39,7 +39,7 @@ from harmony.client import Client  # noqa: E402
 from harmony.cluster import LocalCluster  # noqa: E402
 from harmony.datagen.nmf import gen_nmf  # noqa: E402
 
-MODES = ("isolated", "naive", "harmony", "harmony-nopreempt")
+MODES = ("isolated", "naive", "harmony", "harmony-preempt")
 
 
 def make_jobs(tmp: str, a: argparse.Namespace) -> list[tuple[str, list[str]]]:
@@ -60,11 +60,11 @@ def run_mode(mode: str, jobs, tmp: str, a) -> dict:
     src = (ROOT / "apps" / "nmf.py").read_text()
     sd = os.path.join(tmp, mode)
     # explicit pairs (--group): harmony mode with the colocate policy;
-    # harmony-nopreempt: the same without CPU preemption (an ablation)
+    # harmony-preempt: the same with CPU preemption (experimental)
     base = mode.split("-")[0]
     with LocalCluster(2, sd, port=0, mode=base, cpus_per_machine=1,
                       policy="colocate" if base == "harmony" else None,
-                      net_bandwidth=a.bandwidth, preempt=mode != "harmony-nopreempt") as cl, \
+                      net_bandwidth=a.bandwidth, preempt=mode == "harmony-preempt") as cl, \
             Client(cl.endpoint) as c:
         # isolated ignores groups; naive and harmony run the pairs one after
         # another, each pair sharing both machines

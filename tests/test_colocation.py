@@ -24,6 +24,17 @@ def hcluster(tmp_path_factory):
     cl.stop()
 
 
+@pytest.fixture(scope="module")
+def pcluster(tmp_path_factory):
+    """As hcluster, with CPU preemption (--preempt)."""
+    cl = LocalCluster(2, str(tmp_path_factory.mktemp("pcl")), port=0, mode="harmony",
+                      policy="colocate", cpus_per_machine=1, net_bandwidth="40MB/s",
+                      heartbeat_timeout=3.0, preempt=True)
+    cl.start()
+    yield cl
+    cl.stop()
+
+
 def events(cl, machine):
     path = os.path.join(cl.state_dir, "workers", machine, "queue-events.jsonl")
     return [json.loads(line) for line in open(path)]
@@ -70,6 +81,7 @@ def test_harmony_queues_and_synchronizer(hcluster):
         assert not overlaps(cpu), f"two COMPs at once on {m}"
         assert not overlaps(intervals(mine, "net", "primary")), f"two NET primaries on {m}"
         assert len({e["job"] for e in mine if e["role"] == "secondary"}) > 0
+        assert not any(e["ev"] == "stop" for e in mine)     # no preemption by default
     # the same order of co-located jobs' subtasks on every machine
     order = {m: [(e["job"], e["seq"], e["kind"]) for e in evs
                  if e["ev"] == "grant" and e["job"] in jobs]
@@ -79,29 +91,29 @@ def test_harmony_queues_and_synchronizer(hcluster):
                [x for x in order["m1"] if x[2] == kind]
 
 
-def test_a_short_comp_preempts_a_long_one(hcluster):
+def test_a_short_comp_preempts_a_long_one(pcluster):
     """A job with 0.2 s COMPs and one with 0.03 s COMPs in one group: once
     profiled, the short COMP stops the long one instead of waiting behind
     it; still one COMP at a time, and the long job's COMP time does not
     count the time it stood."""
     base = ["--keys", "1000", "--iters-per-epoch", "2", "--max-epochs", "5"]
-    with Client(hcluster.endpoint) as c:
+    with Client(pcluster.endpoint) as c:
         long = c.submit("toy.py", TOY_APP, [*base, "--spin", "0.2"], machines=2, group="pre")
         short = c.submit("toy.py", TOY_APP, [*base, "--spin", "0.03"], machines=2,
                          group="pre")
         sts = [wait_state(c, j, ("finished", "failed"), timeout=90) for j in (long, short)]
     assert all(s["state"] == "finished" for s in sts), [s["error"] for s in sts]
     for m in ("m0", "m1"):
-        mine = [e for e in events(hcluster, m) if e["job"] in (long, short)]
+        mine = [e for e in events(pcluster, m) if e["job"] in (long, short)]
         assert not overlaps(intervals(mine, "cpu")), f"two COMPs at once on {m}"
         stops = [e for e in mine if e["ev"] == "stop"]
         assert stops and all(e["job"] == long for e in stops)
         assert len(stops) == len([e for e in mine if e["ev"] == "resume"])
     # the executors learnt how long they stood (the daemons logged it too)
     rec = [json.loads(line) for line in
-           open(os.path.join(hcluster.state_dir, "master", "metrics", "jobs.jsonl"))]
+           open(os.path.join(pcluster.state_dir, "master", "metrics", "jobs.jsonl"))]
     stood = sum(r["timings"].get("stood", 0.0) for r in rec if r["job"] == long)
-    evs = events(hcluster, "m0") + events(hcluster, "m1")
+    evs = events(pcluster, "m0") + events(pcluster, "m1")
     logged, at = 0.0, {}
     for e in sorted(evs, key=lambda e: e["t"]):
         if e["job"] == long and e["ev"] == "stop":
@@ -114,17 +126,17 @@ def test_a_short_comp_preempts_a_long_one(hcluster):
     assert sts[0]["profile"]["t_cpu"] == pytest.approx(0.2, rel=0.3)
 
 
-def test_cancelling_a_preempted_job_does_not_hang(hcluster):
+def test_cancelling_a_preempted_job_does_not_hang(pcluster):
     """Cancel a long-COMP job while short COMPs keep stopping it: a stopped
     executor still gets its SIGTERM (the daemon continues it), and its
     partner goes on."""
     base = ["--keys", "1000", "--iters-per-epoch", "2"]
-    with Client(hcluster.endpoint) as c:
+    with Client(pcluster.endpoint) as c:
         long = c.submit("toy.py", TOY_APP, [*base, "--max-epochs", "40", "--spin", "0.2"],
                         machines=2, group="pre2")
         short = c.submit("toy.py", TOY_APP, [*base, "--max-epochs", "12", "--spin", "0.03"],
                          machines=2, group="pre2")
-        path = os.path.join(hcluster.state_dir, "workers", "m0", "queue-events.jsonl")
+        path = os.path.join(pcluster.state_dir, "workers", "m0", "queue-events.jsonl")
         deadline = time.time() + 60
         with open(path) as fh:     # cancel just after a stop, while it stands
             while time.time() < deadline:

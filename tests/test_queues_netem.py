@@ -61,7 +61,7 @@ def test_a_much_shorter_comp_preempts_a_long_one():
     long = Sub("long", 1, "cpu", 0.25)
     assert grants(q.enqueue(long)) == [("long", 1, "cpu")]
     assert grants(q.enqueue(Sub("mid", 1, "cpu", 0.1))) == []       # not 4x shorter: waits
-    q2 = ResourceQueues()
+    q2 = ResourceQueues(preempt=True)
     q2.enqueue(long)
     acts = q2.enqueue(Sub("short", 1, "cpu", 0.03))
     assert acts == [("stop", long), ("grant", Sub("short", 1, "cpu", 0.03), "cpu")]
@@ -72,27 +72,27 @@ def test_a_much_shorter_comp_preempts_a_long_one():
     acts = q2.done("tiny", 1)
     assert acts == [("resume", long)]                                 # not starved
     assert grants(q2.done("long", 1)) == [("short", 2, "cpu")]
-    # unknown expectations never preempt; preemption can be turned off
-    for q3, short in ((ResourceQueues(), Sub("s", 1, "cpu")),
-                      (ResourceQueues(preempt=False), Sub("s", 1, "cpu", 0.01))):
+    # unknown expectations never preempt; preemption is off by default
+    for q3, short in ((ResourceQueues(preempt=True), Sub("s", 1, "cpu")),
+                      (ResourceQueues(), Sub("s", 1, "cpu", 0.01))):
         q3.enqueue(long)
         assert q3.enqueue(short) == []
 
 
 def test_preemption_races_and_drops():
     long, short = Sub("long", 1, "cpu", 0.25), Sub("short", 1, "cpu", 0.01)
-    q = ResourceQueues()
+    q = ResourceQueues(preempt=True)
     q.enqueue(long)
     q.enqueue(short)
     # the long COMP had ended before the stop reached it: its done still counts
     assert q.done("long", 1) == [("resume", Sub("long", 1, "cpu"))]
     assert grants(q.done("short", 1)) == [] and q.current("long") is None
     # dropping the short job continues the stopped one; dropping the stopped one forgets it
-    q = ResourceQueues()
+    q = ResourceQueues(preempt=True)
     q.enqueue(long)
     q.enqueue(short)
     assert q.drop_job("short") == [("resume", long)]
-    q = ResourceQueues()
+    q = ResourceQueues(preempt=True)
     q.enqueue(long)
     q.enqueue(short)
     assert q.drop_job("long") == [] and q.current("long") is None
