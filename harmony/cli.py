@@ -90,7 +90,7 @@ def worker_main(argv: list[str] | None = None) -> int:
                    help="network emulation file of a local cluster (bandwidth caps)")
     s.add_argument("--preempt", action="store_true",
                    help="harmony mode: stop a long COMP while a much shorter one runs "
-                        "(experimental: no gain measured, see the README)")
+                        "(experimental: no clear gain measured, see the README)")
     s.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     _setup_logging(a.log_level)

@@ -55,11 +55,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                "app_source": str, "args": list, "attempt": int,
                "ckpt": (str, _OPT), "resume": (dict, _OPT)},
     "kill": {"job": str},
+    # subtask synchronizer; prio: the subtask's expected seconds
     "enqueue": {"job": str, "seq": int, "kind": str, "prio": (_NUM, _OPT)},
-    "preempted": {"seq": int, "seconds": _NUM},   # daemon -> executor, after a stop   # subtask synchronizer
     # job executor <-> its worker daemon (subtask queues)
     "hello": {"job": str, "index": int, "attempt": int},
     "grant": {"seq": int, "role": str},
+    "preempted": {"seq": int, "seconds": _NUM},   # how long a COMP stood stopped
     "sub_done": {"job": str, "seq": int},
     # job executor -> master
     "exec_ready": {"job": str, "index": int, "attempt": int, "endpoint": str,

@@ -500,7 +500,9 @@ class Daemon:
                 acts = self.queues.done(*key)
             except QueueError as exc:
                 return self._xsend(ident, M.error("bad_request", str(exc)))
-            start, kind = self._running.pop(key, (None, "?"))
+            # (a COMP that ended just before its stop is no longer "running")
+            start, kind = self._running.pop(key, (None, "cpu" if key in self._stopped_at
+                                                  else "?"))
             if start is not None:
                 self.busy[kind] += time.time() - start
             self._log_event("done", Sub(msg["job"], msg["seq"], kind))

@@ -10,23 +10,22 @@ same order on every machine, so every machine runs them in the same order.
 
 Of two running network subtasks, the one expected to be shorter (``prio``:
 the seconds the master expects from the job's profile) is the primary:
-shortest first on the link. A short PULL of a CPU-heavy job then
-takes the link for its few milliseconds and unblocks that job's long COMP,
-instead of trickling behind a network-heavy job's long transfer while the
-CPU idles; the long transfer loses only the time the short one needed. The
-grant order stays FIFO: which subtask runs *next* must not depend on when
-an enqueue happens to arrive on each machine, but which of two running
-transfers leads may (it changes shares of the link, not the order).
+shortest first on the link. A short PULL of a CPU-heavy job then takes the
+link for its few milliseconds and unblocks that job's long COMP, instead of
+trickling behind a network-heavy job's long transfer while the CPU idles;
+the long transfer loses only the time the short one needed. The grant order
+stays FIFO: which subtask runs *next* must not depend on when an enqueue
+happens to arrive on each machine, but which of two running transfers leads
+may (it changes shares of the link, not the order).
 
 Optionally (``preempt``, off by default: no gain measured end to end on
 the development VM), the CPU queue preempts the same way, one level deep:
-when the next waiting
-COMP is expected to take at most 1/PREEMPT_RATIO of the running one, the
-running one is stopped (the daemon sends SIGSTOP to its executor) while the
-short one runs, then continues. Without it, a network-heavy job's 30 ms
-COMP waits up to a whole 250 ms COMP of its CPU-heavy partner, and its
-long transfer starts that much later; the partner loses only the 30 ms.
-Still only one COMP runs at a time.
+when the next waiting COMP is expected to take at most 1/PREEMPT_RATIO of
+the running one, the running one is stopped (the daemon sends SIGSTOP to
+its executor) while the short one runs, then continues. Without it, a
+network-heavy job's 30 ms COMP waits up to a whole 250 ms COMP of its
+CPU-heavy partner, and its long transfer starts that much later; the
+partner loses only the 30 ms. Still only one COMP runs at a time.
 
 Every call returns the actions for the I/O shell to carry out:
 ``("grant", Sub, role)`` with role "cpu", "primary" or "secondary", and
