@@ -179,18 +179,11 @@ def _nbytes(arrays: dict[str, np.ndarray]) -> int:
 
 
 @dataclass
-class PassTotals:
-    """Reload statistics summed over the passes of an epoch."""
+class PassTotals(ReloadStats):
+    """Reload statistics summed over the passes of an epoch (and the loads
+    of blocks an app read at random); Tbload, Tbproc and the COMP time come
+    from :class:`ReloadStats`."""
     passes: int = 0
-    blocks: int = 0
-    disk_blocks: int = 0
-    stall_s: float = 0.0
-    stalls: int = 0
-    load_s: float = 0.0
-    store_s: float = 0.0
-    loads: int = 0
-    proc_s: list[float] = field(default_factory=list)
-    bytes_loaded: int = 0
     pinned_now: int = 0      # arrays newly pinned
     rewrites: int = 0        # blocks written again (array set changed)
 
@@ -200,23 +193,11 @@ class PassTotals:
         self.disk_blocks += st.disk_blocks
         self.stall_s += st.stall_s
         self.stalls += st.stalls
-        self.load_s += sum(st.load_s)
-        self.store_s += sum(st.store_s)
-        self.loads += len(st.load_s)
+        self.load_s.extend(st.load_s)
+        self.store_s.extend(st.store_s)
         self.proc_s.extend(st.proc_s)
         self.bytes_loaded += st.bytes_loaded
-
-    @property
-    def tbload(self) -> float | None:
-        return (self.load_s + self.store_s) / self.loads if self.loads else None
-
-    @property
-    def tbproc(self) -> float | None:
-        return sum(self.proc_s) / len(self.proc_s) if self.proc_s else None
-
-    @property
-    def comp_s(self) -> float:
-        return sum(self.proc_s) + self.stall_s
+        self.max_resident = max(self.max_resident, st.max_resident)
 
 
 # ---------------------------------------------------------------------------
@@ -574,8 +555,7 @@ class BlockSeq(Sequence):
             dt = time.perf_counter() - t0
             tot = self._owner.totals
             tot.stall_s += dt          # the app waited for it
-            tot.load_s += dt
-            tot.loads += 1
+            tot.load_s.append(dt)
         return blk
 
     def close(self) -> None:
