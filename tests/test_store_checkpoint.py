@@ -105,6 +105,21 @@ def test_damaged_block_in_lmdb_is_rejected(store, damage, reason):
     assert same(ck.blocks[2], model(1)[2])
 
 
+def test_a_selective_restore_reads_and_verifies_only_its_blocks(store):
+    """A resuming executor takes only the blocks it now owns from a part."""
+    m = model(1)
+    inp = {b: Block(b, {"L": np.full((3, 2), b, dtype=np.float32)}) for b in range(4)}
+    store.write(m, epoch=1, iteration=0, input_blocks=inp)
+    key = _dkey(1, "model", 2)
+    v = raw_get(store, store._data, key)
+    raw_put(store, store._data, key, v[:10] + bytes([v[10] ^ 1]) + v[11:])
+    ck = store.restore(1, want=lambda section, bid: bid % 2 == 1)
+    assert sorted(ck.blocks) == [1, 3] and sorted(ck.input_blocks) == [1, 3]
+    assert same(ck.blocks[3], m[3]) and same(ck.input_blocks[1], inp[1])
+    with pytest.raises(CheckpointError, match="block 2 \\[model\\] checksum mismatch"):
+        store.restore(1, want=lambda section, bid: section == "model" and bid == 2)
+
+
 def test_damaged_manifest_is_rejected(store):
     store.write(model(1), epoch=1, iteration=0)
     store.write(model(2), epoch=2, iteration=0)

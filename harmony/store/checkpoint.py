@@ -47,7 +47,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import msgpack
 
@@ -235,17 +235,20 @@ class CheckpointStore:
                 return info
         return None
 
-    def restore(self, version: int | None = None, *, decode: bool = True) -> Checkpoint:
+    def restore(self, version: int | None = None, *, decode: bool = True,
+                want: Callable[[str, int], bool] | None = None) -> Checkpoint:
         """Load and verify one version (default: the newest manifest present,
         even if damaged: then this raises rather than silently loading an
-        older one). ``decode=False`` returns exported blocks as bytes."""
+        older one). ``decode=False`` returns exported blocks as bytes.
+        ``want(section, block_id)`` ("model" or "input") selects the blocks
+        to read, verify and decode; the others are not touched."""
         with self._lock:
             if version is None:
                 keys = self._manifest_keys()
                 if not keys:
                     raise self._err(None, "no checkpoint")
                 version = keys[-1]
-            return self.env.read(lambda txn: self._load(txn, version, decode))
+            return self.env.read(lambda txn: self._load(txn, version, decode, want))
 
     def verify(self, version: int) -> CheckpointInfo:
         """Check a version completely without keeping its data."""
@@ -263,7 +266,8 @@ class CheckpointStore:
         raise self._err(None, "no intact checkpoint" +
                         (f" (damaged: {[v for v, _ in skipped]})" if skipped else ""))
 
-    def _load(self, txn, version: int, decode: bool) -> Checkpoint:
+    def _load(self, txn, version: int, decode: bool,
+              want: Callable[[str, int], bool] | None = None) -> Checkpoint:
         value = txn.get(_V.pack(version), db=self._man)
         if value is None:
             raise self._err(version, "no such version (missing manifest)")
@@ -271,6 +275,9 @@ class CheckpointStore:
         out: dict[str, dict] = {"model": {}, "input": {}}
         total = 0
         for section, bid, nbytes, digest, kind, _desc in doc["blocks"]:
+            if want is not None and not want(section, bid):
+                total += nbytes
+                continue
             where = f"block {bid} [{section}]"
             data = txn.get(_dkey(version, section, bid), db=self._data)
             if data is None:

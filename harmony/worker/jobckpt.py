@@ -74,7 +74,7 @@ class Restored:
         self.versions = [int(v) for v in resume["versions"]]
         self.epoch = int(resume["epoch"])
 
-    def _parts(self):
+    def _parts(self, want):
         for i, version in enumerate(self.versions):
             path = part_path(self.dir, i)
             if not os.path.exists(os.path.join(path, "data.mdb")):
@@ -82,16 +82,22 @@ class Restored:
                                       f"({path})")
             store = CheckpointStore.open(path, self.job, keep=1)
             try:
-                yield store.restore(version)
+                yield store.restore(version, want=want)
             finally:
                 store.close()
 
     def load(self, index: int, count: int, model_owner: np.ndarray) -> None:
-        """Read every part once, keeping the input blocks executor ``index``
-        of ``count`` owns and the model blocks ``model_owner`` gives it."""
+        """From every part, read (and verify) only the input blocks executor
+        ``index`` of ``count`` owns and the model blocks ``model_owner``
+        gives it; the other executors verify the rest."""
         self.inputs: dict[int, Block] = {}
         model: dict[int, Block] = {}
-        for ck in self._parts():
+
+        def want(section: str, bid: int) -> bool:
+            if section == "input":
+                return bid % count == index
+            return 0 <= bid < len(model_owner) and model_owner[bid] == index
+        for ck in self._parts(want):
             if ck.info.epoch + 1 != self.epoch:
                 raise CheckpointError(f"checkpoint of job {self.job} is of epoch "
                                       f"{ck.info.epoch}, expected {self.epoch - 1}")
