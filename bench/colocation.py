@@ -1,12 +1,14 @@
 """Co-location benchmark: isolated vs naive vs harmony, side by side.
 
 2 emulated machines (1 core each, a per-machine bandwidth cap), a mix of 4
-NMF jobs at DoP 2, all submitted at once, run to completion in each mode on a
-fresh local cluster. In naive and harmony mode the jobs are grouped by hand
-into two complementary pairs (``--group``: one CPU-heavy + one
-network-heavy job), which run one after the other on both machines, as the
-Harmony scheduler would group them; ``--one-group`` co-locates all four at
-once instead. Isolated runs one job at a time on both machines.
+NMF jobs at DoP 2, all submitted at once (CPU-heavy, network-heavy,
+CPU-heavy, network-heavy), run to completion in each mode on a fresh local
+cluster. Isolated runs one job at a time on both machines. Naive and harmony
+run two jobs at a time on both machines (the colocate policy with
+``--max-jobs-per-machine 2``): the first pair is complementary, and the next
+waiting job starts as soon as one of the running ones ends.
+``--placement pairs`` instead runs two fixed pairs (``--group``), one after
+the other; ``--placement all`` co-locates all four at once.
 
   cpu-heavy x2 : few items, many ratings, high rank  -> long COMP, tiny COMM
   net-heavy x2 : many items, few ratings             -> big PULL/PUSH, short COMP
@@ -59,17 +61,17 @@ def make_jobs(tmp: str, a: argparse.Namespace) -> list[tuple[str, list[str]]]:
 def run_mode(mode: str, jobs, tmp: str, a) -> dict:
     src = (ROOT / "apps" / "nmf.py").read_text()
     sd = os.path.join(tmp, mode)
-    # explicit pairs (--group): harmony mode with the colocate policy;
-    # harmony-preempt: the same with CPU preemption (experimental)
+    # harmony mode with the colocate policy (placement given here, not by
+    # the Harmony scheduler); harmony-preempt: with CPU preemption
     base = mode.split("-")[0]
     with LocalCluster(2, sd, port=0, mode=base, cpus_per_machine=1,
                       policy="colocate" if base == "harmony" else None,
-                      net_bandwidth=a.bandwidth, preempt=mode == "harmony-preempt") as cl, \
+                      net_bandwidth=a.bandwidth, preempt=mode == "harmony-preempt",
+                      max_jobs_per_machine=2 if a.placement == "two" else 0) as cl, \
             Client(cl.endpoint) as c:
-        # isolated ignores groups; naive and harmony run the pairs one after
-        # another, each pair sharing both machines
+        # isolated ignores groups and runs one job at a time
         ids = {c.submit("nmf.py", src, args, machines=2, name=name,
-                        group=None if a.one_group else group): name
+                        group=group if a.placement == "pairs" else None): name
                for name, args, group in jobs}
         while True:
             sts = {j: c.status(j) for j in ids}
@@ -139,8 +141,10 @@ def main() -> None:
     ap.add_argument("--net-items", type=int, default=150000)
     ap.add_argument("--iters", type=int, default=4, help="iterations per epoch")
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--one-group", action="store_true",
-                    help="co-locate all 4 jobs at once instead of two complementary pairs")
+    ap.add_argument("--placement", default="two", choices=["two", "pairs", "all"],
+                    help="naive/harmony: two: at most 2 jobs at a time, the next starts "
+                         "when one ends; pairs: two fixed pairs, one after the other; "
+                         "all: all 4 at once")
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds of all modes, interleaved; the summary reports medians")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out"))
@@ -175,7 +179,8 @@ def main() -> None:
     for name, p in sorted(base["profiles"].items()):
         print(f"  {name:12} COMP {p['t_cpu']:.3f}s  COMM {p['t_net']:.3f}s  "
               f"iteration {p['t_iter']:.3f}s")
-    print(f"\n4 NMF jobs (2 CPU-heavy, 2 network-heavy), DoP 2, 2 machines x 1 core, "
+    print(f"\n4 NMF jobs (2 CPU-heavy, 2 network-heavy), DoP 2, placement {a.placement}, "
+          f"2 machines x 1 core, "
           f"{a.bandwidth} per machine; medians of {a.rounds} round(s), ratios to "
           f"{base_mode} from the same rounds")
     print(f"{'mode':18} {'makespan':>9} {'speedup':>8} {'mean JCT':>9} {'speedup':>8} "

@@ -52,13 +52,16 @@ def master_main(argv: list[str] | None = None) -> int:
                    help="placement policy (default: the mode's: harmony, colocate or isolated)")
     s.add_argument("--heartbeat-timeout", type=float, default=5.0,
                    help="seconds without heartbeat before a worker is declared lost")
+    s.add_argument("--max-jobs-per-machine", type=int, default=0,
+                   help="colocate policy: at most this many jobs share a machine "
+                        "(default 0: no limit)")
     s.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     _setup_logging(a.log_level)
     from harmony.master.server import Master, StateDirLocked
     try:
         m = Master(a.state_dir, a.host, a.port, heartbeat_timeout=a.heartbeat_timeout,
-                   policy=a.policy, mode=a.mode)
+                   policy=a.policy, mode=a.mode, max_jobs_per_machine=a.max_jobs_per_machine)
     except (StateDirLocked, ValueError) as exc:
         return _die(str(exc))
     except Exception as exc:  # e.g. address in use
@@ -284,7 +287,8 @@ def cmd_cluster(a: argparse.Namespace) -> int:
         cl = LocalCluster(a.machines, a.state_dir, port=a.port, detach=a.detach, mode=a.mode,
                           policy=a.policy,
                           cpus_per_machine=a.cpus_per_machine, net_bandwidth=a.net_bandwidth,
-                          memory_per_machine=a.memory_per_machine, preempt=a.preempt)
+                          memory_per_machine=a.memory_per_machine, preempt=a.preempt,
+                          max_jobs_per_machine=a.max_jobs_per_machine)
     except (ClusterError, ValueError) as exc:
         return _die(str(exc), 2)
     try:
@@ -414,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--preempt", action="store_true",
                    help="harmony mode: stop a long COMP while a much shorter one runs "
                         "(experimental)")
+    s.add_argument("--max-jobs-per-machine", type=int, default=0,
+                   help="colocate policy: at most this many jobs share a machine (0: no limit)")
     s = sub.add_parser("demo", help="NMF on generated data on a local cluster")
     s.add_argument("--machines", type=int, default=2)
     s.add_argument("--users", type=int, default=20000)

@@ -55,7 +55,7 @@ class LocalCluster:
                  cpus_per_machine: int | None = None,
                  net_bandwidth: str | float | None = None, policy: str | None = None,
                  memory_per_machine: int | None = None, store_max: int | None = None,
-                 preempt: bool = False) -> None:
+                 preempt: bool = False, max_jobs_per_machine: int = 0) -> None:
         if machines < 1:
             raise ClusterError("--machines must be >= 1")
         self.mode = mode
@@ -78,6 +78,7 @@ class LocalCluster:
         self.memory_per_machine = memory_per_machine
         self.store_max = store_max
         self.preempt = preempt
+        self.max_jobs_per_machine = max_jobs_per_machine
         self.state_dir = os.path.abspath(state_dir or default_state_dir())
         self.host, self.port, self.detach = host, port, detach
         self.log_level = log_level
@@ -113,6 +114,7 @@ class LocalCluster:
                               str(self.port), "--state-dir", mdir, "--log-level", self.log_level,
                               "--mode", self.mode,
                               *(["--policy", self.policy] if self.policy else []),
+                              "--max-jobs-per-machine", str(self.max_jobs_per_machine),
                               "--heartbeat-timeout", str(self.heartbeat_timeout)], "master.log")
         self.procs.append(master)
         deadline = time.time() + timeout

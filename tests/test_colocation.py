@@ -194,20 +194,28 @@ def test_explicit_groups_place_jobs_together(hcluster):
     assert sts[0]["workers"] == sts[1]["workers"] != sts[2]["workers"]
 
 
-@pytest.mark.parametrize("mode", ["isolated", "naive"])
+@pytest.mark.parametrize("mode", ["isolated", "naive", "naive-cap2"])
 def test_isolated_runs_jobs_one_after_another_naive_shares(tmp_path, mode):
-    cl = LocalCluster(2, str(tmp_path / mode), port=0, mode=mode, cpus_per_machine=1)
+    """Isolated: one job at a time. Naive: all three share the machines.
+    With --max-jobs-per-machine 2: two share them, the third starts when
+    one of them ends."""
+    cap = 2 if mode == "naive-cap2" else 0
+    cl = LocalCluster(2, str(tmp_path / mode), port=0, mode=mode.split("-")[0],
+                      cpus_per_machine=1, max_jobs_per_machine=cap)
     cl.start()
     try:
         with Client(cl.endpoint) as c:
-            jobs = [c.submit("toy.py", TOY_APP, ["--max-epochs", "4", *STEADY], 2)
-                    for _ in range(2)]
+            jobs = [c.submit("toy.py", TOY_APP, ["--max-epochs", f, *STEADY], 2)
+                    for f in ("3", "6", "3")]
             sts = [wait_state(c, j, ("finished", "failed")) for j in jobs]
     finally:
         cl.stop()
     assert all(s["state"] == "finished" for s in sts)
-    first, second = sorted(sts, key=lambda s: s["started"])
+    first, second, third = sts
     if mode == "isolated":
-        assert second["started"] >= first["ended"]
+        assert second["started"] >= first["ended"] and third["started"] >= second["ended"]
+    elif mode == "naive":
+        assert third["started"] < first["ended"]
     else:
         assert second["started"] < first["ended"]
+        assert first["ended"] <= third["started"] < second["ended"]

@@ -42,6 +42,7 @@ class ClusterView:
     waiting: tuple[JobView, ...]      # in submission order (waiting, profiled, paused)
     active: tuple[JobView, ...] = ()  # running and profiling jobs
     finished: tuple[JobView, ...] = ()  # active jobs that ended since the last decision
+    max_jobs: int = 0                 # colocate: jobs per machine at most (0: no limit)
 
 
 @dataclass
@@ -66,7 +67,12 @@ def least_loaded(view: ClusterView) -> Decision:
     jobs join those machines, and a group that finds no such machines waits.
     Until the Harmony scheduler decides grouping, this is how complementary
     jobs are grouped by hand (``harmony submit --group G``).
+
+    ``view.max_jobs`` caps the jobs a machine hosts at once: with 2, two
+    jobs share the machines and the next waiting job starts as soon as one
+    of them ends (no group needed).
     """
+    cap = view.max_jobs
     load = {w.name: w.jobs for w in view.workers}
     order = {w.name: i for i, w in enumerate(view.workers)}
     homes: dict[str, list[str]] = {}
@@ -75,18 +81,19 @@ def least_loaded(view: ClusterView) -> Decision:
             homes.setdefault(g, []).append(w.name)
     dec = Decision()
     for job in view.waiting:
-        if job.machines > len(load):
+        room = [n for n in load if not cap or load[n] < cap]
+        if job.machines > len(room):
             break
         if not job.group:
-            chosen = sorted(load, key=lambda n: (load[n], order[n]))[:job.machines]
+            chosen = sorted(room, key=lambda n: (load[n], order[n]))[:job.machines]
         elif job.group in homes:
-            home = homes[job.group]
+            home = [n for n in homes[job.group] if n in room]
             if len(home) < job.machines:
                 break
             chosen = sorted(home, key=lambda n: (load[n], order[n]))[:job.machines]
         else:
             taken = {n for ms in homes.values() for n in ms}
-            free = [n for n in load if n not in taken]
+            free = [n for n in room if n not in taken]
             if len(free) < job.machines:
                 break
             chosen = sorted(free, key=lambda n: (load[n], order[n]))[:job.machines]

@@ -74,10 +74,14 @@ class StateDirLocked(RuntimeError):
 class Master:
     def __init__(self, state_dir: str, host: str = "127.0.0.1", port: int = 5760,
                  heartbeat_timeout: float = 5.0, launch_timeout: float = 300.0,
-                 policy: str | None = None, mode: str = "naive") -> None:
+                 policy: str | None = None, mode: str = "naive",
+                 max_jobs_per_machine: int = 0) -> None:
         if mode not in P.MODES:
             raise ValueError(f"unknown mode {mode!r}; choose from {sorted(P.MODES)}")
         self.mode = mode
+        if max_jobs_per_machine < 0:
+            raise ValueError("--max-jobs-per-machine must be >= 0 (0: no limit)")
+        self.max_jobs = max_jobs_per_machine
         policy = policy or P.MODES[mode][0]
         self.queued = P.MODES[mode][1]
         self.state_dir = os.path.abspath(state_dir)
@@ -479,7 +483,8 @@ class Master:
                                        tuple(sorted({j.group for j in self._jobs_on(w.name)
                                                      if j.group})))
                           for w in sorted(live, key=lambda w: w.name)),
-            waiting=tuple(P.JobView(j.id, j.machines, j.submitted, j.group) for j in waiting))
+            waiting=tuple(P.JobView(j.id, j.machines, j.submitted, j.group) for j in waiting),
+            max_jobs=self.max_jobs)
         for job in waiting:
             job.reason = (f"needs {job.machines} machines; {len(live)} alive"
                           if job.machines > len(live) else "")
