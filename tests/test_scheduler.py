@@ -4,8 +4,6 @@ Pure tests drive ``harmony_policy.harmony`` with cluster views and apply its
 decisions the way the master does; the end-to-end test runs it on a local
 cluster.
 """
-import time
-
 import pytest
 
 from harmony.client import Client

@@ -289,7 +289,7 @@ def test_colocated_jobs_trade_memory_to_the_one_whose_reloads_stall():
             n = ctl[k].n
             stall = max(0.0, (n - 1) * j["tbload"] - (N - 1) * j["tbproc"]) if n else 0.0
             other = "B" if k == "A" else "A"
-            d = ctl[k].step(Observation(
+            ctl[k].step(Observation(
                 int(total), int(budget), stall_s=stall, comp_s=N * j["tbproc"] + stall,
                 tbproc=j["tbproc"], tbload=j["tbload"] if n else None, blocks_total=N,
                 block_bytes=blk, others_starved=starved[other], share=used(k) / total))
