@@ -207,6 +207,12 @@ def test_isolated_runs_jobs_one_after_another_naive_shares(tmp_path, mode):
         with Client(cl.endpoint) as c:
             jobs = [c.submit("toy.py", TOY_APP, ["--max-epochs", f, *STEADY], 2)
                     for f in ("3", "6", "3")]
+            if cap:    # the third waits, and says why (once the master has placed)
+                deadline = time.time() + 2
+                while (st := c.status(jobs[2]))["state"] == "waiting" and not st["reason"] \
+                        and time.time() < deadline:
+                    time.sleep(0.02)
+                assert st["state"] == "waiting" and "max-jobs-per-machine" in st["reason"], st
             sts = [wait_state(c, j, ("finished", "failed")) for j in jobs]
     finally:
         cl.stop()

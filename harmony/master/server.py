@@ -485,10 +485,18 @@ class Master:
                           for w in sorted(live, key=lambda w: w.name)),
             waiting=tuple(P.JobView(j.id, j.machines, j.submitted, j.group) for j in waiting),
             max_jobs=self.max_jobs)
+        start = self.policy(view).start
+        load = {w.name: w.jobs for w in view.workers}
+        for machines in start.values():
+            for n in machines:
+                load[n] += 1
+        room = sum(1 for n in load.values() if not self.max_jobs or n < self.max_jobs)
         for job in waiting:
             job.reason = (f"needs {job.machines} machines; {len(live)} alive"
-                          if job.machines > len(live) else "")
-        for jid, machines in self.policy(view).start.items():
+                          if job.machines > len(live) else
+                          f"machines full ({self.max_jobs} jobs each, --max-jobs-per-machine)"
+                          if job.id not in start and job.machines > room else "")
+        for jid, machines in start.items():
             self._launch(self.jobs[jid], machines)
 
     def _view_profile(self, job: Job, need: int) -> tuple[float, ...] | None:
