@@ -41,7 +41,7 @@ from harmony.client import Client  # noqa: E402
 from harmony.cluster import LocalCluster  # noqa: E402
 from harmony.datagen.nmf import gen_nmf  # noqa: E402
 
-MODES = ("isolated", "naive", "harmony", "harmony-preempt")
+MODES = ("isolated", "naive", "harmony", "harmony-fifo")
 
 
 def make_jobs(tmp: str, a: argparse.Namespace) -> list[tuple[str, list[str]]]:
@@ -62,11 +62,11 @@ def run_mode(mode: str, jobs, tmp: str, a) -> dict:
     src = (ROOT / "apps" / "nmf.py").read_text()
     sd = os.path.join(tmp, mode)
     # harmony mode with the colocate policy (placement given here, not by
-    # the Harmony scheduler); harmony-preempt: with CPU preemption
+    # the Harmony scheduler); harmony-fifo: without CPU preemption
     base = mode.split("-")[0]
     with LocalCluster(2, sd, port=0, mode=base, cpus_per_machine=1,
                       policy="colocate" if base == "harmony" else None,
-                      net_bandwidth=a.bandwidth, preempt=mode == "harmony-preempt",
+                      net_bandwidth=a.bandwidth, preempt=mode != "harmony-fifo",
                       max_jobs_per_machine=2 if a.placement == "two" else 0) as cl, \
             Client(cl.endpoint) as c:
         # isolated ignores groups and runs one job at a time

@@ -91,9 +91,9 @@ def worker_main(argv: list[str] | None = None) -> int:
                    help="pin this machine to these cores, e.g. 0,1 (emulated machines)")
     s.add_argument("--netem", default=None,
                    help="network emulation file of a local cluster (bandwidth caps)")
-    s.add_argument("--preempt", action="store_true",
-                   help="harmony mode: stop a long COMP while a much shorter one runs "
-                        "(experimental: no clear gain measured, see the README)")
+    s.add_argument("--no-preempt", dest="preempt", action="store_false",
+                   help="harmony mode: never stop a long COMP while a much shorter one "
+                        "runs (the paper's non-preemptive CPU queue)")
     s.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     _setup_logging(a.log_level)
@@ -415,9 +415,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="emulate a NIC of this rate per machine, e.g. 50MB/s or 400Mbit")
     s.add_argument("--memory-per-machine", type=parse_size, default=None,
                    help="emulate machines with this memory budget, e.g. 512M (enforced)")
-    s.add_argument("--preempt", action="store_true",
-                   help="harmony mode: stop a long COMP while a much shorter one runs "
-                        "(experimental)")
+    s.add_argument("--no-preempt", dest="preempt", action="store_false",
+                   help="harmony mode: never stop a long COMP while a much shorter one runs")
     s.add_argument("--max-jobs-per-machine", type=int, default=0,
                    help="colocate policy: at most this many jobs share a machine (0: no limit)")
     s = sub.add_parser("demo", help="NMF on generated data on a local cluster")

@@ -55,7 +55,7 @@ class LocalCluster:
                  cpus_per_machine: int | None = None,
                  net_bandwidth: str | float | None = None, policy: str | None = None,
                  memory_per_machine: int | None = None, store_max: int | None = None,
-                 preempt: bool = False, max_jobs_per_machine: int = 0) -> None:
+                 preempt: bool = True, max_jobs_per_machine: int = 0) -> None:
         if machines < 1:
             raise ClusterError("--machines must be >= 1")
         self.mode = mode
@@ -144,8 +144,8 @@ class LocalCluster:
                 extra += ["--memory", str(int(self.memory_per_machine)), "--oom-kill"]
             if self.store_max:
                 extra += ["--store-max", str(int(self.store_max))]
-            if self.preempt:
-                extra += ["--preempt"]
+            if not self.preempt:
+                extra += ["--no-preempt"]
             self.procs.append(self._spawn(
                 ["harmony.worker", "start", "--master", self.endpoint, "--name", name,
                  "--host", self.host, "--state-dir", os.path.join(self.state_dir, "workers", name),

@@ -26,7 +26,8 @@ def hcluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pcluster(tmp_path_factory):
-    """As hcluster, with CPU preemption (--preempt)."""
+    """As hcluster (preemption is on by default there too), for the
+    preemption tests' own event logs."""
     cl = LocalCluster(2, str(tmp_path_factory.mktemp("pcl")), port=0, mode="harmony",
                       policy="colocate", cpus_per_machine=1, net_bandwidth="40MB/s",
                       heartbeat_timeout=3.0, preempt=True)
@@ -81,7 +82,7 @@ def test_harmony_queues_and_synchronizer(hcluster):
         assert not overlaps(cpu), f"two COMPs at once on {m}"
         assert not overlaps(intervals(mine, "net", "primary")), f"two NET primaries on {m}"
         assert len({e["job"] for e in mine if e["role"] == "secondary"}) > 0
-        assert not any(e["ev"] == "stop" for e in mine)     # no preemption by default
+        assert not any(e["ev"] == "stop" for e in mine)     # equal COMPs never preempt
     # the same order of co-located jobs' subtasks on every machine
     order = {m: [(e["job"], e["seq"], e["kind"]) for e in evs
                  if e["ev"] == "grant" and e["job"] in jobs]

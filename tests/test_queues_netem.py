@@ -72,9 +72,9 @@ def test_a_much_shorter_comp_preempts_a_long_one():
     acts = q2.done("tiny", 1)
     assert acts == [("resume", long)]                                 # not starved
     assert grants(q2.done("long", 1)) == [("short", 2, "cpu")]
-    # unknown expectations never preempt; preemption is off by default
-    for q3, short in ((ResourceQueues(preempt=True), Sub("s", 1, "cpu")),
-                      (ResourceQueues(), Sub("s", 1, "cpu", 0.01))):
+    # unknown expectations never preempt; preemption can be turned off
+    for q3, short in ((ResourceQueues(), Sub("s", 1, "cpu")),
+                      (ResourceQueues(preempt=False), Sub("s", 1, "cpu", 0.01))):
         q3.enqueue(long)
         assert q3.enqueue(short) == []
 

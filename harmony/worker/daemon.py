@@ -82,7 +82,7 @@ class Daemon:
                  cpus: int | None = None, memory: int | None = None,
                  state_dir: str | None = None, cpu_set: list[int] | None = None,
                  netem: str | None = None, oom_kill: bool = False,
-                 store_max: int | None = None, preempt: bool = False) -> None:
+                 store_max: int | None = None, preempt: bool = True) -> None:
         self.master = master
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.host = host

@@ -18,8 +18,8 @@ stays FIFO: which subtask runs *next* must not depend on when an enqueue
 happens to arrive on each machine, but which of two running transfers leads
 may (it changes shares of the link, not the order).
 
-Optionally (``preempt``, off by default: no gain measured end to end on
-the development VM), the CPU queue preempts the same way, one level deep:
+The CPU queue preempts the same way (``preempt``, on by default), one level
+deep:
 when the next waiting COMP is expected to take at most 1/PREEMPT_RATIO of
 the running one, the running one is stopped (the daemon sends SIGSTOP to
 its executor) while the short one runs, then continues. Without it, a
@@ -56,7 +56,7 @@ MAX_BYPASS = 2        # short COMPs in a row while a long one stands stopped
 
 
 class ResourceQueues:
-    def __init__(self, net_slots: int = 2, preempt: bool = False) -> None:
+    def __init__(self, net_slots: int = 2, preempt: bool = True) -> None:
         self.cpu_wait: deque[Sub] = deque()
         self.net_wait: deque[Sub] = deque()
         self.cpu_run: Sub | None = None
