@@ -101,12 +101,8 @@ class Restored:
             if ck.info.epoch + 1 != self.epoch:
                 raise CheckpointError(f"checkpoint of job {self.job} is of epoch "
                                       f"{ck.info.epoch}, expected {self.epoch - 1}")
-            for bid, blk in ck.input_blocks.items():
-                if bid % count == index:
-                    self.inputs[bid] = blk
-            for bid, blk in ck.blocks.items():
-                if model_owner[bid] == index:
-                    model[bid] = blk
+            self.inputs.update(ck.input_blocks)     # only what ``want`` chose
+            model.update(ck.blocks)
         keys = [b["keys"] for b in model.values()]
         self.keys = np.concatenate(keys) if keys else np.zeros(0, np.int64)
         self.rows = (np.concatenate([b["rows"] for b in model.values()]) if keys else None)

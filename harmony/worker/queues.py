@@ -19,10 +19,9 @@ happens to arrive on each machine, but which of two running transfers leads
 may (it changes shares of the link, not the order).
 
 The CPU queue preempts the same way (``preempt``, on by default), one level
-deep:
-when the next waiting COMP is expected to take at most 1/PREEMPT_RATIO of
-the running one, the running one is stopped (the daemon sends SIGSTOP to
-its executor) while the short one runs, then continues. Without it, a
+deep: when the next waiting COMP is expected to take at most
+1/PREEMPT_RATIO of the running one, the running one is stopped (the daemon
+sends SIGSTOP to its executor) while the short one runs, then continues. Without it, a
 network-heavy job's 30 ms COMP waits up to a whole 250 ms COMP of its
 CPU-heavy partner, and its long transfer starts that much later; the
 partner loses only the 30 ms. Still only one COMP runs at a time.
