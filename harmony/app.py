@@ -69,18 +69,27 @@ class ModelSpec:
 @dataclass(frozen=True)
 class InputPart:
     """Which input blocks this machine owns: block ``b`` goes to machine
-    ``b % count``. ``block_of`` maps record keys (e.g. user ids) to blocks."""
+    ``b % count``, unless ``owned`` names them (a machine that joins a
+    running job reads the input's metadata but owns no block: its blocks
+    arrive from the other machines). ``block_of`` maps record keys (e.g.
+    user ids) to blocks."""
     index: int
     count: int
     num_blocks: int
+    owned: frozenset | None = None
 
     def block_of(self, ids: np.ndarray) -> np.ndarray:
         return block_of(ids, self.num_blocks)
 
     def owns(self, block_ids: np.ndarray) -> np.ndarray:
+        if self.owned is not None:
+            return np.isin(np.asarray(block_ids), np.fromiter(self.owned, np.int64,
+                                                              len(self.owned)))
         return (np.asarray(block_ids) % self.count) == self.index
 
     def my_blocks(self) -> list[int]:
+        if self.owned is not None:
+            return sorted(int(b) for b in self.owned)
         return [b for b in range(self.num_blocks) if b % self.count == self.index]
 
 

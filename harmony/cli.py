@@ -171,7 +171,9 @@ def cmd_submit(a: argparse.Namespace, app_args: list[str]) -> int:
     if a.machines < 1:
         return _die("--machines must be >= 1", 2)
     with Client(a.master) as c:
-        job = c.submit(name, src, app_args, a.machines, a.name, a.group)
+        job = c.submit(name, src, app_args, a.machines, a.name, a.group,
+                       checkpoint_every=a.checkpoint_every,
+                       checkpoint_seconds=a.checkpoint_seconds)
         print(job, flush=True)
         a._following = job
         if a.wait:
@@ -229,6 +231,16 @@ def cmd_status(a: argparse.Namespace) -> int:
             line += (f", measured {st['group_measured_iter']:.3f}s "
                      f"(error {100 * st['prediction_error']:.1f}%)")
         print(line)
+    ck = st.get("checkpoint")
+    if ck:
+        print(f"checkpoint after epoch {ck['epoch'] + 1}, {_dur(ck['age'])} ago: {ck['parts']} "
+              f"part(s), {ck['replicas']} replicated, {ck['bytes'] / 2**20:.1f} MiB on "
+              f"{', '.join(ck.get('holders', []))}")
+    mv = st.get("move")
+    if mv:
+        print(f"move       {', '.join(mv['from'])} -> {', '.join(mv['to'])}: {mv['state']}"
+              + (f", {mv['blocks']} block(s), {mv.get('bytes_moved', 0) / 2**20:.1f} MiB sent"
+                 if mv.get("blocks") else ""))
     if st.get("error"):
         print(f"error      {st['error']}")
     for machine, ms in sorted((st.get("store") or {}).items()):
@@ -262,6 +274,17 @@ def cmd_pause(a: argparse.Namespace) -> int:
         c.pause(a.job)
     print(f"{a.job} pausing: it checkpoints at the end of its current epoch "
           f"('harmony resume {a.job}' continues it)")
+    return 0
+
+
+def cmd_resize(a: argparse.Namespace) -> int:
+    with Client(a.master) as c:
+        info = c.resize(a.job, a.machines)
+    if info.get("state") == "unchanged":
+        print(f"{a.job} already runs on {', '.join(info['machines'])}")
+    else:
+        print(f"{a.job} resizing to {', '.join(info['machines'])}: its blocks move at the end "
+              f"of its current epoch while it keeps running")
     return 0
 
 
@@ -384,6 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--name", default=None, help="a label for the job")
     s.add_argument("--group", default=None,
                    help="job group: jobs of one group share the same machines")
+    s.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="checkpoint every N epochs, replicated on a second machine "
+                        "(default 10; 0: only on pause)")
+    s.add_argument("--checkpoint-seconds", type=float, default=None, metavar="S",
+                   help="... or once S seconds passed since the last one (default 300; 0: off)")
     submit_help = s.format_help()
     s = with_master(sub.add_parser("jobs", help="list jobs"))
     s.add_argument("--json", action="store_true")
@@ -395,6 +423,10 @@ def main(argv: list[str] | None = None) -> int:
     s = with_master(sub.add_parser("pause", help="pause a job at its next epoch end "
                                                  "(checkpoints its model and input state)"))
     s.add_argument("job")
+    s = with_master(sub.add_parser("resize", help="move a running job onto N machines while "
+                                                  "it runs (its blocks move over the network)"))
+    s.add_argument("job")
+    s.add_argument("--machines", type=int, required=True)
     s = with_master(sub.add_parser("resume", help="resume a paused job from its checkpoint"))
     s.add_argument("job")
     s.add_argument("--machines", type=int, default=None,
@@ -449,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             return _die(f"unrecognized arguments: {' '.join(rest)}", 2)
         return {"jobs": cmd_jobs, "status": cmd_status, "cancel": cmd_cancel,
-                "pause": cmd_pause, "resume": cmd_resume,
+                "pause": cmd_pause, "resume": cmd_resume, "resize": cmd_resize,
                 "cluster": cmd_cluster, "demo": cmd_demo, "data": cmd_data}[a.cmd](a)
     except ClientError as exc:
         return _die(str(exc), 3 if exc.code == "unreachable" else 1)

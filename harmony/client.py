@@ -57,10 +57,13 @@ class Client:
         return msg
 
     def submit(self, app_name: str, app_source: str, args: list[str], machines: int = 1,
-               name: str | None = None, group: str | None = None) -> str:
+               name: str | None = None, group: str | None = None,
+               checkpoint_every: int | None = None,
+               checkpoint_seconds: float | None = None) -> str:
         return self.request("submit", "submitted", app_name=app_name, app_source=app_source,
-                            args=list(args), machines=machines, name=name,
-                            group=group)["job"]
+                            args=list(args), machines=machines, name=name, group=group,
+                            checkpoint_every=checkpoint_every,
+                            checkpoint_seconds=checkpoint_seconds)["job"]
 
     def jobs(self) -> list[dict]:
         return self.request("list_jobs", "jobs")["jobs"]
@@ -76,6 +79,9 @@ class Client:
 
     def resume(self, job: str, machines: int | None = None) -> dict:
         return self.request("resume", "ok", job=job, machines=machines).get("info") or {}
+
+    def resize(self, job: str, machines: int) -> dict:
+        return self.request("resize", "ok", job=job, machines=machines).get("info") or {}
 
     def cluster(self) -> dict:
         m = self.request("cluster_info", "cluster")

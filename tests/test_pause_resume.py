@@ -1,4 +1,5 @@
 """Pause, resume and migration: model and input state survive exactly."""
+import glob
 import os
 import time
 
@@ -76,22 +77,53 @@ def test_pause_and_resume_errors(client, ratings):
         client.resume(job)
 
 
+def _corrupt(path):
+    with open(path, "r+b") as fh:      # flip bytes in the middle of the block data
+        size = os.path.getsize(path)
+        fh.seek(size // 2)
+        chunk = fh.read(4096)
+        fh.seek(size // 2)
+        fh.write(bytes(b ^ 0xFF for b in chunk))
+
+
+def _parts(cluster, job):
+    """Every copy of the job's checkpoint parts, on each worker's own disk."""
+    return sorted(glob.glob(os.path.join(cluster.state_dir, "workers", "*", "ckpt", job, "*",
+                                         "data.mdb")))
+
+
+def test_a_corrupt_copy_of_a_checkpoint_is_skipped_for_its_replica(cluster, client, ratings):
+    args = ["--input", ratings, "--max-epochs", "6", *NMF_ARGS]
+    job = client.submit("nmf.py", NMF_APP.read_text(), args, machines=1)
+    _wait_epochs(client, job, 1)
+    st = _pause(client, job)
+    assert st["checkpoint"]["replicas"] == 1 and len(st["checkpoint"]["holders"]) == 2
+    copies = _parts(cluster, job)
+    assert len(copies) == 2, copies       # the part and its replica, on two machines
+    own = [c for c in copies if f"/workers/{st['events'][-1][2].split(' on ')[-1]}/" in c]
+    _corrupt(own[0] if own else copies[0])
+    client.resume(job)
+    st = wait_state(client, job, ("failed", "finished"))
+    assert st["state"] == "finished", st["error"]
+
+
 def test_corrupt_checkpoint_fails_the_resume_cleanly(cluster, client, ratings):
     args = ["--input", ratings, "--max-epochs", "30", *NMF_ARGS]
     job = client.submit("nmf.py", NMF_APP.read_text(), args, machines=1)
     _wait_epochs(client, job, 1)
     _pause(client, job)
-    data = os.path.join(cluster.state_dir, "master", "checkpoints", job, "part-0", "data.mdb")
-    with open(data, "r+b") as fh:      # flip bytes in the middle of the block data
-        size = os.path.getsize(data)
-        fh.seek(size // 2)
-        chunk = fh.read(4096)
-        fh.seek(size // 2)
-        fh.write(bytes(b ^ 0xFF for b in chunk))
+    copies = _parts(cluster, job)
+    assert len(copies) == 2, copies
+    for c in copies:
+        _corrupt(c)
     client.resume(job)
     st = wait_state(client, job, ("failed", "finished"))
     assert st["state"] == "failed"
-    assert "checkpoint" in st["error"]
+    assert "checkpoint" in st["error"] and "any holder" in st["error"]
+    deadline = time.time() + 10
+    while _parts(cluster, job) and time.time() < deadline:   # dropped on every machine
+        time.sleep(0.05)
+    assert not _parts(cluster, job)
 
 
 def test_pause_resume_cli(cluster, ratings):

@@ -32,7 +32,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "error": {"code": str, "message": str},
     # client -> master
     "submit": {"app_name": str, "app_source": str, "args": list, "machines": int,
-               "name": (str, _OPT), "group": (str, _OPT)},
+               "name": (str, _OPT), "group": (str, _OPT),
+               "checkpoint_every": (int, _OPT), "checkpoint_seconds": (_NUM, _OPT)},
     "submitted": {"job": str},
     "list_jobs": {},
     "jobs": {"jobs": list},
@@ -40,21 +41,26 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "status": {"job": dict},
     "cancel": {"job": str},
     "pause": {"job": str},
+    "resize": {"job": str, "machines": int},
     "resume": {"job": str, "machines": (int, _OPT)},
     "cluster_info": {},
     "cluster": {"workers": list, "master": dict},
     # worker daemon -> master
     "register": {"name": str, "host": str, "cpus": int, "memory": int, "pid": int,
-                 "executors": list},
+                 "executors": list, "data_endpoint": (str, _OPT)},
     "registered": {"heartbeat_interval": _NUM},
     "heartbeat": {"name": str, "executors": list, "stats": (dict, _OPT)},
     "hb_ack": {},
     "exec_exited": {"job": str, "index": int, "attempt": int, "code": int, "log_tail": str},
     # master -> worker daemon
+    # resume: {"epoch", "parts": [{"index", "epoch", "sources": [[machine, endpoint]]}]};
+    # join: a machine added to a running job (its blocks arrive by migration)
     "launch": {"job": str, "index": int, "count": int, "app_name": str,
                "app_source": str, "args": list, "attempt": int,
-               "ckpt": (str, _OPT), "resume": (dict, _OPT)},
+               "resume": (dict, _OPT), "join": (bool, _OPT)},
     "kill": {"job": str},
+    # drop a job's checkpoints on this machine, all but epoch ``keep``
+    "ckpt_gc": {"job": str, "keep": (int, _OPT)},
     # subtask synchronizer; prio: the subtask's expected seconds
     "enqueue": {"job": str, "seq": int, "kind": str, "prio": (_NUM, _OPT)},
     # job executor <-> its worker daemon (subtask queues)
@@ -64,7 +70,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "sub_done": {"job": str, "seq": int},
     # job executor -> master
     "exec_ready": {"job": str, "index": int, "attempt": int, "endpoint": str,
-                   "num_keys": int, "dim": int, "model_blocks": int, "local_blocks": int},
+                   "num_keys": int, "dim": int, "model_blocks": int, "local_blocks": int,
+                   "join": (bool, _OPT)},
     "barrier": {"job": str, "index": int, "epoch": int, "iter": int},
     "sync": {"job": str, "index": int, "seq": int, "next": str},
     "epoch_done": {"job": str, "index": int, "epoch": int, "sums": dict,
@@ -73,14 +80,30 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                      "stop": bool},
     "exec_failed": {"job": str, "index": int, "error": str, "attempt": (int, _OPT)},
     "exec_finished": {"job": str, "index": int},
-    "exec_paused": {"job": str, "index": int, "attempt": int, "epoch": int, "version": int},
+    "exec_paused": {"job": str, "index": int, "attempt": int, "epoch": int, "version": int,
+                    "replica": (str, _OPT), "bytes": (int, _OPT)},
+    # a periodic checkpoint part is written here and on ``replica`` (verified)
+    "ckpt_part": {"job": str, "index": int, "epoch": int, "version": int,
+                  "replica": (str, _OPT), "bytes": int},
+    # live resize: an executor stopped at the epoch boundary; its input blocks
+    "at_boundary": {"job": str, "index": int, "epoch": int, "seq": int, "inputs": list},
+    "migrated": {"job": str, "index": int, "bytes_out": int, "bytes_in": int,
+                 "seconds": _NUM},
     "ping": {"job": str, "index": int},
     "pong": {},
     # master -> job executor
+    # replicas: per executor index, [machine, data endpoint] of its checkpoint replica
     "job_start": {"peers": list, "owner": list, "model_blocks": int, "mode": str,
-                  "machines": list},
+                  "machines": list, "replicas": (list, _OPT)},
+    # live resize: the new layout; index -1 leaves. sends: [[sec, block, new index]]
+    "migrate": {"index": int, "count": int, "peers": list, "owner": list, "machines": list,
+                "sends": list, "expect": int, "seq": int, "epoch": int,
+                "replicas": (list, _OPT), "mode": (str, _OPT)},
+    "reconfigured": {},
+    "leave": {},
     "release": {"epoch": int, "iter": int},
-    "epoch_sums": {"epoch": int, "sums": dict, "pause": (bool, _OPT)},
+    "epoch_sums": {"epoch": int, "sums": dict, "pause": (bool, _OPT),
+                   "reconfig": (bool, _OPT), "checkpoint": (bool, _OPT)},
     "abort": {"reason": str},
     # PS data plane (executor <-> server shard); arrays follow as raw frames
     # "tag" names the job attempt: a shard refuses requests of another attempt
@@ -89,6 +112,18 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "rows": {"rid": int, "n": int, "dim": int},     # frames: values[n, dim]
     "ack": {"rid": int},
     "ps_error": {"rid": int, "message": str},
+    # the shard no longer owns (some of) the keys: the owner map in force
+    "ps_moved": {"rid": int, "owner": list, "peers": list},
+    # blocks over the network (harmony.store.transfer); frames: one chunk
+    "blk": {"mid": str, "sec": str, "bid": int, "off": int, "total": int,
+            "sha": (bytes, _OPT)},
+    "blk_ack": {"mid": str, "sec": str, "bid": int, "ok": bool, "error": (str, _OPT)},
+    "blk_end": {"mid": str, "count": int, "meta": dict},
+    "blk_done": {"mid": str, "ok": bool, "digest": (bytes, _OPT), "error": (str, _OPT)},
+    # a worker's data service: checkpoint parts it holds (its own or replicas)
+    "ckpt_manifest": {"job": str, "epoch": int, "index": int},
+    "manifest": {"entries": list, "epoch": int, "iteration": int, "meta": dict},
+    "ckpt_fetch": {"mid": str, "job": str, "epoch": int, "index": int, "want": list},
 }
 
 

@@ -66,8 +66,14 @@ class Job:
     group: str = ""                                     # explicit job group, if any
     reason: str = ""                                    # why it is waiting, if known
     profile: dict[str, float] = field(default_factory=dict)  # moving averages
-    # where a paused job resumes: {"dir", "versions" (one per part), "epoch"}
+    # its last complete checkpoint, where it resumes after a pause or a lost
+    # machine: {"epoch": first epoch to run, "parts": [{"index", "epoch",
+    # "holders": [machines holding that part]}]}
     resume: dict[str, Any] | None = None
+    ckpt_every: int = 10               # periodic checkpoint every N epochs (0: never)
+    ckpt_seconds: float = 300.0        # ... or once this many seconds passed (0: never)
+    checkpoint: dict[str, Any] | None = None   # the last complete one: epoch, time, replicas
+    move: dict[str, Any] | None = None         # a resize in progress
     held: bool = False                 # paused by the user: only the user resumes it
     sched_group: str = ""              # the scheduler's group, if any
     predicted: float | None = None     # its group's predicted iteration time (s)
@@ -127,6 +133,9 @@ class Job:
         d.update({"args": self.args, "attempt": self.attempt, "epochs": shown,
                   "store": self.store,
                   "epochs_total": len(self.epochs), "reason": self.reason,
+                  "checkpoint": dict(self.checkpoint, age=now - self.checkpoint["time"])
+                  if self.checkpoint else None,
+                  "move": self.move,
                   "events": self.events, "state_time": st,
                   "elapsed": ((self.ended or now) - self.started) if self.started else 0.0})
         return d

@@ -24,7 +24,6 @@ from harmony.comm.zmqutil import make_socket
 from harmony.master import policy as P
 from harmony.master.jobdb import JobDB
 from harmony.master.jobs import MAX_ATTEMPTS, Job, JobState
-from harmony.worker import jobckpt
 
 log = logging.getLogger("harmony.master")
 
@@ -45,6 +44,27 @@ class Worker:
     last_seen: float
     alive: bool = True
     stats: deque = field(default_factory=lambda: deque(maxlen=3600))
+    data_endpoint: str = ""      # its data service: checkpoint parts on its disk
+
+
+@dataclass
+class Reconfig:
+    """A live resize of a running job (block migration)."""
+    to: list[str]                     # the new machines, in new index order
+    join: list[str]                   # machines that join (new executors)
+    note: str
+    t0: float
+    ready: dict[str, dict] = field(default_factory=dict)     # joiner -> exec_ready
+    idents: dict[str, bytes] = field(default_factory=dict)   # joiner -> identity
+    boundary: dict[int, dict] = field(default_factory=dict)  # old index -> at_boundary
+    migrated: dict[bytes, dict] = field(default_factory=dict)
+    planned: bool = False
+    owner: list[int] = field(default_factory=list)
+    blocks: int = 0
+    stood_since: float | None = None
+
+    def all_ready(self) -> bool:
+        return len(self.ready) == len(self.join)
 
 
 @dataclass
@@ -65,6 +85,12 @@ class Run:
     pause_to: list[str] | None = None     # then resume there (a migration)
     pause_note: str = ""
     paused: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (epoch, version)
+    replicas: dict[int, str | None] = field(default_factory=dict)      # index -> replica machine
+    owner: list[int] = field(default_factory=list)                   # model block -> index
+    reconfig: Reconfig | None = None
+    ckpt_parts: dict[int, tuple] = field(default_factory=dict)   # a periodic checkpoint
+    ckpt_epoch: int | None = None        # the periodic checkpoint being written
+    last_ckpt: tuple[int, float] = (0, 0.0)   # (first epoch after it, time) of the last
 
 
 class StateDirLocked(RuntimeError):
@@ -141,9 +167,6 @@ class Master:
                 job.transition(JobState.WAITING, f"master restarted; requeued (restarts from {where})")
                 job.workers = []
                 self.db.save(job)
-
-    def ckpt_dir(self, job: Job) -> str:
-        return os.path.join(self.state_dir, "checkpoints", job.id)
 
     def request_stop(self, *_: Any) -> None:
         self._stop = True
@@ -250,9 +273,16 @@ class Master:
             return self._send(ident, M.error("bad_request", "--machines must be in 1..100000"))
         if not all(isinstance(a, str) for a in msg["args"]):
             return self._send(ident, M.error("bad_request", "app args must be strings"))
+        every, secs = msg.get("checkpoint_every"), msg.get("checkpoint_seconds")
+        if (every is not None and every < 0) or (secs is not None and secs < 0):
+            return self._send(ident, M.error("bad_request", "checkpoint intervals must be >= 0"))
         job = Job(id=f"job-{self.db.next_seq():04d}", app_name=msg["app_name"],
                   app_source=src, args=list(msg["args"]), machines=msg["machines"],
                   name=msg.get("name") or "", group=msg.get("group") or "")
+        if every is not None:
+            job.ckpt_every = int(every)
+        if secs is not None:
+            job.ckpt_seconds = float(secs)
         job.events.append([job.submitted, "waiting", "submitted"])
         self.jobs[job.id] = job
         self.db.save(job)
@@ -301,6 +331,9 @@ class Master:
         if not job.state.active or job.id not in self.runs:
             return self._send(ident, M.error("not_active", f"{job.id} is {job.state.value}, "
                                                            f"not running"))
+        if self.runs[job.id].reconfig is not None:
+            return self._send(ident, M.error("busy", f"{job.id} is being resized; pause it "
+                                                     f"when the move is done"))
         self.pause_job(job, None, "paused by user", held=True)
         self._send(ident, M.encode("ok", info={"job": job.id, "state": "pausing"}))
 
@@ -328,7 +361,7 @@ class Master:
         resumes on those machines (a migration). A ``held`` job stays paused
         until the user resumes it."""
         run = self.runs.get(job.id)
-        if run is None or run.stopping or not job.state.active:
+        if run is None or run.stopping or not job.state.active or run.reconfig is not None:
             return
         run.pausing, run.pause_to, run.pause_note = True, to, note
         job.held = held
@@ -342,10 +375,11 @@ class Master:
         job, run = jr
         if not run.pausing or msg["attempt"] != run.attempt:
             return self._end(job, JobState.FAILED, "an executor paused without being asked")
-        run.paused[msg["index"]] = (msg["epoch"], msg["version"])
+        run.paused[msg["index"]] = (msg["epoch"], msg["version"], msg.get("bytes") or 0)
+        run.replicas[msg["index"]] = msg.get("replica")
         if len(run.paused) < len(job.workers):
             return
-        epochs = {e for e, _ in run.paused.values()}
+        epochs = {e for e, _, _ in run.paused.values()}
         if len(epochs) != 1:
             return self._end(job, JobState.FAILED, f"executors paused at different epochs "
                                                    f"{sorted(epochs)}")
@@ -354,8 +388,8 @@ class Master:
         for i in run.idents.values():
             self.exec_ident.pop(i, None)
         old = list(job.workers)
-        job.resume = {"dir": self.ckpt_dir(job), "epoch": epoch + 1,
-                      "versions": [run.paused[i][1] for i in range(len(old))]}
+        self._checkpointed(job, epoch, {i: (old[i], run.replicas.get(i), run.paused[i][2])
+                                        for i in range(len(old))})
         job.workers = []
         target = JobState.PROFILED if job.state == JobState.PROFILING and run.pause_to is None \
             and not job.held else JobState.PAUSED
@@ -385,7 +419,8 @@ class Master:
         old = self.workers.get(name)
         if old is not None and old.ident != ident:
             self.by_ident.pop(old.ident, None)
-        w = Worker(name, ident, msg["host"], msg["cpus"], msg["memory"], msg["pid"], time.time())
+        w = Worker(name, ident, msg["host"], msg["cpus"], msg["memory"], msg["pid"], time.time(),
+                   data_endpoint=msg.get("data_endpoint") or "")
         self.workers[name] = w
         self.by_ident[ident] = name
         log.info("worker %s registered (%s, %d cpus, %.1f GiB)", name, w.host, w.cpus,
@@ -414,7 +449,10 @@ class Master:
         reported = {j for j in executors if isinstance(j, str)}
         for jid in reported:
             job = self.jobs.get(jid)
-            if job is None or not job.state.active or w.name not in job.workers:
+            run = self.runs.get(jid)
+            joining = run.reconfig.join if run is not None and run.reconfig else []
+            if job is None or not job.state.active or (w.name not in job.workers
+                                                       and w.name not in joining):
                 self._send(w.ident, M.encode("kill", job=jid))
         now = time.time()
         for job in self._jobs_on(w.name):
@@ -426,9 +464,15 @@ class Master:
     def _on_exec_exited(self, ident: bytes, msg: M.Message) -> None:
         name = self.by_ident.get(ident, "?")
         job = self.jobs.get(msg["job"])
+        run = self.runs.get(msg["job"]) if job is not None else None
+        if run is not None and run.reconfig and name in run.reconfig.join \
+                and msg["attempt"] == run.attempt and job.state.active:
+            tail = msg["log_tail"].strip()
+            return self._retry_or_fail(job, f"the executor joining on {name} exited with code "
+                                            f"{msg['code']} during a resize"
+                                            + (f"; its log ends with:\n{tail}" if tail else ""))
         if job is None or not job.state.active or name not in job.workers:
             return
-        run = self.runs.get(job.id)
         if run is not None and msg["attempt"] != run.attempt:
             return  # a late report about an earlier attempt
         code = msg["code"]
@@ -458,6 +502,11 @@ class Master:
             job = self.jobs[jid]
             if not run.started and now - run.launched > self.launch_timeout:
                 self._retry_or_fail(job, f"executors not ready after {self.launch_timeout:.0f}s")
+            elif run.reconfig and now - run.reconfig.t0 > self.launch_timeout:
+                self._retry_or_fail(job, f"resize not done after {self.launch_timeout:.0f}s")
+            elif run.reconfig and any(not self.workers[m].alive for m in run.reconfig.join
+                                      if m in self.workers):
+                self._retry_or_fail(job, "a machine joining the job was lost during a resize")
 
     def _jobs_on(self, name: str) -> list[Job]:
         return [j for j in self.jobs.values() if j.state.active and name in j.workers]
@@ -518,7 +567,7 @@ class Master:
     def _schedule_harmony(self, live: list[Worker], waiting: list[Job]) -> None:
         """The Harmony scheduler (harmony.master.harmony_policy): decisions
         wait while a pause it asked for is still in flight."""
-        if not live or any(r.pausing for r in self.runs.values()):
+        if not live or any(r.pausing or r.reconfig for r in self.runs.values()):
             return
         active = sorted((j for j in self.jobs.values() if j.state.active),
                         key=lambda j: (j.submitted, j.id))
@@ -554,7 +603,10 @@ class Master:
             why = (f"regrouped: moves to {', '.join(to)}" if to else
                    "profiled; waits for a group" if job.state == JobState.PROFILING else
                    "regrouped: waits")
-            self.pause_job(job, to, why)
+            # a move of a running job is a live resize (its blocks move over
+            # the network); a pause and a resume elsewhere only if not possible
+            if not (to and self.resize_job(job, list(to), why)):
+                self.pause_job(job, to, why)
         for jid, ms in dec.start.items():
             self._launch(self.jobs[jid], ms)
         self._set_predictions(dec)
@@ -599,25 +651,84 @@ class Master:
         self.runs[job.id] = Run(job.attempt, time.time())
         self.db.save(job)
         log.info("launching %s attempt %d on %s", job.id, job.attempt, machines)
+        resume = self._resume_sources(job)
         for idx, name in enumerate(machines):
             ok = self._send(self.workers[name].ident, M.encode(
                 "launch", job=job.id, index=idx, count=len(machines), app_name=job.app_name,
                 app_source=job.app_source, args=job.args, attempt=job.attempt,
-                ckpt=self.ckpt_dir(job), resume=job.resume))
+                resume=resume))
             if not ok:
                 self.workers[name].alive = False
                 self._retry_or_fail(job, f"worker {name} unreachable at launch")
                 return
 
+    def _resume_sources(self, job: Job) -> dict | None:
+        """The job's checkpoint as a launch sees it: every part with the data
+        services of the live machines that hold it (the part's own machine
+        and its replica)."""
+        if not job.resume:
+            return None
+        parts = []
+        for part in job.resume["parts"]:
+            srcs = [[h, self.workers[h].data_endpoint] for h in part["holders"]
+                    if h in self.workers and self.workers[h].alive
+                    and self.workers[h].data_endpoint]
+            parts.append({"index": part["index"], "epoch": part["epoch"], "sources": srcs})
+        return {"epoch": job.resume["epoch"], "parts": parts}
+
+    def _replicas(self, machines: list[str]) -> list:
+        """Where each executor's checkpoint part is replicated: the next
+        machine of the job, or, for a job on one machine, another live one
+        (none: the part is kept on its own machine only)."""
+        out = []
+        for i, name in enumerate(machines):
+            if len(machines) > 1:
+                other = machines[(i + 1) % len(machines)]
+            else:
+                others = sorted((len(self._jobs_on(w.name)), w.name)
+                                for w in self.workers.values()
+                                if w.alive and w.name != name and w.data_endpoint)
+                other = others[0][1] if others else None
+            w = self.workers.get(other) if other else None
+            out.append([other, w.data_endpoint] if w is not None else None)
+        return out
+
+    def _checkpointed(self, job: Job, epoch: int, parts: dict[int, tuple]) -> None:
+        """Every part of the checkpoint after ``epoch`` (and its replica) is
+        acknowledged: it is the job's resume point now, and older parts on
+        the machines can go. ``parts``: index -> (machine, replica, bytes)."""
+        job.resume = {"epoch": epoch + 1, "parts": [
+            {"index": i, "epoch": epoch, "holders": [m] + ([r] if r else [])}
+            for i, (m, r, _) in sorted(parts.items())]}
+        job.checkpoint = {"epoch": epoch, "time": time.time(),
+                          "parts": len(parts),
+                          "replicas": sum(1 for _, r, _ in parts.values() if r),
+                          "bytes": int(sum(b for _, _, b in parts.values())),
+                          "holders": sorted({h for m, r, _ in parts.values()
+                                             for h in (m, r) if h})}
+        self.db.save(job)
+        self._gc_checkpoints(job.id, epoch)
+
+    def _gc_checkpoints(self, job_id: str, keep: int | None) -> None:
+        """Tell every live machine to drop the job's parts older than
+        ``keep`` (all of them with None)."""
+        msg = M.encode("ckpt_gc", job=job_id, keep=keep)
+        for w in self.workers.values():
+            if w.alive:
+                self._send(w.ident, msg)
+
     def _kill_executors(self, job: Job) -> None:
-        for name in job.workers:
+        run = self.runs.pop(job.id, None)
+        joining = run.reconfig.join if run is not None and run.reconfig else []
+        for name in list(job.workers) + joining:
             w = self.workers.get(name)
             if w is not None and w.alive:
                 self._send(w.ident, M.encode("kill", job=job.id))
-        run = self.runs.pop(job.id, None)
         if run is not None:
-            for ident in run.idents.values():
+            for ident in list(run.idents.values()) + (
+                    list(run.reconfig.idents.values()) if run.reconfig else []):
                 self.exec_ident.pop(ident, None)
+            job.move = None
 
     def _end(self, job: Job, state: JobState, note: str) -> None:
         if job.state.terminal:
@@ -628,7 +739,7 @@ class Master:
         self._note_ended(job)
         job.transition(state, note)
         job.resume = None
-        jobckpt.remove(self.ckpt_dir(job))
+        self._gc_checkpoints(job.id, None)
         self.db.save(job)
         self._dirty = True
         log.info("%s %s: %s", job.id, state.value, note.splitlines()[0] if note else "")
@@ -663,6 +774,21 @@ class Master:
     def _on_exec_ready(self, ident: bytes, msg: M.Message) -> None:
         job = self.jobs.get(msg["job"])
         run = self.runs.get(msg["job"])
+        if msg.get("join"):
+            rc = run.reconfig if run is not None else None
+            name = self.by_ident.get(ident)
+            idx = msg["index"]
+            if job is None or rc is None or msg["attempt"] != run.attempt \
+                    or not (0 <= idx < len(rc.to)) or rc.to[idx] not in rc.join:
+                return self._send(ident, M.encode("abort", reason=f"job {msg['job']} is not "
+                                                                  f"being resized onto here"))
+            name = rc.to[idx]
+            rc.ready[name] = dict(msg.fields)
+            rc.idents[name] = ident
+            self.exec_ident[ident] = (job.id, idx, run.attempt)
+            log.info("%s: %s ready to join (%d of %d)", job.id, name, len(rc.ready),
+                     len(rc.join))
+            return
         if job is None or run is None or not job.state.active \
                 or msg["attempt"] != run.attempt or not (0 <= msg["index"] < len(job.workers)):
             return self._send(ident, M.encode("abort", reason=f"job {msg['job']} attempt "
@@ -680,11 +806,15 @@ class Master:
         (_, _, nblocks), = shapes
         peers = [run.ready[i]["endpoint"] for i in range(len(job.workers))]
         owner = [b % len(peers) for b in range(nblocks)]
+        run.owner = owner
         run.started = True
+        run.last_ckpt = (job.resume["epoch"] if job.resume else 0, time.time())
+        replicas = self._replicas(job.workers)
         for i in sorted(run.idents):
             self._send(run.idents[i], M.encode(
                 "job_start", peers=peers, owner=owner, model_blocks=nblocks,
-                mode="queued" if self.queued else "free", machines=list(job.workers)))
+                mode="queued" if self.queued else "free", machines=list(job.workers),
+                replicas=replicas))
 
     def _on_barrier(self, ident: bytes, msg: M.Message) -> None:
         jr = self._exec_run(ident, msg)
@@ -756,9 +886,221 @@ class Master:
                     timings[k] = max(timings.get(k, 0.0), float(v))
         del run.sums[ep]
         run.timings[ep] = timings
-        out = M.encode("epoch_sums", epoch=ep, sums=total, pause=run.pausing or None)
+        rc = run.reconfig
+        reconfig = bool(rc and not rc.planned and rc.all_ready() and not run.pausing)
+        if reconfig:
+            rc.stood_since = time.time()
+        ckpt = (not run.pausing and not reconfig and run.ckpt_epoch is None
+                and self._checkpoint_due(job, run, ep))
+        if ckpt:
+            run.ckpt_epoch, run.ckpt_parts = ep, {}
+        out = M.encode("epoch_sums", epoch=ep, sums=total, pause=run.pausing or None,
+                       reconfig=reconfig or None, checkpoint=ckpt or None)
         for i in self._all_idents(run):
             self._send(i, out)
+
+    def _checkpoint_due(self, job: Job, run: Run, epoch: int) -> bool:
+        first, at = run.last_ckpt
+        return bool((job.ckpt_every and epoch + 1 - first >= job.ckpt_every)
+                    or (job.ckpt_seconds and time.time() - at >= job.ckpt_seconds))
+
+    def _on_ckpt_part(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        if run.ckpt_epoch != msg["epoch"]:
+            return
+        i = msg["index"]
+        run.ckpt_parts[i] = (job.workers[i], msg.get("replica"), msg["bytes"])
+        if len(run.ckpt_parts) < len(job.workers):
+            return
+        ep, parts = run.ckpt_epoch, run.ckpt_parts
+        run.ckpt_epoch, run.ckpt_parts = None, {}
+        run.last_ckpt = (ep + 1, time.time())
+        self._checkpointed(job, ep, parts)
+        log.info("%s: checkpoint after epoch %d complete (%d part(s), %d replica(s))", job.id,
+                 ep, len(parts), job.checkpoint["replicas"])
+
+    # -- live resize (block migration) ---------------------------------------------------
+    def resize_job(self, job: Job, to: list[str], note: str) -> bool:
+        """Move or resize a running job onto machines ``to`` while it runs:
+        executors on machines that stay keep running; machines that join get
+        a new executor, which reads the input's metadata meanwhile; at the
+        next epoch boundary every executor hands its leaving blocks over
+        (ownership first, then data, over ZeroMQ) and the job goes on."""
+        run = self.runs.get(job.id)
+        to = list(dict.fromkeys(to))
+        if run is None or not run.started or run.stopping or run.pausing \
+                or run.reconfig is not None or not job.state.active or to == job.workers \
+                or not to or any(n not in self.workers or not self.workers[n].alive for n in to):
+            return False
+        join = [n for n in to if n not in job.workers]
+        run.reconfig = Reconfig(to=to, join=join, note=note, t0=time.time())
+        job.move = {"from": list(job.workers), "to": to, "state": "starting executors",
+                    "blocks": 0, "blocks_moved": 0, "bytes_moved": 0}
+        for n in join:
+            ok = self._send(self.workers[n].ident, M.encode(
+                "launch", job=job.id, index=to.index(n), count=len(to), app_name=job.app_name,
+                app_source=job.app_source, args=job.args, attempt=run.attempt, join=True))
+            if not ok:
+                self._retry_or_fail(job, f"worker {n} unreachable when resizing")
+                return True
+        job.events.append([time.time(), job.state.value,
+                           f"{note}: resizing {', '.join(job.workers)} -> {', '.join(to)}"])
+        log.info("%s: resizing %s -> %s (%s)", job.id, job.workers, to, note)
+        return True
+
+    def _on_resize(self, ident: bytes, msg: M.Message) -> None:
+        job = self.jobs.get(msg["job"])
+        if job is None:
+            return self._send(ident, M.error("unknown_job", f"no job {msg['job']!r}"))
+        n = msg["machines"]
+        live = sorted((w for w in self.workers.values() if w.alive),
+                      key=lambda w: (len(self._jobs_on(w.name)), w.name))
+        if not 1 <= n <= len(live):
+            return self._send(ident, M.error("bad_request", f"--machines must be in "
+                                                            f"1..{len(live)} (live machines)"))
+        if not job.state.active or job.id not in self.runs:
+            return self._send(ident, M.error("not_active", f"{job.id} is {job.state.value}, "
+                                                           f"not running"))
+        keep = [m for m in job.workers if m in self.workers and self.workers[m].alive][:n]
+        to = keep + [w.name for w in live if w.name not in keep][:n - len(keep)]
+        if to == job.workers:
+            return self._send(ident, M.encode("ok", info={"job": job.id, "machines": to,
+                                                          "state": "unchanged"}))
+        job.machines = n
+        if not self.resize_job(job, to, "resized by user"):
+            return self._send(ident, M.error("busy", f"{job.id} cannot be resized now (it is "
+                                                     f"starting, pausing, stopping or already "
+                                                     f"being resized); try again"))
+        self.db.save(job)
+        self._send(ident, M.encode("ok", info={"job": job.id, "machines": to,
+                                               "state": "resizing"}))
+
+    def _on_at_boundary(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        rc = run.reconfig
+        if rc is None or rc.planned:
+            return self._end(job, JobState.FAILED, "an executor stopped for a resize that "
+                                                   "was not asked for")
+        rc.boundary[msg["index"]] = dict(msg.fields)
+        if len(rc.boundary) < len(job.workers):
+            return
+        seqs = {b["seq"] for b in rc.boundary.values()}
+        epochs = {b["epoch"] for b in rc.boundary.values()}
+        if len(seqs) != 1 or len(epochs) != 1:
+            return self._end(job, JobState.FAILED, f"executors reached the resize at different "
+                                                   f"points (epochs {sorted(epochs)}, subtasks "
+                                                   f"{sorted(seqs)})")
+        self._send_migration(job, run, epochs.pop(), seqs.pop())
+
+    def _send_migration(self, job: Job, run: Run, epoch: int, seq: int) -> None:
+        """The plan of a resize: the new owner of every model and input
+        block (blocks stay where they are unless their machine leaves or
+        holds more than its share), sent to every executor, old and new."""
+        rc = run.reconfig
+        old, to = list(job.workers), rc.to
+        remap = [to.index(m) if m in to else -1 for m in old]
+        model_owner = balance([remap[o] for o in run.owner], len(to))
+        in_ids, in_old = [], []
+        for i in sorted(rc.boundary):
+            for bid, _ in rc.boundary[i]["inputs"]:
+                in_ids.append(int(bid))
+                in_old.append(remap[i])
+        in_new = balance(in_old, len(to))
+        sends: dict[int, list] = {i: [] for i in range(len(old))}
+        expect = [0] * len(to)
+        for b, (o, n) in enumerate(zip(run.owner, model_owner)):
+            if remap[o] != n:
+                sends[o].append(["model", b, n])
+                expect[n] += 1
+        holder = {}
+        for i in sorted(rc.boundary):
+            for bid, _ in rc.boundary[i]["inputs"]:
+                holder[int(bid)] = i
+        for bid, o, n in zip(in_ids, in_old, in_new):
+            if o != n:
+                sends[holder[bid]].append(["input", bid, n])
+                expect[n] += 1
+        peers = []
+        for m in to:
+            if m in rc.ready:
+                peers.append(rc.ready[m]["endpoint"])
+            else:
+                peers.append(run.ready[old.index(m)]["endpoint"])
+        rc.planned, rc.owner = True, model_owner
+        rc.blocks = sum(len(v) for v in sends.values())
+        job.move.update({"state": "moving blocks", "blocks": rc.blocks, "epoch": epoch})
+        replicas = self._replicas(to)
+        common = dict(count=len(to), peers=peers, owner=model_owner, machines=list(to),
+                      seq=seq, epoch=epoch, replicas=replicas,
+                      mode="queued" if self.queued else "free")
+        for i in range(len(old)):
+            self._send(run.idents[i], M.encode("migrate", index=remap[i], sends=sends[i],
+                                               expect=expect[remap[i]] if remap[i] >= 0 else 0,
+                                               **common))
+        for m in rc.join:
+            n = to.index(m)
+            self._send(rc.idents[m], M.encode("migrate", index=n, sends=[], expect=expect[n],
+                                              **common))
+        log.info("%s: moving %d block(s) after epoch %d: %s -> %s", job.id, rc.blocks, epoch,
+                 old, to)
+
+    def _on_migrated(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        rc = run.reconfig
+        if rc is None or not rc.planned:
+            return self._end(job, JobState.FAILED, "an executor reported a move that was "
+                                                   "not planned")
+        rc.migrated[ident] = dict(msg.fields)
+        job.move["blocks_moved"] = job.move.get("blocks_moved", 0)
+        job.move["bytes_moved"] = int(sum(m["bytes_out"] for m in rc.migrated.values()))
+        if len(rc.migrated) < len(job.workers) + len(rc.join):
+            return
+        self._commit_resize(job, run)
+
+    def _commit_resize(self, job: Job, run: Run) -> None:
+        """Every block arrived: the new layout is the job's layout."""
+        rc = run.reconfig
+        old = list(job.workers)
+        idents, ready = {}, {}
+        for i, m in enumerate(rc.to):
+            if m in rc.idents:
+                idents[i], ready[i] = rc.idents[m], rc.ready[m]
+            else:
+                j = old.index(m)
+                idents[i], ready[i] = run.idents[j], run.ready[j]
+        for j, m in enumerate(old):
+            if m not in rc.to:
+                ident = run.idents[j]
+                self.exec_ident.pop(ident, None)
+                self._send(ident, M.encode("leave"))
+        for i, ident in idents.items():
+            self.exec_ident[ident] = (job.id, i, run.attempt)
+        run.idents, run.ready, run.owner = idents, ready, rc.owner
+        run.reconfig = None
+        moved = int(sum(m["bytes_out"] for m in rc.migrated.values()))
+        stood = time.time() - (rc.stood_since or rc.t0)
+        job.workers = list(rc.to)
+        job.move = None
+        note = (f"{rc.note}: now on {', '.join(job.workers)} ({rc.blocks} block(s), "
+                f"{moved / 2**20:.1f} MiB moved; iterations stood {stood:.2f}s)")
+        if job.state == JobState.PROFILING:
+            job.transition(JobState.RUNNING, note)
+        else:
+            job.events.append([time.time(), job.state.value, note])
+        self.db.save(job)
+        self._dirty = True
+        for i in sorted(run.idents):
+            self._send(run.idents[i], M.encode("reconfigured"))
+        log.info("%s: %s", job.id, note)
 
     def _on_epoch_report(self, ident: bytes, msg: M.Message) -> None:
         jr = self._exec_run(ident, msg)
@@ -819,7 +1161,28 @@ class Master:
             self._note_ended(job)
             job.transition(JobState.FINISHED, f"{len(job.epochs)} epoch(s)")
             job.resume = None
-            jobckpt.remove(self.ckpt_dir(job))
+            self._gc_checkpoints(job.id, None)
             self.db.save(job)
             self._dirty = True
             log.info("%s finished after %d epochs", job.id, len(job.epochs))
+
+
+def balance(owner: list[int], n: int) -> list[int]:
+    """New owners of blocks over ``n`` owners: a block stays with its owner
+    (-1: its owner leaves) unless that owner holds more than its share; the
+    others go, in order, to the owners furthest below their share. Shares
+    differ by at most one block; the result is deterministic."""
+    total = len(owner)
+    share = [total // n + (1 if i < total % n else 0) for i in range(n)]
+    held = [0] * n
+    out = [-1] * total
+    for b, o in enumerate(owner):
+        if 0 <= o < n and held[o] < share[o]:
+            out[b] = o
+            held[o] += 1
+    for b in range(total):
+        if out[b] < 0:
+            o = max(range(n), key=lambda i: (share[i] - held[i], -i))
+            out[b] = o
+            held[o] += 1
+    return out

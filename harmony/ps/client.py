@@ -48,6 +48,7 @@ class PSClient:
         # data bytes (keys + rows) moved to/from each peer's shard, as the
         # network sees them; the profiler splits local from remote traffic
         self.peer_bytes = [0] * len(self.peers)
+        self.redirects = 0      # sub-requests a shard redirected (ownership moved)
 
     def close(self) -> None:
         for s in self.socks:
@@ -70,57 +71,109 @@ class PSClient:
                 start += c
         return out
 
-    def _collect(self, pending: dict[int, tuple]) -> dict[int, M.Message]:
+    def set_layout(self, peers: list[str], owner) -> None:
+        """A new owner map (after a redirect or a resize): reconnect to
+        shards whose endpoint changed."""
+        ctx = self.socks[0].context if self.socks else zmq.Context.instance()
+        for i, ep in enumerate(peers):
+            if i < len(self.peers) and self.peers[i] == ep:
+                continue
+            s = make_socket(ctx, zmq.DEALER)
+            s.connect(ep)
+            if i < len(self.socks):
+                self.socks[i].close(linger=0)
+                self.socks[i] = s
+            else:
+                self.socks.append(s)
+        for s in self.socks[len(peers):]:
+            s.close(linger=0)
+        del self.socks[len(peers):]
+        self.peers = list(peers)
+        self.owner = np.asarray(owner, dtype=np.int64)
+        self.peer_bytes = (self.peer_bytes + [0] * len(peers))[:len(peers)]
+
+    def _collect(self, pending: dict[int, tuple]) -> tuple[dict[int, M.Message], list[int]]:
+        """Replies of every pending shard; and the shards that answered
+        ``ps_moved`` (they no longer own those keys: the new owner map is
+        installed, and the caller sends those keys again)."""
         poller = zmq.Poller()
         for p in pending:
             poller.register(self.socks[p], zmq.POLLIN)
         got: dict[int, M.Message] = {}
-        while len(got) < len(pending):
+        moved: list[int] = []
+        while len(got) + len(moved) < len(pending):
             events = dict(poller.poll(self.timeout_ms))
             if not events:
-                missing = [self.peers[p] for p in pending if p not in got]
+                missing = [self.peers[p] for p in pending if p not in got and p not in moved]
                 raise PSError(f"server shard(s) not responding: {missing}")
             for p in pending:
-                if p in got or self.socks[p] not in events:
+                if p in got or p in moved or self.socks[p] not in events:
                     continue
                 msg = M.decode(self.socks[p].recv_multipart(copy=False))
                 if msg.get("rid") != pending[p][0]:
                     continue  # a stale reply from an earlier timed-out request
                 if msg.type == "ps_error":
                     raise PSError(f"shard {self.peers[p]}: {msg['message']}")
-                got[p] = msg
                 poller.unregister(self.socks[p])
-        return got
+                if msg.type == "ps_moved":
+                    moved.append(p)
+                    new_map = (msg["peers"], msg["owner"])
+                else:
+                    got[p] = msg
+        if moved:
+            self.redirects += len(moved)
+            self.set_layout(*new_map)
+        return got, moved
+
+    def _rounds(self, keys: np.ndarray, send) -> list[tuple[int, np.ndarray | None, int, M.Message]]:
+        """Route ``keys``, ``send(peer, sel, keys)`` one request per shard,
+        and collect; keys a shard redirected are routed again with the new
+        owner map. Returns (peer, selection into keys, count, reply)."""
+        out = []
+        sel_all: np.ndarray | None = None
+        for _ in range(8):
+            k = keys if sel_all is None else keys[sel_all]
+            pending = {}
+            for p, sel, kk in self._route(k):
+                absolute = sel if sel_all is None else (sel_all if sel is None else sel_all[sel])
+                pending[p] = (send(p, absolute, kk), absolute, len(kk))
+            got, moved = self._collect(pending)
+            for p, msg in got.items():
+                out.append((p, pending[p][1], pending[p][2], msg))
+            if not moved:
+                return out
+            parts = [pending[p][1] if pending[p][1] is not None else np.arange(len(keys))
+                     for p in moved]
+            sel_all = np.sort(np.concatenate(parts))
+        raise PSError("keys still redirected after 8 rounds (owner map keeps changing)")
 
     def pull(self, keys: np.ndarray) -> np.ndarray:
         """Rows for sorted unique int64 ``keys`` (read-only when zero-copy)."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         if len(keys) == 0:
             return np.zeros((0, self.dim), dtype=self.dtype)
-        routes = self._route(keys)
-        pending = {}
-        for p, sel, k in routes:
+
+        def send(p, sel, k):
             rid = next(self._rid)
-            self.socks[p].send_multipart([M.encode("pull", rid=rid, n=len(k), tag=self.tag), k], copy=False)
+            self.socks[p].send_multipart([M.encode("pull", rid=rid, n=len(k), tag=self.tag), k],
+                                         copy=False)
             self.bytes_sent += k.nbytes
-            pending[p] = (rid, sel, len(k))
-        got = self._collect(pending)
-        for p, (rid, sel, n) in pending.items():
+            return rid
+        replies = self._rounds(keys, send)
+        for p, sel, n, _ in replies:
             self.peer_bytes[p] += n * (8 + self.dim * self.dtype.itemsize)
-        if self.throttle is not None:
-            for p, (rid, sel, n) in pending.items():
+            if self.throttle is not None:
                 self.throttle(p, n * 8, "out")
                 self.throttle(p, n * self.dim * self.dtype.itemsize, "in")
-        if len(routes) == 1:
-            p = routes[0][0]
-            rows = _frame_array(got[p].frames[0], self.dtype, (len(keys), self.dim))
+        if len(replies) == 1 and replies[0][1] is None:
+            rows = _frame_array(replies[0][3].frames[0], self.dtype, (len(keys), self.dim))
             self.bytes_received += rows.nbytes
             return rows
         out = np.empty((len(keys), self.dim), dtype=self.dtype)
-        for p, (rid, sel, n) in pending.items():
-            part = _frame_array(got[p].frames[0], self.dtype, (n, self.dim))
+        for p, sel, n, msg in replies:
+            part = _frame_array(msg.frames[0], self.dtype, (n, self.dim))
             self.bytes_received += part.nbytes
-            out[sel] = part
+            out[slice(None) if sel is None else sel] = part
         return out
 
     def push(self, keys: np.ndarray, deltas: np.ndarray) -> None:
@@ -130,17 +183,16 @@ class PSClient:
             raise ValueError(f"deltas have shape {deltas.shape}, expected {(len(keys), self.dim)}")
         if len(keys) == 0:
             return
-        pending = {}
-        for p, sel, k in self._route(keys):
+
+        def send(p, sel, k):
             v = deltas if sel is None else np.ascontiguousarray(deltas[sel])
             rid = next(self._rid)
             self.socks[p].send_multipart(
-                [M.encode("push", rid=rid, n=len(k), dim=self.dim, tag=self.tag), k, v], copy=False)
+                [M.encode("push", rid=rid, n=len(k), dim=self.dim, tag=self.tag), k, v],
+                copy=False)
             self.bytes_sent += k.nbytes + v.nbytes
-            pending[p] = (rid, sel, len(k))
-        self._collect(pending)
-        for p, (rid, sel, n) in pending.items():
+            return rid
+        for p, sel, n, _ in self._rounds(keys, send):
             self.peer_bytes[p] += n * (8 + self.dim * self.dtype.itemsize)
-        if self.throttle is not None:
-            for p, (rid, sel, n) in pending.items():
+            if self.throttle is not None:
                 self.throttle(p, n * (8 + self.dim * self.dtype.itemsize), "out")

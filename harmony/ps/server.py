@@ -19,8 +19,10 @@ import zmq
 
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import bind_random, make_socket
-from harmony.store.blocks import Block
+from harmony.ps.keymap import block_of
+from harmony.store.blocks import Block, BlockFormatError, import_block
 from harmony.store.lmdb_store import release_scratch
+from harmony.store.transfer import Assembler, TransferError
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,35 @@ class ShardTable:
                                  f"expected {(len(self.keys), self.dim)}")
             self.ready = True
             self.spilled = False
+
+    def add_rows(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Merge rows of keys this shard did not hold (a block moved here)."""
+        with self.lock:
+            self._ensure()
+            keys = np.asarray(keys, dtype=np.int64)
+            if len(np.intersect1d(self.keys, keys)):
+                raise ValueError("rows for keys this shard already holds")
+            k = np.concatenate([self.keys, keys])
+            r = np.concatenate([self.rows, np.asarray(rows, dtype=self.dtype)])
+            order = np.argsort(k, kind="stable")
+            self.keys, self.rows = np.ascontiguousarray(k[order]), np.ascontiguousarray(r[order])
+            self.ready = True
+
+    def take_blocks(self, blocks: set[int], num_blocks: int) -> dict[int, Block]:
+        """Remove the rows of model ``blocks`` (moving away); returns them
+        as one Block (keys + rows) per model block."""
+        with self.lock:
+            self._ensure()
+            bids = block_of(self.keys, num_blocks)
+            out: dict[int, Block] = {}
+            gone = np.isin(bids, np.fromiter(blocks, np.int64, len(blocks)))
+            for b in blocks:
+                sel = bids == b
+                out[int(b)] = Block(int(b), {"keys": self.keys[sel].copy(),
+                                             "rows": self.rows[sel].copy()})
+            self.keys = np.ascontiguousarray(self.keys[~gone])
+            self.rows = np.ascontiguousarray(self.rows[~gone])
+            return out
 
     # -- model spill -------------------------------------------------------------
     def attach_spill(self, store) -> None:
@@ -151,13 +182,35 @@ def _frame_array(frame, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
 
 
 class ShardServer:
-    """Serves one ShardTable on a ROUTER socket from a background thread."""
+    """Serves one ShardTable on a ROUTER socket from a background thread.
+
+    Block migration (Cruise's elastic store): ownership moves first, then
+    data. :meth:`set_layout` installs the new owner map; from then on a
+    request for keys whose block this shard gave away is answered with
+    ``ps_moved`` and the map in force (the old owner redirects), and a
+    request for keys of a block announced by :meth:`expect` but not arrived
+    yet is held until its data arrives (the new owner queues). Blocks arrive
+    as ``blk`` chunks (:mod:`harmony.store.transfer`): model blocks are
+    merged into the table, input blocks are kept for the executor."""
 
     def __init__(self, ctx: zmq.Context, host: str, table: ShardTable, tag: str = "") -> None:
         self.table = table
         self.tag = tag          # the job attempt it serves; "" accepts any
         self.sock = make_socket(ctx, zmq.ROUTER)
         self.endpoint = bind_random(self.sock, host)
+        # the layout (for redirects) and the blocks on their way here
+        self.owner: np.ndarray | None = None
+        self.me = -1
+        self.peers: list[str] = []
+        self.incoming: set[int] = set()          # model blocks announced, not arrived
+        self.accept_blocks = False
+        self._held_requests: list[tuple[bytes, list]] = []
+        self._asm = Assembler()
+        self._arrived = threading.Condition()
+        self.arrived_inputs: dict[int, Block] = {}
+        self.arrived_count = 0
+        self.arrived_bytes = 0
+        self.transfer_error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ps-shard", daemon=True)
         self.requests = 0
@@ -174,6 +227,104 @@ class ShardServer:
         self._thread.join(timeout=5)
         self.sock.close(linger=0)
 
+    # -- migration ---------------------------------------------------------------
+    def set_layout(self, owner: np.ndarray, me: int, peers: list[str]) -> None:
+        """The owner map in force (ownership moves at this instant)."""
+        with self.table.lock:
+            self.owner = np.asarray(owner, dtype=np.int64)
+            self.me = me
+            self.peers = list(peers)
+
+    def expect(self, model_blocks: set[int]) -> None:
+        """Model blocks on their way here: requests for them wait."""
+        with self._arrived:
+            self.incoming |= {int(b) for b in model_blocks}
+            self.accept_blocks = True
+
+    def wait_arrivals(self, count: int, timeout_s: float) -> None:
+        """Block until ``count`` blocks (model and input) have arrived."""
+        deadline = time.monotonic() + timeout_s
+        with self._arrived:
+            while self.arrived_count < count:
+                if self.transfer_error:
+                    raise TransferError(self.transfer_error)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransferError(f"{count - self.arrived_count} of {count} block(s) "
+                                        f"did not arrive in {timeout_s:.0f}s")
+                self._arrived.wait(min(left, 0.5))
+
+    def end_arrivals(self) -> dict[int, Block]:
+        """Stop accepting blocks; hand over the input blocks that came."""
+        with self._arrived:
+            self.accept_blocks = False
+            inputs, self.arrived_inputs = self.arrived_inputs, {}
+            self.arrived_count = 0
+            self.transfer_error = None
+            return inputs
+
+    def _on_block(self, ident: bytes, msg: M.Message) -> None:
+        if not self.accept_blocks:
+            return self._send(ident, [M.encode("blk_ack", mid=msg["mid"], sec=msg["sec"],
+                                               bid=msg["bid"], ok=False,
+                                               error="this shard expects no blocks")])
+        try:
+            done = self._asm.add(msg)
+            if done is None:
+                return
+            mid, sec, bid, data = done
+            blk = import_block(data)
+            if sec == "model":
+                self.table.add_rows(blk["keys"], blk["rows"])
+            elif sec == "input":
+                blk.id = bid
+            else:
+                raise TransferError(f"unknown block section {sec!r}")
+        except (TransferError, BlockFormatError, ValueError, KeyError) as exc:
+            with self._arrived:
+                self.transfer_error = str(exc)
+                self._arrived.notify_all()
+            return self._send(ident, [M.encode("blk_ack", mid=msg["mid"], sec=msg["sec"],
+                                               bid=msg["bid"], ok=False, error=str(exc))])
+        with self._arrived:
+            if sec == "model":
+                self.incoming.discard(bid)
+            else:
+                self.arrived_inputs[bid] = blk
+            self.arrived_count += 1
+            self.arrived_bytes += len(data)
+            self._arrived.notify_all()
+        self._send(ident, [M.encode("blk_ack", mid=mid, sec=sec, bid=bid, ok=True)])
+        if sec == "model" and self._held_requests:
+            held, self._held_requests = self._held_requests, []
+            for who, body in held:       # the new owner's queue: now served
+                self._serve(who, body)
+
+    def _send(self, ident: bytes, reply: list, live: bool = False) -> None:
+        try:
+            if live:
+                self._inflight.append(
+                    self.sock.send_multipart([ident, *reply], copy=False, track=True))
+            else:
+                self.sock.send_multipart([ident, *reply], copy=False)
+            if len(self._inflight) > 64:
+                self._inflight = [tr for tr in self._inflight if not tr.done]
+        except zmq.ZMQError as exc:
+            log.warning("PS reply to vanished peer dropped: %s", exc)
+
+    def _not_here(self, keys: np.ndarray) -> str:
+        """For keys this shard does not hold: "wait" (their block is on its
+        way here), "moved" (another shard owns it now) or "" (an error)."""
+        if self.owner is None:
+            return ""
+        bids = block_of(keys, len(self.owner))
+        missing = ~np.isin(keys, self.table.keys)
+        if self.incoming and np.isin(bids[missing], list(self.incoming)).any():
+            return "wait"
+        if (self.owner[bids[missing]] != self.me).any():
+            return "moved"
+        return ""
+
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
@@ -186,36 +337,36 @@ class ShardServer:
                 if self._stop.is_set():
                     return
                 raise
-            ident, body = frames[0].bytes, frames[1:]
-            try:
-                reply, live = self._handle(body)
-            except Exception as exc:  # never let one request kill the shard
-                self.errors += 1
-                if not isinstance(exc, (M.ProtocolError, KeyError, ValueError)):
-                    tb = traceback.extract_tb(exc.__traceback__)
-                    exc = AppUpdateError(f"{exc.__class__.__name__}: {exc}"
-                                         + (f" (at {tb[-1].filename}:{tb[-1].lineno})"
-                                            if tb else ""))
-                log.warning("PS request failed: %s", exc)
-                rid = 0
-                try:
-                    rid = int(M.decode(body[:1]).get("rid", 0))
-                except Exception:
-                    pass
-                reply, live = [M.encode("ps_error", rid=rid, message=str(exc))], False
-            try:
-                if live:
-                    self._inflight.append(
-                        self.sock.send_multipart([ident, *reply], copy=False, track=True))
-                else:
-                    self.sock.send_multipart([ident, *reply], copy=False)
-                if len(self._inflight) > 64:
-                    self._inflight = [tr for tr in self._inflight if not tr.done]
-            except zmq.ZMQError as exc:
-                log.warning("PS reply to vanished peer dropped: %s", exc)
+            self._serve(frames[0].bytes, frames[1:])
 
-    def _handle(self, body: list) -> list:
+    def _serve(self, ident: bytes, body: list) -> None:
+        try:
+            reply, live = self._handle(ident, body)
+            if reply is None:       # a block chunk (answered) or a held request
+                if live:
+                    self._held_requests.append((ident, body))
+                return
+        except Exception as exc:  # never let one request kill the shard
+            self.errors += 1
+            if not isinstance(exc, (M.ProtocolError, KeyError, ValueError)):
+                tb = traceback.extract_tb(exc.__traceback__)
+                exc = AppUpdateError(f"{exc.__class__.__name__}: {exc}"
+                                     + (f" (at {tb[-1].filename}:{tb[-1].lineno})"
+                                        if tb else ""))
+            log.warning("PS request failed: %s", exc)
+            rid = 0
+            try:
+                rid = int(M.decode(body[:1]).get("rid", 0))
+            except Exception:
+                pass
+            reply, live = [M.encode("ps_error", rid=rid, message=str(exc))], False
+        self._send(ident, reply, live)
+
+    def _handle(self, ident: bytes, body: list) -> tuple[list | None, bool]:
         msg = M.decode(body)
+        if msg.type == "blk":
+            self._on_block(ident, msg)
+            return None, False
         self.requests += 1
         t = self.table
         if msg.type not in ("pull", "push"):
@@ -229,18 +380,28 @@ class ShardServer:
         if n < 0 or len(msg.frames) < 1:
             raise M.ProtocolError(f"{msg.type}: missing keys frame")
         keys = _frame_array(msg.frames[0], np.dtype(np.int64), (n,))
-        if msg.type == "pull":
-            with t.lock:
-                rows = t.pull(keys)
-            head = M.encode("rows", rid=msg["rid"], n=n, dim=t.dim)
-            return [head, rows], rows is t.rows
-        if msg["dim"] != t.dim or len(msg.frames) < 2:
+        if msg.type == "push" and (msg["dim"] != t.dim or len(msg.frames) < 2):
             raise M.ProtocolError(f"push: dim {msg['dim']} != {t.dim} or missing values frame")
-        vals = _frame_array(msg.frames[1], t.dtype, (n, t.dim))
-        self.wait_sends()
-        with t.lock:
-            t.push(keys, vals)
-        return [M.encode("ack", rid=msg["rid"])], False
+        try:
+            if msg.type == "pull":
+                with t.lock:
+                    rows = t.pull(keys)
+                head = M.encode("rows", rid=msg["rid"], n=n, dim=t.dim)
+                return [head, rows], rows is t.rows
+            vals = _frame_array(msg.frames[1], t.dtype, (n, t.dim))
+            self.wait_sends()
+            with t.lock:
+                t.push(keys, vals)      # all keys are checked before any is changed
+            return [M.encode("ack", rid=msg["rid"])], False
+        except KeyError:
+            with t.lock:
+                why = self._not_here(keys)
+            if why == "wait":
+                return None, True
+            if why == "moved":
+                return [M.encode("ps_moved", rid=msg["rid"], owner=self.owner.tolist(),
+                                 peers=list(self.peers))], False
+            raise
 
     def wait_sends(self) -> None:
         """Block until no reply references the live table any more."""

@@ -132,10 +132,13 @@ class CheckpointStore:
     # -- write -------------------------------------------------------------------
     def write(self, blocks: Mapping[int, Block | bytes], *, epoch: int, iteration: int,
               meta: dict | None = None,
-              input_blocks: Mapping[int, Block | bytes] | None = None) -> CheckpointInfo:
+              input_blocks: Mapping[int, Block | bytes] | None = None,
+              exported: bool = False) -> CheckpointInfo:
         """Write one checkpoint version; returns its info once it is durable.
         On any failure (e.g. ``StoreFullError``) the partial version is removed
-        and the previous versions are untouched."""
+        and the previous versions are untouched. ``exported``: byte values
+        are blocks already exported (:func:`export_block`), e.g. received
+        from another machine, and are restored as blocks."""
         with self._lock:
             version = self._last_version() + 1
             entries: list[list] = []
@@ -149,6 +152,9 @@ class CheckpointStore:
                             if val.id != bid:
                                 raise ValueError(f"block under id {bid} has id {val.id}")
                             data, kind = export_block(val), "block"
+                            desc = _block_desc(data)
+                        elif exported:
+                            data, kind = val, "block"
                             desc = _block_desc(data)
                         else:
                             data, kind, desc = bytes(val), "bytes", None
@@ -228,6 +234,16 @@ class CheckpointStore:
     def latest(self) -> CheckpointInfo | None:
         vs = self.versions()
         return vs[-1] if vs else None
+
+    def manifest(self, version: int) -> dict:
+        """A version's verified manifest: ``blocks`` lists
+        ``[section, id, nbytes, sha256, kind, desc]``."""
+        def read(txn):
+            value = txn.get(_V.pack(version), db=self._man)
+            if value is None:
+                raise self._err(version, "no such version (missing manifest)")
+            return self._parse_manifest(version, value)
+        return self.env.read(read)
 
     def find(self, epoch: int, iteration: int) -> CheckpointInfo | None:
         for info in reversed(self.versions()):

@@ -349,6 +349,23 @@ class LocalInput:
         else:
             self.memory.put(block)
 
+    def remove(self, block_id: int) -> None:
+        """Drop a block wherever it lives (it moved to another machine).
+        Between passes only; call :meth:`set_groups` after."""
+        bid = int(block_id)
+        if bid not in self._size:
+            raise KeyError(f"input block {bid} is not on this machine")
+        del self._size[bid]
+        self._ids.remove(bid)
+        if bid in self.on_disk:
+            self.on_disk.discard(bid)
+            with self._lock:
+                self._residue.pop(bid, None)
+                self._stored.pop(bid, None)
+            self.disk.discard(bid)
+        else:
+            self.memory.remove(bid)
+
     def iter_blocks(self, ids: Iterable[int] | None = None) -> Iterator[Block]:
         """Every block (or those in ``ids``) in id order, complete (disk-blocks
         loaded in the background, residue merged), e.g. to checkpoint them.

@@ -28,6 +28,8 @@ import zmq
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import bind_random, make_socket
 from harmony.store.lmdb_store import sweep_stale
+from harmony.worker import jobckpt
+from harmony.worker.dataservice import DataService
 from harmony.worker.netem import NetEm, job_token
 from harmony.worker.queues import QueueError, ResourceQueues, Sub
 
@@ -121,6 +123,10 @@ class Daemon:
         # executors of this machine talk to the daemon here (subtask queues)
         self.xsock = make_socket(self.ctx, zmq.ROUTER)
         self.xendpoint = bind_random(self.xsock, "127.0.0.1")
+        # what this machine's disk holds (checkpoint parts, replicas), served
+        # to the other machines: the only way anyone else reaches it
+        self.data = DataService(self.ctx, self.host, self.state_dir)
+        self.data.start()
         self.queues = ResourceQueues(preempt=preempt)
         self._stopped_at: dict[tuple[str, int], float] = {}   # preempted COMPs
         self.xident: dict[str, bytes] = {}           # job -> executor identity
@@ -189,7 +195,8 @@ class Daemon:
                     else:
                         self._send("register", name=self.name, host=self.host, cpus=self.cpus,
                                    memory=self.memory, pid=os.getpid(),
-                                   executors=sorted(self.execs))
+                                   executors=sorted(self.execs),
+                                   data_endpoint=self.data.endpoint)
                 if self.memory_set and now - self._mem_at >= MEM_CHECK_S:
                     self._mem_at = now
                     self._check_memory()
@@ -209,6 +216,7 @@ class Daemon:
                 ep.proc.kill()
                 ep.proc.wait()
         self.execs.clear()
+        self.data.stop()
         self.sock.close(linger=0)
         self.xsock.close(linger=0)
         self.ctx.term()
@@ -250,6 +258,10 @@ class Daemon:
                 self._apply(self.queues.enqueue(sub))
             except QueueError as exc:
                 log.warning("enqueue refused: %s", exc)
+        elif msg.type == "ckpt_gc":
+            gone = jobckpt.gc(self.state_dir, msg["job"], msg.get("keep"))
+            if gone:
+                log.info("dropped checkpoint parts of %s: %s", msg["job"], gone)
         elif msg.type == "kill":
             self._drop(msg["job"])
             ep = self.execs.get(msg["job"])
@@ -275,7 +287,7 @@ class Daemon:
                 "app_source": msg["app_source"], "args": msg["args"],
                 "master": self.master, "host": self.host, "worker": self.name,
                 "daemon": self.xendpoint, "netem": self.netem_path,
-                "ckpt": msg.get("ckpt"), "resume": msg.get("resume"),
+                "resume": msg.get("resume"), "join": bool(msg.get("join")),
                 # the block store: job stores under STATE/store, the budget
                 "state_dir": self.state_dir, "memory": int(self.memory),
                 "memory_set": self.memory_set, "daemon_pid": os.getpid(),

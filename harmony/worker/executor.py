@@ -38,6 +38,9 @@ from harmony.comm.zmqutil import make_socket
 from harmony.ps.client import PSClient, PSError
 from harmony.ps.keymap import block_of
 from harmony.ps.server import ShardServer, ShardTable
+from harmony.store.blocks import export_block
+from harmony.store.checkpoint import CheckpointError
+from harmony.store.transfer import Payload, TransferError, send_payloads, wait_acks
 from harmony.worker import jobckpt
 from harmony.store.alpha import AlphaController, Observation, Thresholds, initial_alpha
 from harmony.store.lmdb_store import JobStorage, StoreError
@@ -71,6 +74,10 @@ class MasterLost(Exception):
 
 class Paused(Exception):
     """The master paused the job; its checkpoint part is written."""
+
+
+class Left(Exception):
+    """This machine left the job (a resize); its blocks moved away."""
 
 
 def _close_quietly(view) -> None:
@@ -182,6 +189,9 @@ class Executor:
         self.seq = 0
         self.last_contact = self.last_ping = time.monotonic()
         self.net_wait = 0.0   # seconds spent in emulated transfers
+        self.machines: list[str] = []          # the job's machines, by executor index
+        self.replicas: list | None = None      # per index: [machine, data endpoint]
+        self.tag = ""
         self.stood = 0.0      # seconds its COMPs stood stopped (CPU preemption)
         self._held: list[M.Message] = []   # daemon messages read early
         # the block store
@@ -250,14 +260,20 @@ class Executor:
             # -- input: the one place this machine's input blocks come from.
             # Input is always (re)read, which also sets the app's own fields;
             # a resumed attempt then replaces its blocks' mutable state from
-            # the checkpoint once the owner map is known (below).
-            part = InputPart(self.index, self.count, opts.blocks)
+            # the checkpoint once the owner map is known (below). A machine
+            # joining a running job reads the input's metadata only: its
+            # blocks arrive from the other machines (block migration).
+            join = bool(s.get("join"))
+            part = InputPart(self.index, self.count, opts.blocks,
+                             owned=frozenset() if join else None)
             inp.ingest(app.read_input(part), **self._ingest_limits(opts))
             inp.set_groups(opts.iters_per_epoch)
             trim_heap()
-            restored = jobckpt.Restored(self.job, s["resume"]) if s.get("resume") else None
+            restored = (jobckpt.Restored(self.ctx, self.job, s["resume"], me=s.get("worker", ""))
+                        if s.get("resume") else None)
             spec = app.model_spec()
-            self._place_input(inp, opts, spec, fixed)
+            if not join:
+                self._place_input(inp, opts, spec, fixed)
             if self.watch is not None:
                 self.watch.take()   # epoch peaks from here on (not the app's parsing)
             # the default update (add) runs in place on the shard
@@ -265,41 +281,31 @@ class Executor:
             table = self.table = ShardTable(spec.dim, spec.dtype, update)
             table.attach_spill(self.storage.model)
             tag = f"{self.job}:{self.attempt}"
+            self.tag = tag
             self.server = ShardServer(self.ctx, s["host"], table, tag=tag)
             self.server.start()
             self.ctl.send(M.encode("exec_ready", job=self.job, index=self.index,
                                    attempt=self.attempt, endpoint=self.server.endpoint,
                                    num_keys=spec.num_keys, dim=spec.dim,
-                                   model_blocks=opts.model_blocks, local_blocks=len(inp)))
-            start = self.wait("job_start")
-            self.queued = start["mode"] == "queued"
-            owner = np.asarray(start["owner"], dtype=np.int64)
-            all_keys = np.arange(spec.num_keys, dtype=np.int64)
-            mine = all_keys[owner[block_of(all_keys, start["model_blocks"])] == self.index]
-            if restored is None:
-                table.load(mine, app.init_rows(mine))
+                                   model_blocks=opts.model_blocks, local_blocks=len(inp),
+                                   join=join or None))
+            if join:
+                table.load(np.zeros(0, np.int64), np.zeros((0, spec.dim), spec.dtype))
+                first = self._join(app, opts, inp, table, spec, fixed)
             else:
-                restored.load(self.index, self.count, owner)
-                if sorted(restored.inputs) != inp.ids():
-                    raise jobckpt.CheckpointError(
-                        f"checkpoint holds input blocks {sorted(restored.inputs)[:8]}... for "
-                        f"executor {self.index}, its input has {inp.ids()[:8]}...")
-                for blk in restored.inputs.values():
-                    inp.replace(blk)
-                restored.inputs = {}
-                table.load(mine, restored.model_rows(mine, spec.dim, spec.dtype))
-                log.info("resumed from checkpoint at epoch %d", restored.epoch)
-            self.client = PSClient(self.ctx, start["peers"], owner, spec.dim, spec.dtype,
-                                   throttle=self._throttle_fn(start["machines"]), tag=tag)
+                first = self._start(app, inp, table, spec, restored)
             if self.spec.get("daemon"):
                 # the daemon's subtask queues (harmony mode) and its memory
                 # accounting (every mode) count this executor from now on
                 self.dsock.send(M.encode("hello", job=self.job, index=self.index,
                                          attempt=self.attempt))
-            if not self.queued:
+            if not self.queued and not join:
                 self.barrier(-1, 0)  # every shard initialized before the first pull
-            self._train(app, opts, inp, table, restored.epoch if restored else 0)
+            self._train(app, opts, inp, table, first)
             self.send("exec_finished")
+            return 0
+        except Left as exc:
+            log.info("left the job: %s", exc)
             return 0
         except Paused as exc:
             log.info("paused: %s", exc)
@@ -310,7 +316,7 @@ class Executor:
         except MasterLost as exc:
             log.error("giving up: %s", exc)
             return 4
-        except (AppError, PSError, StoreError) as exc:
+        except (AppError, PSError, StoreError, TransferError, CheckpointError) as exc:
             self._fail(str(exc))
             return 1
         except Exception as exc:
@@ -322,6 +328,143 @@ class Executor:
             return 1
         finally:
             self.close()
+
+    # -- start, join, resize ----------------------------------------------------------
+    MOVE_TIMEOUT_S = 300.0
+
+    def _start(self, app: App, inp: LocalInput, table: ShardTable, spec: ModelSpec,
+               restored: "jobckpt.Restored | None") -> int:
+        """A normal start: the master's owner map, the model from the app's
+        init or from a checkpoint. Returns the first epoch to run."""
+        start = self.wait("job_start")
+        self.queued = start["mode"] == "queued"
+        self.machines = list(start["machines"])
+        self.replicas = start.get("replicas")
+        owner = np.asarray(start["owner"], dtype=np.int64)
+        all_keys = np.arange(spec.num_keys, dtype=np.int64)
+        mine = all_keys[owner[block_of(all_keys, start["model_blocks"])] == self.index]
+        if restored is None:
+            table.load(mine, app.init_rows(mine))
+        else:
+            restored.load(self.index, self.count, owner)
+            if sorted(restored.inputs) != inp.ids():
+                raise jobckpt.CheckpointError(
+                    f"checkpoint holds input blocks {sorted(restored.inputs)[:8]}... for "
+                    f"executor {self.index}, its input has {inp.ids()[:8]}...")
+            for blk in restored.inputs.values():
+                inp.replace(blk)
+            restored.inputs = {}
+            table.load(mine, restored.model_rows(mine, spec.dim, spec.dtype))
+            log.info("resumed from checkpoint at epoch %d (%.1f MiB fetched)", restored.epoch,
+                     restored.fetched_bytes / 2**20)
+        self.server.set_layout(owner, self.index, start["peers"])
+        self.client = PSClient(self.ctx, start["peers"], owner, spec.dim, spec.dtype,
+                               throttle=self._throttle_fn(self.machines), tag=self.tag)
+        return restored.epoch if restored else 0
+
+    def _join(self, app: App, opts, inp: LocalInput, table: ShardTable, spec: ModelSpec,
+              fixed: float | None) -> int:
+        """This machine joins a running job: wait for the new layout, take
+        the blocks the others send, and start at the next epoch."""
+        m = self.wait("migrate")
+        t0 = time.perf_counter()
+        self.queued = m.get("mode") == "queued"
+        owner = np.asarray(m["owner"], dtype=np.int64)
+        self.server.expect({int(b) for b in np.flatnonzero(owner == m["index"])})
+        self.server.set_layout(owner, m["index"], m["peers"])
+        self.server.wait_arrivals(m["expect"], self.MOVE_TIMEOUT_S)
+        for blk in sorted(self.server.end_arrivals().values(), key=lambda b: b.id):
+            inp.add(blk)
+        inp.set_groups(opts.iters_per_epoch)
+        self._place_input(inp, opts, spec, fixed)
+        self.seq = m["seq"]
+        self.send("migrated", bytes_out=0, bytes_in=int(self.server.arrived_bytes),
+                  seconds=time.perf_counter() - t0)
+        self._apply_layout(m, spec.dim, spec.dtype)
+        self.wait("reconfigured")
+        return m["epoch"] + 1
+
+    def _apply_layout(self, m: M.Message, dim: int, dtype: str) -> None:
+        self.index, self.count = m["index"], m["count"]
+        self.machines = list(m["machines"])
+        self.replicas = m.get("replicas")
+        owner = np.asarray(m["owner"], dtype=np.int64)
+        self.server.set_layout(owner, self.index, m["peers"])
+        if self.client is None:
+            self.client = PSClient(self.ctx, m["peers"], owner, dim, dtype,
+                                   throttle=self._throttle_fn(self.machines), tag=self.tag)
+        else:
+            self.client.set_layout(m["peers"], owner)
+            self.client.throttle = self._throttle_fn(self.machines)
+
+    def _reconfigure(self, opts, inp: LocalInput, table: ShardTable, epoch: int) -> None:
+        """A resize at this epoch boundary: hand over ownership, send the
+        blocks that leave this executor (model rows and input blocks with the
+        app's state in them), take those that come, and go on with the new
+        layout; or leave (:class:`Left`) if this machine is not in it."""
+        self.send("at_boundary", epoch=epoch, seq=self.seq,
+                  inputs=[[b, inp.block_bytes(b)] for b in inp.ids()])
+        m = self.wait("migrate")
+        t0 = time.perf_counter()
+        old_owner = self.client.owner
+        new_owner = np.asarray(m["owner"], dtype=np.int64)
+        me = m["index"]
+        nblocks = self.client.nblocks
+        coming = set()
+        if me >= 0:
+            coming = {int(b) for b in np.flatnonzero((new_owner == me)
+                                                     & (old_owner != self.index))}
+        self.server.expect(coming)
+        # ownership first: from here on this shard redirects what it gave away
+        self.server.set_layout(new_owner, me, m["peers"])
+        sends = [(str(sec), int(b), int(d)) for sec, b, d in m["sends"]]
+        payloads = [Payload("model", b, export_block(blk), dest=dict(
+                        ((x[1], x[2]) for x in sends if x[0] == "model"))[b])
+                    for b, blk in table.take_blocks(
+                        {b for sec, b, _ in sends if sec == "model"}, nblocks).items()]
+        in_dest = {b: d for sec, b, d in sends if sec == "input"}
+        if in_dest:
+            for blk in inp.iter_blocks(sorted(in_dest)):
+                payloads.append(Payload("input", blk.id, export_block(blk), dest=in_dest[blk.id]))
+            for b in in_dest:
+                inp.remove(b)
+        peers = m["peers"]
+        socks = {}
+        try:
+            for d in sorted({p.dest for p in payloads}):
+                sk = make_socket(self.ctx, zmq.DEALER)
+                sk.setsockopt(zmq.SNDTIMEO, int(self.MOVE_TIMEOUT_S * 1000))
+                sk.connect(peers[d])
+                socks[d] = sk
+            mid = f"mv:{self.job}:{epoch}:{self.index}"
+            throttle = None
+            if self.netem is not None:
+                me_name, token = self.spec["worker"], job_token(self.job)
+
+                def throttle(dest, n):
+                    self.net_wait += self.netem.transfer(me_name, m["machines"][dest], n, token)
+            ordered = [socks.get(i) for i in range(max(socks, default=-1) + 1)]
+            out = send_payloads(ordered, mid, payloads, throttle=throttle)
+            wait_acks(lambda d: socks[d], {(p.dest, p.sec, p.bid) for p in payloads}, mid,
+                      self.MOVE_TIMEOUT_S)
+        finally:
+            for sk in socks.values():
+                sk.close(linger=0)
+        if me >= 0:
+            self.server.wait_arrivals(m["expect"], self.MOVE_TIMEOUT_S)
+        for blk in sorted(self.server.end_arrivals().values(), key=lambda b: b.id):
+            inp.add(blk)
+        inp.set_groups(opts.iters_per_epoch)
+        log.info("resize after epoch %d: sent %d block(s) (%.1f MiB), received %d, in %.2fs",
+                 epoch, len(payloads), out / 2**20, m["expect"], time.perf_counter() - t0)
+        self.send("migrated", bytes_out=int(out), bytes_in=int(self.server.arrived_bytes),
+                  seconds=time.perf_counter() - t0)
+        self.server.arrived_bytes = 0
+        if me < 0:
+            self.wait("leave")
+            raise Left(f"moved {len(payloads)} block(s) away after epoch {epoch}")
+        self._apply_layout(m, table.dim, table.dtype.str)
+        self.wait("reconfigured")
 
     # -- the block store ----------------------------------------------------------
     def _open_input(self) -> LocalInput:
@@ -677,26 +820,53 @@ class Executor:
                      store["budget_mb"], store["reason"])
             if stop:
                 return
-            if total.get("pause"):
-                self._pause(inp, table, epoch, len(groups))
+            if total.get("checkpoint") or total.get("pause"):
+                version, replica, nbytes, secs = self._checkpoint(inp, table, epoch,
+                                                                  len(groups))
+                if total.get("pause"):
+                    self.ctl.send(M.encode("exec_paused", job=self.job, index=self.index,
+                                           attempt=self.attempt, epoch=epoch, version=version,
+                                           replica=replica, bytes=nbytes))
+                    raise Paused(f"checkpoint v{version} after epoch {epoch} in {secs:.2f}s")
+                self.send("ckpt_part", epoch=epoch, version=version, replica=replica,
+                          bytes=nbytes)
+            if total.get("reconfig"):
+                self._reconfigure(opts, inp, table, epoch)
+                groups, all_ids, keys_cache = inp.groups, inp.ids(), {}
 
-    def _pause(self, inp: LocalInput, table: ShardTable, epoch: int, iters: int) -> None:
+    def _checkpoint(self, inp: LocalInput, table: ShardTable, epoch: int,
+                    iters: int) -> tuple[int, str | None, int, float]:
         """Write this executor's checkpoint part at the epoch boundary (every
-        push of the epoch is applied and evaluated) and tell the master."""
-        if not self.spec.get("ckpt"):
-            raise RuntimeError("asked to pause without a checkpoint directory")
+        push of the epoch is applied and evaluated) on this machine's disk,
+        and the same part on its replica machine over ZeroMQ (verified by the
+        digest of both manifests). Returns (version, replica machine, bytes,
+        seconds)."""
         t0 = time.perf_counter()
         table.restore()       # a spilled model shard comes back first
         with table.lock:
             keys, rows = table.keys.copy(), table.rows.copy()
-        version = jobckpt.write_part(
-            self.spec["ckpt"], self.job, self.index, keys=keys, rows=rows,
-            model_blocks=self.client.nblocks, inputs=inp.iter_blocks(), epoch=epoch,
-            iteration=iters - 1, meta={"attempt": self.attempt, "count": self.count})
-        self.ctl.send(M.encode("exec_paused", job=self.job, index=self.index,
-                               attempt=self.attempt, epoch=epoch, version=version))
-        raise Paused(f"checkpoint v{version} after epoch {epoch} in "
-                     f"{time.perf_counter() - t0:.2f}s")
+        payloads = jobckpt.export_part(keys, rows, self.client.nblocks, inp.iter_blocks())
+        root = self.spec.get("state_dir") or os.path.join(os.getcwd(), "state")
+        version, digest = jobckpt.write_payloads(
+            jobckpt.part_dir(root, self.job, epoch, self.index), self.job, payloads,
+            epoch=epoch, iteration=iters - 1, meta={"attempt": self.attempt, "count": self.count})
+        nbytes = sum(p.size for p in payloads)
+        replica = self.replicas[self.index] if self.replicas and \
+            self.index < len(self.replicas) and self.replicas[self.index] else None
+        if replica:
+            name, endpoint = replica
+            throttle = None
+            if self.netem is not None:
+                me, token = self.spec["worker"], job_token(self.job)
+
+                def throttle(_dest, n):
+                    self.net_wait += self.netem.transfer(me, name, n, token)
+            jobckpt.replicate(self.ctx, endpoint, self.job, self.index, epoch, iters - 1,
+                              payloads, digest, throttle=throttle)
+        secs = time.perf_counter() - t0
+        log.info("checkpoint after epoch %d: %.1f MiB here%s in %.2fs", epoch, nbytes / 2**20,
+                 f" and on {replica[0]}" if replica else "", secs)
+        return version, replica[0] if replica else None, nbytes, secs
 
     def close(self) -> None:
         if self.watch is not None:

@@ -1,0 +1,156 @@
+"""A worker's data service: what this machine's disk holds, served over ZeroMQ.
+
+One thread of the worker daemon, with its own ROUTER socket (its endpoint is
+sent to the master at registration). Shared nothing: this is the only way
+any other process reaches data on this machine's disk.
+
+* ``ckpt_manifest`` / ``ckpt_fetch``: checkpoint parts held here (written by
+  this machine's executors, or replicas received from other machines), each
+  block verified against its SHA-256 before it is sent.
+* ``blk`` … ``blk_end`` with a ``rep:`` transfer id: a replica of another
+  machine's checkpoint part, assembled, verified, written to this machine's
+  disk, and answered with ``blk_done`` carrying the digest of its manifest.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import zmq
+
+from harmony.comm import messages as M
+from harmony.comm.zmqutil import bind_random, make_socket
+from harmony.store.checkpoint import CheckpointError, CheckpointStore
+from harmony.store.transfer import Assembler, Payload, TransferError, send_payloads
+from harmony.worker import jobckpt
+
+log = logging.getLogger("harmony.data")
+
+MAX_PENDING_BYTES = 4 << 30    # half-received replicas held at once
+
+
+class DataService:
+    def __init__(self, ctx: zmq.Context, host: str, state_dir: str) -> None:
+        self.state_dir = state_dir
+        self.sock = make_socket(ctx, zmq.ROUTER)
+        self.sock.setsockopt(zmq.SNDTIMEO, 60_000)
+        self.endpoint = bind_random(self.sock, host)
+        self.asm = Assembler(MAX_PENDING_BYTES)
+        self.incoming: dict[str, dict[tuple[str, int], bytes]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="data-service", daemon=True)
+        self.served_bytes = 0
+        self.received_bytes = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close(linger=0)
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            try:
+                if not poller.poll(200):
+                    continue
+                frames = self.sock.recv_multipart(copy=False)
+            except zmq.ZMQError:
+                if self._stop.is_set():
+                    return
+                raise
+            ident = frames[0].bytes
+            try:
+                msg = M.decode(frames[1:])
+            except M.ProtocolError as exc:
+                self._reply(ident, M.error("bad_message", str(exc)))
+                continue
+            try:
+                self._handle(ident, msg)
+            except (CheckpointError, TransferError, OSError) as exc:
+                log.warning("data service: %s failed: %s", msg.type, exc)
+                if msg.type == "blk_end":
+                    self._reply(ident, M.encode("blk_done", mid=msg["mid"], ok=False,
+                                                error=str(exc)))
+                else:
+                    self._reply(ident, M.error("data", str(exc)))
+            except Exception as exc:   # never let one request kill the service
+                log.exception("data service: %s failed", msg.type)
+                self._reply(ident, M.error("internal", f"{exc.__class__.__name__}: {exc}"))
+
+    def _reply(self, ident: bytes, payload: bytes) -> None:
+        try:
+            self.sock.send_multipart([ident, payload])
+        except zmq.ZMQError as exc:
+            log.warning("data service: reply dropped: %s", exc)
+
+    def _part(self, job: str, epoch: int, index: int) -> CheckpointStore:
+        path = jobckpt.part_dir(self.state_dir, job, epoch, index)
+        if not os.path.exists(os.path.join(path, "data.mdb")):
+            raise CheckpointError(f"no part {index} of job {job}'s checkpoint after epoch "
+                                  f"{epoch} on this machine")
+        return CheckpointStore.open(path, job, keep=1)
+
+    def _handle(self, ident: bytes, msg: M.Message) -> None:
+        if msg.type == "ckpt_manifest":
+            store = self._part(msg["job"], msg["epoch"], msg["index"])
+            try:
+                info = store.latest()
+                if info is None:
+                    raise CheckpointError(f"part {msg['index']} of job {msg['job']} has no "
+                                          f"complete version here")
+                man = store.manifest(info.version)
+            finally:
+                store.close()
+            self._reply(ident, M.encode(
+                "manifest", entries=[[e[0], e[1], e[2], e[3]] for e in man["blocks"]],
+                epoch=man["epoch"], iteration=man["iteration"], meta=man["meta"]))
+        elif msg.type == "ckpt_fetch":
+            want = {(str(s), int(b)) for s, b in msg["want"]}
+            store = self._part(msg["job"], msg["epoch"], msg["index"])
+            try:
+                ck = store.restore(decode=False, want=lambda s, b: (s, b) in want)
+            finally:
+                store.close()
+            payloads = [Payload(sec, bid, data) for sec, blocks in
+                        (("model", ck.blocks), ("input", ck.input_blocks))
+                        for bid, data in blocks.items()]
+            self.served_bytes += send_payloads([self.sock], msg["mid"], payloads,
+                                               prefix=[ident])
+            self._reply(ident, M.encode("blk_end", mid=msg["mid"], count=len(payloads),
+                                        meta={}))
+        elif msg.type == "blk":
+            mid = msg["mid"]
+            try:
+                done = self.asm.add(msg)
+            except TransferError as exc:
+                self.incoming.pop(mid, None)
+                return self._reply(ident, M.encode("blk_ack", mid=mid, sec=msg["sec"],
+                                                   bid=msg["bid"], ok=False, error=str(exc)))
+            if done is not None:
+                _, sec, bid, data = done
+                self.incoming.setdefault(mid, {})[(sec, bid)] = data
+                self.received_bytes += len(data)
+                self._reply(ident, M.encode("blk_ack", mid=mid, sec=sec, bid=bid, ok=True))
+        elif msg.type == "blk_end":
+            mid, meta = msg["mid"], msg["meta"]
+            got = self.incoming.pop(mid, {})
+            self.asm.drop_transfer(mid)
+            if len(got) != msg["count"]:
+                raise TransferError(f"replica {mid}: {len(got)} of {msg['count']} blocks "
+                                    f"arrived")
+            job, epoch, index = str(meta["job"]), int(meta["epoch"]), int(meta["index"])
+            path = jobckpt.part_dir(self.state_dir, job, epoch, index)
+            _, digest = jobckpt.write_payloads(
+                path, job, [Payload(s, b, d) for (s, b), d in got.items()], epoch=epoch,
+                iteration=int(meta.get("iteration", 0)), meta={"replica": True})
+            log.info("replica of %s part %d (epoch %d) written: %d blocks", job, index, epoch,
+                     len(got))
+            self._reply(ident, M.encode("blk_done", mid=mid, ok=True, digest=digest))
+        else:
+            self._reply(ident, M.error("unexpected",
+                                       f"the data service does not accept {msg.type!r}"))
