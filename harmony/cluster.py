@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,7 +57,8 @@ class LocalCluster:
                  cpus_per_machine: int | None = None,
                  net_bandwidth: str | float | None = None, policy: str | None = None,
                  memory_per_machine: int | None = None, store_max: int | None = None,
-                 preempt: bool = True, max_jobs_per_machine: int = 0) -> None:
+                 preempt: bool = True, max_jobs_per_machine: int = 0,
+                 isolate: bool = False, hide: list[str] | None = None) -> None:
         if machines < 1:
             raise ClusterError("--machines must be >= 1")
         self.mode = mode
@@ -85,16 +88,34 @@ class LocalCluster:
         self.heartbeat_timeout = heartbeat_timeout
         self.procs: list[subprocess.Popen] = []
         self.endpoint: str | None = None
+        # shared nothing, emulated: each worker daemon in its own mount
+        # namespace, where the master's state dir, every other worker's state
+        # dir and the ``hide`` paths are covered by an empty tmpfs
+        self.isolate = isolate
+        self.hide = [os.path.abspath(h) for h in (hide or [])]
+        if isolate:
+            why = isolation_unavailable()
+            if why:
+                raise ClusterError(f"--isolate needs mount namespaces: {why}")
 
     @property
     def info_path(self) -> str:
         return os.path.join(self.state_dir, "cluster.json")
 
-    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+    def _spawn(self, args: list[str], log_name: str,
+               hide: list[str] | None = None) -> subprocess.Popen:
         logs = os.path.join(self.state_dir, "logs")
         os.makedirs(logs, exist_ok=True)
+        cmd = [sys.executable, "-m", *args]
+        if hide:
+            for h in hide:
+                os.makedirs(h, exist_ok=True)
+            mounts = " && ".join(f"mount -t tmpfs -o size=1m,mode=000 harmony-hidden {shlex.quote(h)}"
+                                 for h in hide)
+            cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                   f'{mounts} && exec "$@"', "sh", *cmd]
         with open(os.path.join(logs, log_name), "ab") as fh:
-            return subprocess.Popen([sys.executable, "-m", *args], stdin=subprocess.DEVNULL,
+            return subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                                     stdout=fh, stderr=subprocess.STDOUT,
                                     start_new_session=self.detach)
 
@@ -146,10 +167,14 @@ class LocalCluster:
                 extra += ["--store-max", str(int(self.store_max))]
             if not self.preempt:
                 extra += ["--no-preempt"]
+            hide = None
+            if self.isolate:
+                hide = [mdir, os.path.join(self.state_dir, "logs"), *self.hide,
+                        *(os.path.join(self.state_dir, "workers", n) for n in names if n != name)]
             self.procs.append(self._spawn(
                 ["harmony.worker", "start", "--master", self.endpoint, "--name", name,
                  "--host", self.host, "--state-dir", os.path.join(self.state_dir, "workers", name),
-                 "--log-level", self.log_level, *extra], f"worker-{name}.log"))
+                 "--log-level", self.log_level, *extra], f"worker-{name}.log", hide=hide))
         self._write_info()
         with Client(self.endpoint, timeout_s=5) as c:
             while True:
@@ -190,6 +215,19 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def isolation_unavailable() -> str:
+    """Why worker daemons cannot get mount namespaces here ("" if they can)."""
+    if os.geteuid() != 0:
+        return "not root"
+    if shutil.which("unshare") is None:
+        return "no 'unshare' command (util-linux)"
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                        "mount -t tmpfs harmony-probe /mnt"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"unshare --mount failed: {(r.stderr or r.stdout).strip()[:200]}"
+    return ""
 
 
 def stop_pids(pids: list[int], timeout: float = 15.0) -> None:

@@ -84,3 +84,76 @@ class Bulk(App):
         return {"objective": float(sum(float(b["s"].sum()) for b in blocks)
                                    + float(rows.sum()))}
 '''
+
+ORACLE_APP = '''
+import time
+import numpy as np
+from harmony.app import App, ModelSpec, Option
+from harmony.store.blocks import Block
+
+
+def block_keys(b, keys):
+    k = np.arange(keys, dtype=np.int64)
+    return k[(k + b) % 3 == 0]
+
+
+class Oracle(App):
+    """Every push adds known integers (exact in float64), so the model after
+    any number of epochs has a closed form (see closed_form in the tests).
+    Each input block carries a counter c (mutable app state, like NMF's L):
+    processing block b adds c*(b+1) to column 0 and 1 to column 1 of its
+    keys, then c += 1. A block processed twice, lost, or restored from a
+    different epoch than the model changes the result."""
+    name = "oracle"
+    static_keys = True
+    options = [Option("keys", int, 96, "model keys"),
+               Option("sleep", float, 0.0, "seconds of COMP per iteration")]
+
+    def read_input(self, part):
+        for b in part.my_blocks():
+            yield Block(b, {"c": np.ones(1, dtype=np.int64),
+                            "k": block_keys(b, self.opts.keys)})
+
+    def model_spec(self):
+        return ModelSpec(self.opts.keys, 2, dtype="float64")
+
+    def keys(self, blocks):
+        ks = [b["k"] for b in blocks]
+        return np.unique(np.concatenate(ks)) if ks else np.zeros(0, np.int64)
+
+    def compute(self, blocks, keys, rows, step):
+        time.sleep(self.opts.sleep)
+        d = np.zeros((len(keys), 2))
+        for b in blocks:
+            idx = np.searchsorted(keys, b["k"])
+            d[idx, 0] += float(b["c"][0] * (b.id + 1))
+            d[idx, 1] += 1.0
+            b["c"] += 1
+        return d
+
+    def objective(self, blocks, keys, rows):
+        return {"c_sum": float(sum(int(b["c"][0]) - 1 for b in blocks)),
+                "nblocks": float(len(blocks))}
+
+    def model_objective(self, keys, rows):
+        return {"m0": float(((keys + 1) * rows[:, 0]).sum()), "m1": float(rows[:, 1].sum())}
+
+    def metrics(self, s):
+        return {"objective": s.get("m0", 0.0), "m1": s.get("m1", 0.0),
+                "c_sum": s.get("c_sum", 0.0), "nblocks": s.get("nblocks", 0.0)}
+'''
+
+
+def oracle_closed_form(epochs_done: int, blocks: int, keys: int = 96) -> dict:
+    """The oracle app's metrics after ``epochs_done`` epochs (every block
+    processed once per epoch, with c = 1, 2, ...)."""
+    import numpy as np
+    k = np.arange(keys)
+    tri = epochs_done * (epochs_done + 1) // 2
+    m0 = m1 = 0
+    for b in range(blocks):
+        ks = k[(k + b) % 3 == 0]
+        m0 += int((ks + 1).sum()) * (b + 1) * tri
+        m1 += len(ks) * epochs_done
+    return {"objective": float(m0), "m1": float(m1), "c_sum": float(blocks * epochs_done),
+            "nblocks": float(blocks)}

@@ -1,0 +1,211 @@
+"""Shared nothing: jobs resize, move and recover with their blocks streamed
+over ZeroMQ, on local clusters whose daemons cannot see each other's disks.
+
+The correctness oracle is an app whose every push adds known integers
+(exact in float64): after any sequence of resizes, moves and a killed
+worker, every epoch's model must equal the closed form exactly: no update
+lost, none applied twice, and the app state carried in the input blocks
+moved with them.
+"""
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from harmony.client import Client
+from harmony.cluster import LocalCluster, isolation_unavailable
+from harmony.ps.client import PSClient
+from harmony.ps.keymap import block_of
+from harmony.ps.server import ShardServer, ShardTable
+from harmony.store.blocks import export_block
+from harmony.store.transfer import Payload, send_payloads, wait_acks
+from apps_for_tests import ORACLE_APP, oracle_closed_form
+from conftest import NMF_APP, wait_state
+
+ISOLATION = isolation_unavailable()
+BLOCKS = 12
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """3 machines, each daemon in its own mount namespace (master's and the
+    other daemons' state dirs hidden behind an empty tmpfs)."""
+    if ISOLATION:
+        pytest.skip(f"mount namespaces unavailable: {ISOLATION}")
+    cl = LocalCluster(3, str(tmp_path_factory.mktemp("fleet")), port=0, heartbeat_timeout=2.0,
+                      isolate=True)
+    cl.start()
+    yield cl
+    cl.stop()
+
+
+def _oracle(c, tmp_path, epochs, machines=1, sleep=0.05, every=2):
+    return c.submit("oracle.py", ORACLE_APP, ["--max-epochs", str(epochs), "--blocks",
+                                              str(BLOCKS), "--iters-per-epoch", "2",
+                                              "--sleep", str(sleep), "--model-blocks", "32"],
+                    machines=machines, checkpoint_every=every, checkpoint_seconds=0)
+
+
+def _check_exact(st):
+    assert st["state"] == "finished", st.get("error")
+    for i, ep in enumerate(st["epochs"]):
+        assert ep["epoch"] == i
+        want = oracle_closed_form(i + 1, BLOCKS)
+        assert ep["metrics"] == want, (i, ep["metrics"], want)
+
+
+def _wait(c, job, pred, timeout=60):
+    deadline = time.time() + timeout
+    while True:
+        st = c.status(job)
+        if pred(st):
+            return st
+        assert st["state"] not in ("failed", "finished", "cancelled"), st.get("error")
+        assert time.time() < deadline, st
+        time.sleep(0.02)
+
+
+def test_daemons_cannot_see_each_others_disks(fleet):
+    with Client(fleet.endpoint) as c:
+        assert len([w for w in c.cluster()["workers"] if w["alive"]]) == 3
+    # the proof is in /proc: each daemon's mount table hides the others
+    me = fleet.procs[1].pid
+    mounts = open(f"/proc/{me}/mounts").read()
+    for other in ("m1", "m2"):
+        assert os.path.join(fleet.state_dir, "workers", other) in mounts
+    assert os.path.join(fleet.state_dir, "master") in mounts
+    assert os.path.join(fleet.state_dir, "workers", "m0") not in mounts
+
+
+def test_resizes_1_2_3_1_keep_every_update_exactly(fleet, tmp_path):
+    rng = random.Random(11)
+    with Client(fleet.endpoint) as c:
+        job = _oracle(c, tmp_path, epochs=28)
+        at = 1
+        for n in (2, 3, 1):
+            at += rng.randint(1, 4)
+            _wait(c, job, lambda st: st["epochs_total"] >= at)
+            time.sleep(rng.uniform(0, 0.1))          # somewhere inside an epoch
+            assert c.resize(job, n)["state"] == "resizing"
+            st = _wait(c, job, lambda st: st["move"] is None and len(st["workers"]) == n)
+            at = st["epochs_total"]
+        st = wait_state(c, job, ("finished", "failed"), timeout=120)
+    _check_exact(st)
+    moves = [e[2] for e in st["events"] if "now on" in e[2]]
+    assert len(moves) == 3, st["events"]
+    assert st["attempt"] == 1            # no restart: executors that stay keep running
+
+
+def test_a_move_onto_other_machines_and_back(fleet, tmp_path):
+    with Client(fleet.endpoint) as c:
+        job = _oracle(c, tmp_path, epochs=14, machines=2)
+        st = _wait(c, job, lambda st: st["epochs_total"] >= 2 and st["state"] == "running")
+        # 2 -> 2 on another pair: the job scheduler's kind of move
+        c.resize(job, 3)
+        _wait(c, job, lambda st: st["move"] is None and len(st["workers"]) == 3)
+        c.resize(job, 2)
+        st = wait_state(c, job, ("finished", "failed"), timeout=120)
+    _check_exact(st)
+
+
+@pytest.mark.parametrize("seed", [5])
+def test_a_killed_worker_costs_at_most_one_checkpoint_interval(tmp_path, seed):
+    if ISOLATION:
+        pytest.skip(f"mount namespaces unavailable: {ISOLATION}")
+    rng = random.Random(seed)
+    every = 3
+    cl = LocalCluster(3, str(tmp_path / "c"), port=0, heartbeat_timeout=1.5, isolate=True)
+    cl.start()
+    try:
+        with Client(cl.endpoint) as c:
+            job = _oracle(c, tmp_path, epochs=24, machines=2, every=every)
+            kill_at = rng.randint(every + 1, 10)
+            st = _wait(c, job, lambda st: st["epochs_total"] >= kill_at)
+            time.sleep(rng.uniform(0, 0.1))
+            victim = st["workers"][rng.randrange(len(st["workers"]))]
+            done = c.status(job)["epochs_total"]
+            cl.procs[1 + int(victim[1:])].send_signal(signal.SIGKILL)
+            st = wait_state(c, job, ("finished", "failed"), timeout=180)
+            _check_exact(st)
+            requeue = [e[2] for e in st["events"] if "requeued" in e[2]]
+            assert requeue and "lost" in requeue[0], st["events"]
+            restart = int(requeue[0].split("restarts from epoch ")[1].split()[0]) \
+                if "restarts from epoch" in requeue[0] else None
+            resumed = [e[2] for e in st["events"] if "resumes at epoch" in e[2]]
+            assert resumed, st["events"]
+            at = int(resumed[-1].split("resumes at epoch ")[1].rstrip(")"))
+            assert done - at <= every + 1, (done, at, st["events"])   # lost work bounded
+            assert restart is None or restart == at
+    finally:
+        cl.stop()
+
+
+def test_shard_redirects_stale_requests_and_queues_until_data_arrives():
+    """Cruise's ownership-first protocol on two real shards: after the
+    handover the old owner answers with a redirect, and the new owner holds
+    requests for a block until its data has arrived."""
+    ctx = zmq.Context()
+    nblocks, dim = 8, 2
+    keys = np.arange(40, dtype=np.int64)
+    bids = block_of(keys, nblocks)
+    a, b = ShardTable(dim, "float64", None), ShardTable(dim, "float64", None)
+    a.load(keys, np.tile(keys[:, None], (1, dim)).astype(float))   # a owns everything
+    b.load(np.zeros(0, np.int64), np.zeros((0, dim)))
+    sa, sb = ShardServer(ctx, "127.0.0.1", a), ShardServer(ctx, "127.0.0.1", b)
+    sa.start(), sb.start()
+    try:
+        peers = [sa.endpoint, sb.endpoint]
+        old = np.zeros(nblocks, np.int64)
+        client = PSClient(ctx, peers, old, dim, "float64")
+        sa.set_layout(old, 0, peers)
+        np.testing.assert_array_equal(client.pull(keys)[:, 0], keys)
+        new = old.copy()
+        new[4:] = 1                      # blocks 4..7 move to shard b
+        sb.expect(set(range(4, nblocks)))
+        sb.set_layout(new, 1, peers)
+        sa.set_layout(new, 0, peers)     # ownership first ...
+        moving = a.take_blocks(set(range(4, nblocks)), nblocks)
+        # ... a stale client is redirected to b, which holds the request
+        import threading
+        box = {}
+        t = threading.Thread(target=lambda: box.update(rows=client.pull(keys)))
+        t.start()
+        time.sleep(0.3)
+        assert t.is_alive() and client.redirects == 1     # held at the new owner
+        sock = ctx.socket(zmq.DEALER)
+        sock.connect(sb.endpoint)
+        payloads = [Payload("model", bb, export_block(blk)) for bb, blk in moving.items()]
+        send_payloads([sock], "mv:test", payloads)         # ... then the data
+        wait_acks(lambda d: sock, {(0, "model", bb) for bb in moving}, "mv:test", 10)
+        t.join(10)
+        np.testing.assert_array_equal(box["rows"][:, 0], keys)
+        # pushes land exactly once, on the new owner
+        client.push(keys, np.ones((len(keys), dim)))
+        np.testing.assert_array_equal(client.pull(keys)[:, 0], keys + 1)
+        assert set(block_of(b.keys, nblocks)) == set(range(4, nblocks))
+        assert set(block_of(a.keys, nblocks)) == set(range(4)) & set(bids)
+        sock.close(0)
+        client.close()
+    finally:
+        sa.stop(), sb.stop()
+        ctx.term()
+
+
+def test_nmf_widened_by_the_scheduler_on_a_shared_nothing_fleet(fleet, ratings):
+    """The reported failure: a job profiled on one machine and then widened
+    to two read a checkpoint part from another host's disk."""
+    with Client(fleet.endpoint) as c:
+        job = c.submit("nmf.py", NMF_APP.read_text(),
+                       ["--input", ratings, "--max-epochs", "12", "--rank", "6", "--blocks", "8"],
+                       machines=1)
+        _wait(c, job, lambda st: st["epochs_total"] >= 2)
+        c.pause(job)
+        wait_state(c, job, ("paused",))
+        c.resume(job, machines=2)
+        st = wait_state(c, job, ("finished", "failed"), timeout=120)
+    assert st["state"] == "finished", st["error"]
+    assert len(st["workers"]) == 2
