@@ -16,6 +16,7 @@ from pathlib import Path
 from harmony.app import AppError, load_app, option_parser, parse_app_args
 from harmony.client import Client, ClientError, master_address
 from harmony.cluster import ClusterError, LocalCluster, cluster_down, default_state_dir
+from harmony.store import staging
 
 
 def _setup_logging(level: str) -> None:
@@ -376,7 +377,38 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return rc
 
 
+def cmd_data_staged(a: argparse.Namespace) -> int:
+    with Client(a.master) as c:
+        if a.action == "put":
+            name = a.name or os.path.basename(a.file)
+            if not os.path.isfile(a.file):
+                return _die(f"no such file: {a.file}", 2)
+            try:
+                info = c.data_put(a.file, name)
+            except staging.StagingError as exc:
+                return _die(str(exc), 2)
+            print(f"staged {a.file} as harmony://{name} ({info['chunks']} chunk(s), "
+                  f"2 copies each where 2+ workers)")
+        elif a.action == "ls":
+            sets = c.data_list()
+            if a.json:
+                print(json.dumps(sets, indent=2))
+                return 0
+            print(f"{'NAME':24} {'SIZE':>10} {'CHUNKS':>6}  HOLDERS")
+            for d in sets:
+                warn = (f"  ({d['unavailable_chunks']} chunk(s) on no live worker)"
+                        if d["unavailable_chunks"] else "")
+                print(f"{d['name'][:24]:24} {d['size'] / 2**20:>8.1f}Mi {d['chunks']:>6}  "
+                      f"{','.join(d['holders'])}{warn}")
+        else:
+            c.data_rm(a.name)
+            print(f"removed harmony://{a.name}")
+    return 0
+
+
 def cmd_data(a: argparse.Namespace) -> int:
+    if a.action in ("put", "ls", "rm"):
+        return cmd_data_staged(a)
     from harmony.datagen import generators
     try:
         shape = generators()[a.kind].generate(a)
@@ -457,8 +489,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--items", type=int, default=2000)
     s.add_argument("--per-user", type=int, default=40)
     s.add_argument("--epochs", type=int, default=10)
-    s = sub.add_parser("data", help="generate data sets")
+    s = sub.add_parser("data", help="stage input into the cluster; generate data sets")
     dsub = s.add_subparsers(dest="action", required=True)
+    g = with_master(dsub.add_parser("put", help="stage a file on the workers (line-aligned "
+                                                "chunks, two copies each); jobs read it as "
+                                                "--input harmony://NAME"))
+    g.add_argument("file")
+    g.add_argument("--name", default=None, help="data set name (default: the file's name)")
+    g = with_master(dsub.add_parser("ls", help="list staged data sets"))
+    g.add_argument("--json", action="store_true")
+    g = with_master(dsub.add_parser("rm", help="remove a staged data set"))
+    g.add_argument("name")
     g = dsub.add_parser("gen", help="write a synthetic data set")
     gsub = g.add_subparsers(dest="kind", required=True)
     from harmony.datagen import generators

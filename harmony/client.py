@@ -1,6 +1,7 @@
 """Client side of the control plane (used by the CLI and tests)."""
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any
 
@@ -8,6 +9,7 @@ import zmq
 
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import DEFAULT_MASTER, check_endpoint, make_socket
+from harmony.store import staging
 
 
 class ClientError(RuntimeError):
@@ -79,6 +81,34 @@ class Client:
 
     def resume(self, job: str, machines: int | None = None) -> dict:
         return self.request("resume", "ok", job=job, machines=machines).get("info") or {}
+
+    def data_put(self, path: str, name: str, chunk_bytes: int | None = None,
+                 progress=None) -> dict:
+        """Stage a file into the cluster: line-aligned chunks, each stored on
+        two workers (their data services), then recorded by the master."""
+        cb = chunk_bytes or staging.CHUNK_BYTES
+        staging.check_name(name)
+        size = os.path.getsize(path)
+        meta = [(i, first, hashlib.sha256(d).digest(), len(d))
+                for i, first, d in staging.split_lines(path, cb)]
+        holders = self.request("data_plan", "data_placement", name=name, size=size,
+                               chunks=len(meta))["holders"]
+        for (i, first, data), hs in zip(staging.split_lines(path, cb), holders):
+            for _, endpoint in hs:
+                staging.push_chunks(self.ctx, endpoint, name, [(i, data)])
+            if progress is not None:
+                progress(i + 1, len(meta))
+        chunks = [{"i": i, "first_line": first, "sha": sha, "size": n,
+                   "holders": [h[0] for h in hs]}
+                  for (i, first, sha, n), hs in zip(meta, holders)]
+        return self.request("data_commit", "ok", name=name, filename=os.path.basename(path),
+                            size=size, chunks=chunks).get("info") or {}
+
+    def data_list(self) -> list[dict]:
+        return self.request("data_list", "datasets")["datasets"]
+
+    def data_rm(self, name: str) -> dict:
+        return self.request("data_rm", "ok", name=name).get("info") or {}
 
     def resize(self, job: str, machines: int) -> dict:
         return self.request("resize", "ok", job=job, machines=machines).get("info") or {}

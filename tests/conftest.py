@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harmony.client import Client
-from harmony.cluster import LocalCluster
+from harmony.cluster import LocalCluster, isolation_unavailable
 from harmony.datagen import gen_nmf
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,9 +40,16 @@ def ratings(tmp_path_factory) -> str:
     return str(path)
 
 
+# Shared nothing, proved: where mount namespaces are available (root), every
+# worker daemon of a test cluster runs in its own, with the master's and the
+# other daemons' state dirs hidden behind an empty tmpfs.
+ISOLATE = not isolation_unavailable()
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    cl = LocalCluster(2, str(tmp_path_factory.mktemp("cluster")), port=0, heartbeat_timeout=3.0)
+    cl = LocalCluster(2, str(tmp_path_factory.mktemp("cluster")), port=0, heartbeat_timeout=3.0,
+                      isolate=ISOLATE)
     cl.start()
     yield cl
     cl.stop()

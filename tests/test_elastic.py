@@ -24,7 +24,9 @@ from harmony.ps.server import ShardServer, ShardTable
 from harmony.store.blocks import export_block
 from harmony.store.transfer import Payload, send_payloads, wait_acks
 from apps_for_tests import ORACLE_APP, oracle_closed_form
-from conftest import NMF_APP, wait_state
+from conftest import NMF_APP, run_cli, wait_state
+from harmony.app import load_app, run_local
+from harmony.datagen import gen_nmf
 
 ISOLATION = isolation_unavailable()
 BLOCKS = 12
@@ -36,8 +38,10 @@ def fleet(tmp_path_factory):
     other daemons' state dirs hidden behind an empty tmpfs)."""
     if ISOLATION:
         pytest.skip(f"mount namespaces unavailable: {ISOLATION}")
+    operator = tmp_path_factory.mktemp("operator")   # the user's disk: no daemon sees it
     cl = LocalCluster(3, str(tmp_path_factory.mktemp("fleet")), port=0, heartbeat_timeout=2.0,
-                      isolate=True)
+                      isolate=True, hide=[str(operator)])
+    cl.operator = str(operator)
     cl.start()
     yield cl
     cl.stop()
@@ -121,7 +125,10 @@ def test_a_killed_worker_costs_at_most_one_checkpoint_interval(tmp_path, seed):
     cl = LocalCluster(3, str(tmp_path / "c"), port=0, heartbeat_timeout=1.5, isolate=True)
     cl.start()
     try:
+        staged = tmp_path / "in.txt"
+        staged.write_text("".join(f"{i} {i % 7} 1.0\n" for i in range(20000)))
         with Client(cl.endpoint) as c:
+            c.data_put(str(staged), "in", chunk_bytes=16 << 10)
             job = _oracle(c, tmp_path, epochs=24, machines=2, every=every)
             kill_at = rng.randint(every + 1, 10)
             st = _wait(c, job, lambda st: st["epochs_total"] >= kill_at)
@@ -140,6 +147,11 @@ def test_a_killed_worker_costs_at_most_one_checkpoint_interval(tmp_path, seed):
             at = int(resumed[-1].split("resumes at epoch ")[1].rstrip(")"))
             assert done - at <= every + 1, (done, at, st["events"])   # lost work bounded
             assert restart is None or restart == at
+            # the lost machine's staged chunks were copied again: 2 live copies each
+            deadline = time.time() + 30
+            while (d := c.data_list()[0])["min_copies"] < 2 and time.time() < deadline:
+                time.sleep(0.1)
+            assert d["min_copies"] == 2 and victim not in d["holders"], d
     finally:
         cl.stop()
 
@@ -209,3 +221,48 @@ def test_nmf_widened_by_the_scheduler_on_a_shared_nothing_fleet(fleet, ratings):
         st = wait_state(c, job, ("finished", "failed"), timeout=120)
     assert st["state"] == "finished", st["error"]
     assert len(st["workers"]) == 2
+
+
+def test_staged_input_is_read_by_machines_that_cannot_see_the_file(fleet):
+    path = os.path.join(fleet.operator, "ratings.txt")
+    gen_nmf(path, users=800, items=150, rank=4, per_user=15, noise=0.1, seed=5)
+    args = ["--rank", "4", "--blocks", "6", "--max-epochs", "4"]
+    with Client(fleet.endpoint) as c:
+        # the daemons cannot read the operator's file ...
+        job = c.submit("nmf.py", NMF_APP.read_text(), ["--input", path, *args], machines=2)
+        st = wait_state(c, job, ("failed", "finished"))
+        assert st["state"] == "failed" and "ratings.txt" in st["error"]
+        # ... so it is staged: chunks on the workers' own stores, 2 copies each
+        info = c.data_put(path, "ratings", chunk_bytes=32 << 10)
+        assert info["chunks"] > 3
+        ls = {d["name"]: d for d in c.data_list()}
+        assert ls["ratings"]["chunks"] == info["chunks"] and len(ls["ratings"]["holders"]) == 3
+        job = c.submit("nmf.py", NMF_APP.read_text(), ["--input", "harmony://ratings", *args],
+                       machines=1)
+        st = wait_state(c, job, ("failed", "finished"))
+    assert st["state"] == "finished", st["error"]
+    ref = run_local(load_app(NMF_APP.read_text(), "nmf.py"), ["--input", path, *args])
+    assert [e["metrics"]["objective"] for e in st["epochs"]] == \
+        [h["objective"] for h in ref.history]          # the same bytes, bit for bit
+
+
+def test_staging_from_the_cli_and_errors_naming_file_and_line(fleet):
+    path = os.path.join(fleet.operator, "bad.txt")
+    with open(path, "w") as fh:
+        fh.write("1 2 3.0\n" * 500 + "1 2 oops\n" + "3 4 5.0\n" * 10)
+    env = {"HARMONY_MASTER": fleet.endpoint}
+    r = run_cli("data", "put", path, "--name", "bad", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "harmony://bad" in r.stdout
+    r = run_cli("data", "ls", env=env)
+    assert "bad" in r.stdout
+    r = run_cli("submit", str(NMF_APP), "--machines", "2", "--wait", "--input", "harmony://bad",
+                "--max-epochs", "2", env=env, timeout=120)
+    assert r.returncode == 1
+    assert "bad.txt:501" in r.stdout + r.stderr        # the file's name and the bad line
+    r = run_cli("submit", str(NMF_APP), "--input", "harmony://nope", env=env)
+    assert r.returncode == 1 and "no staged data set 'nope'" in r.stderr
+    r = run_cli("data", "rm", "bad", env=env)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("data", "ls", "--json", env=env)
+    assert "bad" not in [d["name"] for d in __import__("json").loads(r.stdout)]

@@ -11,7 +11,7 @@ import psutil
 from harmony.client import Client
 from harmony.cluster import LocalCluster
 from apps_for_tests import TOY_APP
-from conftest import NMF_APP, run_cli, wait_state
+from conftest import ISOLATE, NMF_APP, run_cli, wait_state
 
 
 def _descendants(pids):
@@ -35,7 +35,7 @@ def _wait_gone(pids, timeout=20):
 
 
 def test_master_restart_keeps_jobs_and_requeues_running_ones(tmp_path, ratings):
-    cl = LocalCluster(2, str(tmp_path / "c"), port=0, heartbeat_timeout=3.0)
+    cl = LocalCluster(2, str(tmp_path / "c"), port=0, heartbeat_timeout=3.0, isolate=ISOLATE)
     cl.start()
     try:
         with Client(cl.endpoint) as c:
@@ -138,7 +138,7 @@ def test_second_master_on_same_state_dir_is_refused(tmp_path):
 
 
 def test_lost_worker_is_noticed_and_its_job_moves(tmp_path):
-    cl = LocalCluster(2, str(tmp_path / "c"), port=0, heartbeat_timeout=2.0)
+    cl = LocalCluster(2, str(tmp_path / "c"), port=0, heartbeat_timeout=2.0, isolate=ISOLATE)
     cl.start()
     try:
         with Client(cl.endpoint) as c:

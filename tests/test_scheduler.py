@@ -11,7 +11,7 @@ from harmony.cluster import LocalCluster
 from harmony.master.harmony_policy import harmony
 from harmony.master.policy import ClusterView, JobView, WorkerView
 from apps_for_tests import TOY_APP
-from conftest import wait_state
+from conftest import ISOLATE, wait_state
 
 M2 = tuple(WorkerView(f"m{i}", 1, 1 << 30, 0) for i in range(2))
 M4 = tuple(WorkerView(f"m{i}", 1, 1 << 30, 0) for i in range(4))
@@ -119,7 +119,7 @@ def test_no_regrouping_for_less_than_five_percent():
 @pytest.fixture(scope="module")
 def scluster(tmp_path_factory):
     cl = LocalCluster(2, str(tmp_path_factory.mktemp("sched")), port=0, mode="harmony",
-                      heartbeat_timeout=3.0)
+                      heartbeat_timeout=3.0, isolate=ISOLATE)
     cl.start()
     yield cl
     cl.stop()

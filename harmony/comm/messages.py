@@ -57,7 +57,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     # join: a machine added to a running job (its blocks arrive by migration)
     "launch": {"job": str, "index": int, "count": int, "app_name": str,
                "app_source": str, "args": list, "attempt": int,
-               "resume": (dict, _OPT), "join": (bool, _OPT)},
+               "resume": (dict, _OPT), "join": (bool, _OPT),
+               "datasets": (dict, _OPT)},   # harmony://NAME in args: NAME -> catalog entry
     "kill": {"job": str},
     # drop a job's checkpoints on this machine, all but epoch ``keep``
     "ckpt_gc": {"job": str, "keep": (int, _OPT)},
@@ -124,6 +125,19 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "ckpt_manifest": {"job": str, "epoch": int, "index": int},
     "manifest": {"entries": list, "epoch": int, "iteration": int, "meta": dict},
     "ckpt_fetch": {"mid": str, "job": str, "epoch": int, "index": int, "want": list},
+    # staged input (harmony data put / harmony://NAME)
+    "data_fetch": {"mid": str, "name": str, "chunks": list},
+    "data_plan": {"name": str, "size": int, "chunks": int},
+    "data_placement": {"holders": list},
+    "data_commit": {"name": str, "filename": str, "size": int, "chunks": list},
+    "data_list": {},
+    "datasets": {"datasets": list},
+    "data_rm": {"name": str},
+    "data_gc": {"name": str},     # master -> daemon: drop a data set's chunks
+    # master -> daemon: copy chunks to another worker (a holder was lost); and back
+    "data_copy": {"name": str, "chunks": list, "to": str, "endpoint": str},
+    "data_copied": {"name": str, "chunks": list, "to": str, "ok": bool,
+                    "error": (str, _OPT)},
 }
 
 

@@ -22,6 +22,7 @@ class JobDB:
         self.jobs = self.env.open_db(b"jobs")
         self.meta = self.env.open_db(b"meta")
         self.epochs = self.env.open_db(b"epochs")
+        self.data = self.env.open_db(b"datasets")   # the staged-input catalog
 
     def _write(self, fn) -> None:
         while True:
@@ -67,6 +68,20 @@ class JobDB:
                         job.epochs.append(msgpack.unpackb(e, raw=False))
                 out.append(job)
         return out
+
+    def save_dataset(self, rec: dict) -> None:
+        data = msgpack.packb(rec, use_bin_type=True)
+        self._write(lambda txn: txn.put(rec["name"].encode(), data, db=self.data))
+        self.env.sync(True)
+
+    def drop_dataset(self, name: str) -> None:
+        self._write(lambda txn: txn.delete(name.encode(), db=self.data))
+        self.env.sync(True)
+
+    def load_datasets(self) -> dict[str, dict]:
+        with self.env.begin() as txn:
+            return {k.decode(): msgpack.unpackb(v, raw=False)
+                    for k, v in txn.cursor(db=self.data)}
 
     def close(self) -> None:
         self.env.sync(True)

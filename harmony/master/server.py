@@ -24,6 +24,7 @@ from harmony.comm.zmqutil import make_socket
 from harmony.master import policy as P
 from harmony.master.jobdb import JobDB
 from harmony.master.jobs import MAX_ATTEMPTS, Job, JobState
+from harmony.store import staging
 
 log = logging.getLogger("harmony.master")
 
@@ -125,6 +126,7 @@ class Master:
         self.launch_timeout = launch_timeout
         self.db = JobDB(self.state_dir)
         self.jobs: dict[str, Job] = {j.id: j for j in self.db.load_all()}
+        self.datasets: dict[str, dict] = self.db.load_datasets()
         self.workers: dict[str, Worker] = {}
         self.by_ident: dict[bytes, str] = {}            # daemon ident -> worker name
         self.exec_ident: dict[bytes, tuple[str, int, int]] = {}
@@ -273,6 +275,11 @@ class Master:
             return self._send(ident, M.error("bad_request", "--machines must be in 1..100000"))
         if not all(isinstance(a, str) for a in msg["args"]):
             return self._send(ident, M.error("bad_request", "app args must be strings"))
+        missing = [n for n in staging.refs(msg["args"]) if n not in self.datasets]
+        if missing:
+            return self._send(ident, M.error("unknown_data", f"no staged data set "
+                                                             f"{missing[0]!r} ('harmony data "
+                                                             f"ls' lists them)"))
         every, secs = msg.get("checkpoint_every"), msg.get("checkpoint_seconds")
         if (every is not None and every < 0) or (secs is not None and secs < 0):
             return self._send(ident, M.error("bad_request", "checkpoint intervals must be >= 0"))
@@ -494,6 +501,7 @@ class Master:
             if w.alive and now - w.last_seen > self.heartbeat_timeout:
                 w.alive = False
                 log.warning("worker %s stopped sending heartbeats", w.name)
+                self._rereplicate(w.name)
                 for job in self._jobs_on(w.name):
                     self._retry_or_fail(job, f"worker {w.name} lost (no heartbeat for "
                                              f"{now - w.last_seen:.1f}s)")
@@ -656,11 +664,126 @@ class Master:
             ok = self._send(self.workers[name].ident, M.encode(
                 "launch", job=job.id, index=idx, count=len(machines), app_name=job.app_name,
                 app_source=job.app_source, args=job.args, attempt=job.attempt,
-                resume=resume))
+                resume=resume, datasets=self._datasets_for(job)))
             if not ok:
                 self.workers[name].alive = False
                 self._retry_or_fail(job, f"worker {name} unreachable at launch")
                 return
+
+    def _datasets_for(self, job: Job) -> dict | None:
+        """The catalog entries of the data sets a job reads (harmony://NAME),
+        with the data services of the live machines holding each chunk."""
+        out = {}
+        for name in staging.refs(job.args):
+            rec = self.datasets.get(name)
+            if rec is None:
+                continue     # removed since: the executor fails naming it
+            out[name] = {"name": name, "filename": rec["filename"], "chunks": [
+                {"i": c["i"], "sha": c["sha"], "sources": [
+                    [h, self.workers[h].data_endpoint] for h in c["holders"]
+                    if h in self.workers and self.workers[h].alive]}
+                for c in rec["chunks"]]}
+        return out or None
+
+    # -- staged input ---------------------------------------------------------------
+    def _on_data_plan(self, ident: bytes, msg: M.Message) -> None:
+        try:
+            name = staging.check_name(msg["name"])
+        except staging.StagingError as exc:
+            return self._send(ident, M.error("bad_request", str(exc)))
+        if name in self.datasets:
+            return self._send(ident, M.error("exists", f"data set {name!r} exists; 'harmony "
+                                                       f"data rm {name}' first"))
+        live = sorted((w for w in self.workers.values() if w.alive and w.data_endpoint),
+                      key=lambda w: w.name)
+        if not live:
+            return self._send(ident, M.error("no_workers", "no live worker to hold the data"))
+        n = msg["chunks"]
+        if not 0 <= n <= 1_000_000:
+            return self._send(ident, M.error("bad_request", "chunk count out of range"))
+        holders = []
+        for i in range(n):
+            hs = [live[i % len(live)]] + ([live[(i + 1) % len(live)]] if len(live) > 1 else [])
+            holders.append([[w.name, w.data_endpoint] for w in hs])
+        self._send(ident, M.encode("data_placement", holders=holders))
+
+    def _on_data_commit(self, ident: bytes, msg: M.Message) -> None:
+        try:
+            name = staging.check_name(msg["name"])
+            chunks = [{"i": int(c["i"]), "sha": bytes(c["sha"]), "size": int(c["size"]),
+                       "first_line": int(c["first_line"]),
+                       "holders": [str(h) for h in c["holders"]]} for c in msg["chunks"]]
+        except (staging.StagingError, KeyError, TypeError, ValueError) as exc:
+            return self._send(ident, M.error("bad_request", f"bad data set record: {exc}"))
+        rec = {"name": name, "filename": os.path.basename(msg["filename"]),
+               "size": msg["size"], "chunks": chunks, "created": time.time()}
+        self.datasets[name] = rec
+        self.db.save_dataset(rec)
+        log.info("data set %s staged: %d chunk(s), %d bytes", name, len(chunks), msg["size"])
+        self._send(ident, M.encode("ok", info={"name": name, "chunks": len(chunks)}))
+
+    def _on_data_list(self, ident: bytes, msg: M.Message) -> None:
+        out = []
+        for rec in sorted(self.datasets.values(), key=lambda r: r["name"]):
+            holders = sorted({h for c in rec["chunks"] for h in c["holders"]})
+            alive = {h for h in holders if h in self.workers and self.workers[h].alive}
+            lost = sum(1 for c in rec["chunks"] if not alive & set(c["holders"]))
+            copies = min((len(alive & set(c["holders"])) for c in rec["chunks"]), default=0)
+            out.append({"name": rec["name"], "filename": rec["filename"], "size": rec["size"],
+                        "chunks": len(rec["chunks"]), "holders": holders,
+                        "unavailable_chunks": lost, "min_copies": copies,
+                        "created": rec["created"]})
+        self._send(ident, M.encode("datasets", datasets=out))
+
+    def _rereplicate(self, lost: str) -> None:
+        """A worker holding staged chunks was lost: copy each of its chunks
+        from a live holder to another live worker, so two copies remain."""
+        live = sorted(w.name for w in self.workers.values() if w.alive and w.data_endpoint)
+        for rec in self.datasets.values():
+            plan: dict[tuple[str, str], list[int]] = {}
+            for c in rec["chunks"]:
+                if lost not in c["holders"]:
+                    continue
+                have = [h for h in c["holders"] if h in live]
+                spare = [n for n in live if n not in c["holders"]]
+                if not have or not spare:
+                    continue
+                to = spare[c["i"] % len(spare)]
+                plan.setdefault((have[0], to), []).append(c["i"])
+            for (src, to), chunks in plan.items():
+                self._send(self.workers[src].ident, M.encode(
+                    "data_copy", name=rec["name"], chunks=chunks, to=to,
+                    endpoint=self.workers[to].data_endpoint))
+                log.info("data set %s: copying %d chunk(s) %s -> %s (%s lost)", rec["name"],
+                         len(chunks), src, to, lost)
+
+    def _on_data_copied(self, ident: bytes, msg: M.Message) -> None:
+        if ident not in self.by_ident:
+            return
+        rec = self.datasets.get(msg["name"])
+        if rec is None:
+            return
+        if not msg["ok"]:
+            log.warning("data set %s: re-replication to %s failed: %s", msg["name"], msg["to"],
+                        msg.get("error"))
+            return
+        want = {int(i) for i in msg["chunks"]}
+        for c in rec["chunks"]:
+            if c["i"] in want and msg["to"] not in c["holders"]:
+                c["holders"] = [h for h in c["holders"] if h in self.workers
+                                and self.workers[h].alive] + [msg["to"]]
+        self.db.save_dataset(rec)
+
+    def _on_data_rm(self, ident: bytes, msg: M.Message) -> None:
+        rec = self.datasets.pop(msg["name"], None)
+        if rec is None:
+            return self._send(ident, M.error("unknown_data", f"no data set {msg['name']!r}"))
+        self.db.drop_dataset(rec["name"])
+        gc = M.encode("data_gc", name=rec["name"])
+        for w in self.workers.values():
+            if w.alive:
+                self._send(w.ident, gc)
+        self._send(ident, M.encode("ok", info={"name": rec["name"]}))
 
     def _resume_sources(self, job: Job) -> dict | None:
         """The job's checkpoint as a launch sees it: every part with the data
@@ -942,7 +1065,8 @@ class Master:
         for n in join:
             ok = self._send(self.workers[n].ident, M.encode(
                 "launch", job=job.id, index=to.index(n), count=len(to), app_name=job.app_name,
-                app_source=job.app_source, args=job.args, attempt=run.attempt, join=True))
+                app_source=job.app_source, args=job.args, attempt=run.attempt, join=True,
+                datasets=self._datasets_for(job)))
             if not ok:
                 self._retry_or_fail(job, f"worker {n} unreachable when resizing")
                 return True

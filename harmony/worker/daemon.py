@@ -13,11 +13,13 @@ import ctypes
 import json
 import logging
 import os
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -27,6 +29,7 @@ import zmq
 
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import bind_random, make_socket
+from harmony.store import staging
 from harmony.store.lmdb_store import sweep_stale
 from harmony.worker import jobckpt
 from harmony.worker.dataservice import DataService
@@ -143,6 +146,7 @@ class Daemon:
         self.registered = False
         self.hb_interval = 1.0
         self._stop = False
+        self._outbox: queue.Queue = queue.Queue()   # replies from helper threads
         self._last_send = 0.0
         self._last_ack = time.time()
 
@@ -182,6 +186,9 @@ class Daemon:
                 except zmq.ZMQError as exc:
                     if exc.errno != zmq.EINTR:
                         raise
+                while not self._outbox.empty():
+                    mtype, fields = self._outbox.get_nowait()
+                    self._send(mtype, **fields)
                 now = time.time()
                 if now - self._last_send >= self.hb_interval:
                     self._last_send = now
@@ -258,6 +265,13 @@ class Daemon:
                 self._apply(self.queues.enqueue(sub))
             except QueueError as exc:
                 log.warning("enqueue refused: %s", exc)
+        elif msg.type == "data_copy":
+            threading.Thread(target=self._copy_chunks, args=(dict(msg.fields),),
+                             daemon=True).start()
+        elif msg.type == "data_gc":
+            n = self.data.chunks.remove(msg["name"])
+            shutil.rmtree(os.path.join(self.state_dir, "data", msg["name"]), ignore_errors=True)
+            log.info("dropped data set %s (%d chunk(s) here)", msg["name"], n)
         elif msg.type == "ckpt_gc":
             gone = jobckpt.gc(self.state_dir, msg["job"], msg.get("keep"))
             if gone:
@@ -270,6 +284,18 @@ class Daemon:
                 self._terminate(ep)
         else:
             log.warning("unexpected %s from master", msg.type)
+
+    def _copy_chunks(self, req: dict) -> None:
+        """Re-replicate staged chunks held here to another worker (off the
+        daemon's loop: the reply goes back through ``_outbox``)."""
+        try:
+            chunks = [(int(i), self.data.chunks.get(req["name"], int(i))) for i in req["chunks"]]
+            staging.push_chunks(self.ctx, req["endpoint"], req["name"], chunks)
+            out = {"ok": True}
+        except Exception as exc:
+            out = {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"[:2000]}
+        self._outbox.put(("data_copied", dict(name=req["name"], chunks=req["chunks"],
+                                              to=req["to"], **out)))
 
     def _launch(self, msg: M.Message) -> None:
         job = msg["job"]
@@ -288,6 +314,7 @@ class Daemon:
                 "master": self.master, "host": self.host, "worker": self.name,
                 "daemon": self.xendpoint, "netem": self.netem_path,
                 "resume": msg.get("resume"), "join": bool(msg.get("join")),
+                "datasets": msg.get("datasets"),
                 # the block store: job stores under STATE/store, the budget
                 "state_dir": self.state_dir, "memory": int(self.memory),
                 "memory_set": self.memory_set, "daemon_pid": os.getpid(),

@@ -22,6 +22,7 @@ import zmq
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import bind_random, make_socket
 from harmony.store.checkpoint import CheckpointError, CheckpointStore
+from harmony.store.staging import ChunkStore, StagingError
 from harmony.store.transfer import Assembler, Payload, TransferError, send_payloads
 from harmony.worker import jobckpt
 
@@ -33,6 +34,7 @@ MAX_PENDING_BYTES = 4 << 30    # half-received replicas held at once
 class DataService:
     def __init__(self, ctx: zmq.Context, host: str, state_dir: str) -> None:
         self.state_dir = state_dir
+        self.chunks = ChunkStore(state_dir)      # staged input (harmony data put)
         self.sock = make_socket(ctx, zmq.ROUTER)
         self.sock.setsockopt(zmq.SNDTIMEO, 60_000)
         self.endpoint = bind_random(self.sock, host)
@@ -50,6 +52,7 @@ class DataService:
         self._stop.set()
         self._thread.join(timeout=5)
         self.sock.close(linger=0)
+        self.chunks.close()
 
     def _run(self) -> None:
         poller = zmq.Poller()
@@ -71,7 +74,7 @@ class DataService:
                 continue
             try:
                 self._handle(ident, msg)
-            except (CheckpointError, TransferError, OSError) as exc:
+            except (CheckpointError, TransferError, StagingError, OSError) as exc:
                 log.warning("data service: %s failed: %s", msg.type, exc)
                 if msg.type == "blk_end":
                     self._reply(ident, M.encode("blk_done", mid=msg["mid"], ok=False,
@@ -136,13 +139,29 @@ class DataService:
                 self.incoming.setdefault(mid, {})[(sec, bid)] = data
                 self.received_bytes += len(data)
                 self._reply(ident, M.encode("blk_ack", mid=mid, sec=sec, bid=bid, ok=True))
+        elif msg.type == "data_fetch":
+            payloads = [Payload("data", int(i), self.chunks.get(msg["name"], int(i)))
+                        for i in msg["chunks"]]
+            self.served_bytes += send_payloads([self.sock], msg["mid"], payloads,
+                                               prefix=[ident])
+            self._reply(ident, M.encode("blk_end", mid=msg["mid"], count=len(payloads),
+                                        meta={}))
         elif msg.type == "blk_end":
             mid, meta = msg["mid"], msg["meta"]
             got = self.incoming.pop(mid, {})
             self.asm.drop_transfer(mid)
             if len(got) != msg["count"]:
-                raise TransferError(f"replica {mid}: {len(got)} of {msg['count']} blocks "
+                raise TransferError(f"transfer {mid}: {len(got)} of {msg['count']} blocks "
                                     f"arrived")
+            if meta.get("kind") == "stage":
+                name = str(meta["dataset"])
+                for (_, i), data in sorted(got.items()):
+                    self.chunks.put(name, i, data)
+                log.info("stored %d chunk(s) of data set %s", len(got), name)
+                return self._reply(ident, M.encode("blk_done", mid=mid, ok=True,
+                                                   digest=jobckpt.entries_digest(
+                                                       (s, b, jobckpt.hashlib.sha256(d).digest())
+                                                       for (s, b), d in got.items())))
             job, epoch, index = str(meta["job"]), int(meta["epoch"]), int(meta["index"])
             path = jobckpt.part_dir(self.state_dir, job, epoch, index)
             _, digest = jobckpt.write_payloads(

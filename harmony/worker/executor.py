@@ -39,6 +39,7 @@ from harmony.ps.client import PSClient, PSError
 from harmony.ps.keymap import block_of
 from harmony.ps.server import ShardServer, ShardTable
 from harmony.store.blocks import export_block
+from harmony.store import staging
 from harmony.store.checkpoint import CheckpointError
 from harmony.store.transfer import Payload, TransferError, send_payloads, wait_acks
 from harmony.worker import jobckpt
@@ -159,6 +160,14 @@ class MachineMemory:
         return max(1, min(self.budget, used + int(psutil.virtual_memory().available)))
 
 
+def _subst(arg: str, paths: dict[str, str]) -> str:
+    for name, path in paths.items():
+        url = staging.URL + name
+        if arg == url or arg.endswith("=" + url):
+            return arg[:len(arg) - len(url)] + path
+    return arg
+
+
 def _plain(d: dict) -> dict:
     """App partial sums as msgpack-able floats."""
     out = {}
@@ -251,7 +260,7 @@ class Executor:
         s = self.spec
         try:
             cls = load_app(s["app_source"], s["app_name"])
-            opts = parse_app_args(cls, list(s["args"]))
+            opts = parse_app_args(cls, self._local_inputs(list(s["args"])))
             app: App = cls(opts)
             fixed = disk_ratio(opts)
             if fixed and not opts.spill:
@@ -316,7 +325,8 @@ class Executor:
         except MasterLost as exc:
             log.error("giving up: %s", exc)
             return 4
-        except (AppError, PSError, StoreError, TransferError, CheckpointError) as exc:
+        except (AppError, PSError, StoreError, TransferError, CheckpointError,
+                staging.StagingError) as exc:
             self._fail(str(exc))
             return 1
         except Exception as exc:
@@ -328,6 +338,17 @@ class Executor:
             return 1
         finally:
             self.close()
+
+    def _local_inputs(self, args: list[str]) -> list[str]:
+        """``harmony://NAME`` in the app's options -> this machine's copy of
+        the staged data set (fetched from its holders, verified)."""
+        sets = self.spec.get("datasets") or {}
+        if not sets:
+            return args
+        root = self.spec.get("state_dir") or os.path.join(os.getcwd(), "state")
+        paths = {name: staging.materialize(self.ctx, rec, root, self.spec.get("worker", ""))
+                 for name, rec in sets.items()}
+        return [_subst(a, paths) for a in args]
 
     # -- start, join, resize ----------------------------------------------------------
     MOVE_TIMEOUT_S = 300.0

@@ -1,0 +1,201 @@
+"""Staged input: a file put into the cluster once, as line-aligned chunks
+spread over the workers' LMDB stores with a replica each (``harmony data
+put``), and read by jobs as ``--input harmony://NAME`` on any machine.
+
+No shared file system: the client streams each chunk to its two holders'
+data services over ZeroMQ; an executor that needs the file fetches every
+chunk (from its own machine first, else the other holder), checks each
+chunk's SHA-256 against the master's catalog, and reassembles the file on its
+own machine's disk, where the app reads it as a local file. Lines keep their
+numbers, so parse errors still name the file and the line.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import uuid
+from typing import Iterator
+
+import zmq
+
+from harmony.comm import messages as M
+from harmony.comm.zmqutil import make_socket
+from harmony.store.lmdb_store import LmdbEnv
+from harmony.store.transfer import Assembler, Payload, TransferError, send_payloads, wait_acks
+
+URL = "harmony://"
+CHUNK_BYTES = 4 << 20
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+TIMEOUT_S = 120.0
+
+
+class StagingError(RuntimeError):
+    pass
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.fullmatch(name or ""):
+        raise StagingError(f"bad data set name {name!r}: letters, digits, '.', '_', '-' "
+                           f"(at most 128, not starting with a dot or dash)")
+    return name
+
+
+def refs(args: list[str]) -> list[str]:
+    """Data set names referred to as ``harmony://NAME`` in app options."""
+    out = []
+    for a in args:
+        for part in str(a).split("="):
+            if part.startswith(URL):
+                out.append(part[len(URL):])
+    return out
+
+
+def split_lines(path: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, int, bytes]]:
+    """``(chunk index, first line number (1-based), bytes)``: chunks end at a
+    line end (a line longer than ``chunk_bytes`` is a chunk of its own)."""
+    line, i, data, eof = 1, 0, b"", False
+    with open(path, "rb") as fh:
+        while data or not eof:
+            if not eof and len(data) < chunk_bytes:
+                buf = fh.read(chunk_bytes)
+                eof, data = not buf, data + buf
+                continue
+            cut = len(data)
+            if not eof or len(data) > chunk_bytes:
+                cut = data.rfind(b"\n", 0, chunk_bytes) + 1 or data.find(b"\n", chunk_bytes) + 1
+                if not cut:
+                    if not eof:             # a line longer than what is read yet
+                        buf = fh.read(chunk_bytes)
+                        eof, data = not buf, data + buf
+                        continue
+                    cut = len(data)
+            yield i, line, data[:cut]
+            line += data.count(b"\n", 0, cut)
+            i += 1
+            data = data[cut:]
+
+
+class ChunkStore:
+    """A worker's staged chunks, in one LMDB env on its own disk."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.env = LmdbEnv(os.path.join(state_dir, "staged"), job="staged", sync=True,
+                           map_size=1 << 30)
+        self.db = self.env.db("chunks")
+
+    @staticmethod
+    def _key(name: str, i: int) -> bytes:
+        return f"{name}\0{int(i):08d}".encode()
+
+    def put(self, name: str, i: int, data: bytes) -> None:
+        self.env.write(lambda txn: txn.put(self._key(name, i), data, db=self.db), len(data))
+
+    def get(self, name: str, i: int) -> bytes:
+        data = self.env.read(lambda txn: txn.get(self._key(name, i), db=self.db))
+        if data is None:
+            raise StagingError(f"chunk {i} of data set {name!r} is not on this machine")
+        return bytes(data)
+
+    def remove(self, name: str) -> int:
+        prefix = f"{name}\0".encode()
+
+        def drop(txn):
+            n, cur = 0, txn.cursor(db=self.db)
+            if cur.set_range(prefix):
+                while cur.key().startswith(prefix):
+                    if not cur.delete():
+                        break
+                    n += 1
+            return n
+        return self.env.write(drop, 0)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def push_chunks(ctx: zmq.Context, endpoint: str, name: str,
+                chunks: list[tuple[int, bytes]]) -> None:
+    """Send chunks of data set ``name`` to one holder's data service, which
+    stores them and acknowledges each after checking its SHA-256."""
+    mid = f"stage:{name}:{uuid.uuid4().hex[:8]}"
+    sock = make_socket(ctx, zmq.DEALER)
+    sock.setsockopt(zmq.SNDTIMEO, int(TIMEOUT_S * 1000))
+    try:
+        sock.connect(endpoint)
+        send_payloads([sock], mid, [Payload("data", i, d) for i, d in chunks])
+        wait_acks(lambda d: sock, {(0, "data", i) for i, _ in chunks}, mid, TIMEOUT_S)
+        sock.send(M.encode("blk_end", mid=mid, count=len(chunks),
+                           meta={"kind": "stage", "dataset": name}))
+        if not sock.poll(int(TIMEOUT_S * 1000)):
+            raise StagingError(f"holder {endpoint} did not confirm data set {name!r}")
+        msg = M.decode(sock.recv_multipart())
+        if msg.type != "blk_done" or not msg["ok"]:
+            raise StagingError(f"holder {endpoint}: {msg.get('error') or msg.type}")
+    finally:
+        sock.close(linger=0)
+
+
+def fetch_chunks(ctx: zmq.Context, endpoint: str, name: str, want: dict[int, bytes],
+                 timeout_s: float = TIMEOUT_S) -> dict[int, bytes]:
+    """Chunks ``want`` (index -> SHA-256) of ``name`` from one holder,
+    each checked against its digest."""
+    mid = f"getdata:{name}:{uuid.uuid4().hex[:8]}"
+    sock = make_socket(ctx, zmq.DEALER)
+    try:
+        sock.connect(endpoint)
+        sock.send(M.encode("data_fetch", mid=mid, name=name, chunks=sorted(want)))
+        asm, got = Assembler(), {}
+        while True:
+            if not sock.poll(int(timeout_s * 1000)):
+                raise TransferError(f"holder {endpoint} stopped sending data set {name!r}")
+            msg = M.decode(sock.recv_multipart(copy=False))
+            if msg.type == "error":
+                raise StagingError(f"holder {endpoint}: {msg['message']}")
+            if msg.type == "blk_end":
+                break
+            if msg.type == "blk" and (done := asm.add(msg)) is not None:
+                _, _, i, data = done
+                if hashlib.sha256(data).digest() != want.get(i):
+                    raise StagingError(f"chunk {i} of data set {name!r} from {endpoint} does "
+                                       f"not match the catalog")
+                got[i] = data
+        return got
+    finally:
+        sock.close(linger=0)
+
+
+def materialize(ctx: zmq.Context, record: dict, state_dir: str, me: str = "") -> str:
+    """This machine's copy of a staged data set as a local file (fetched
+    once per machine and content; reused while the catalog entry is the
+    same). Returns its path."""
+    name = check_name(record["name"])
+    digest = hashlib.sha256(b"".join(bytes(c["sha"]) for c in record["chunks"])).hexdigest()
+    d = os.path.join(state_dir, "data", name, digest[:16])
+    path = os.path.join(d, os.path.basename(record.get("filename") or name))
+    if os.path.exists(path):
+        return path
+    os.makedirs(d, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as out:
+            for c in record["chunks"]:
+                errors = []
+                for holder, endpoint in sorted(c["sources"], key=lambda s: s[0] != me):
+                    try:
+                        data = fetch_chunks(ctx, endpoint, name,
+                                            {int(c["i"]): bytes(c["sha"])})[int(c["i"])]
+                        break
+                    except (StagingError, TransferError, M.ProtocolError, KeyError,
+                            zmq.ZMQError) as exc:
+                        errors.append(f"{holder}: {exc}")
+                else:
+                    raise StagingError(f"chunk {c['i']} of data set {name!r} could not be "
+                                       f"read from any holder: "
+                                       + ("; ".join(errors) or "no holder alive"))
+                out.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
