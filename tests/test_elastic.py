@@ -21,7 +21,6 @@ from harmony.cluster import LocalCluster, isolation_unavailable
 from harmony.ps.client import PSClient
 from harmony.ps.keymap import block_of
 from harmony.ps.server import ShardServer, ShardTable
-from harmony.store.blocks import export_block
 from harmony.store.transfer import Payload, send_payloads, wait_acks
 from apps_for_tests import ORACLE_APP, oracle_closed_form
 from conftest import NMF_APP, run_cli, wait_state
@@ -88,7 +87,7 @@ def test_daemons_cannot_see_each_others_disks(fleet):
 def test_resizes_1_2_3_1_keep_every_update_exactly(fleet, tmp_path):
     rng = random.Random(11)
     with Client(fleet.endpoint) as c:
-        job = _oracle(c, tmp_path, epochs=28)
+        job = _oracle(c, tmp_path, epochs=60)
         at = 1
         for n in (2, 3, 1):
             at += rng.randint(1, 4)
@@ -106,7 +105,7 @@ def test_resizes_1_2_3_1_keep_every_update_exactly(fleet, tmp_path):
 
 def test_a_move_onto_other_machines_and_back(fleet, tmp_path):
     with Client(fleet.endpoint) as c:
-        job = _oracle(c, tmp_path, epochs=14, machines=2)
+        job = _oracle(c, tmp_path, epochs=40, machines=2)
         st = _wait(c, job, lambda st: st["epochs_total"] >= 2 and st["state"] == "running")
         # 2 -> 2 on another pair: the job scheduler's kind of move
         c.resize(job, 3)
@@ -190,7 +189,7 @@ def test_shard_redirects_stale_requests_and_queues_until_data_arrives():
         assert t.is_alive() and client.redirects == 1     # held at the new owner
         sock = ctx.socket(zmq.DEALER)
         sock.connect(sb.endpoint)
-        payloads = [Payload("model", bb, export_block(blk)) for bb, blk in moving.items()]
+        payloads = [Payload("model", bb, block=blk) for bb, blk in moving.items()]
         send_payloads([sock], "mv:test", payloads)         # ... then the data
         wait_acks(lambda d: sock, {(0, "model", bb) for bb in moving}, "mv:test", 10)
         t.join(10)

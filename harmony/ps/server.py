@@ -20,7 +20,7 @@ import zmq
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import bind_random, make_socket
 from harmony.ps.keymap import block_of
-from harmony.store.blocks import Block, BlockFormatError, import_block
+from harmony.store.blocks import Block
 from harmony.store.lmdb_store import release_scratch
 from harmony.store.transfer import Assembler, TransferError
 
@@ -50,6 +50,7 @@ class ShardTable:
         self.spills = self.reloads = 0
         self.reload_s = 0.0
         self._chunks = 0
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []   # moved here, not merged
 
     def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
         order = np.argsort(keys, kind="stable")
@@ -63,23 +64,37 @@ class ShardTable:
             self.spilled = False
 
     def add_rows(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        """Merge rows of keys this shard did not hold (a block moved here)."""
+        """Rows of keys this shard did not hold (a block moved here). They
+        are merged into the table at the next :meth:`settle` (once for all
+        the blocks of a move, not once per block)."""
+        rows = np.asarray(rows, dtype=self.dtype)
+        if rows.shape != (len(keys), self.dim):
+            raise ValueError(f"moved rows have shape {rows.shape}, expected "
+                             f"{(len(keys), self.dim)}")
         with self.lock:
-            self._ensure()
-            keys = np.asarray(keys, dtype=np.int64)
-            if len(np.intersect1d(self.keys, keys)):
-                raise ValueError("rows for keys this shard already holds")
-            k = np.concatenate([self.keys, keys])
-            r = np.concatenate([self.rows, np.asarray(rows, dtype=self.dtype)])
-            order = np.argsort(k, kind="stable")
-            self.keys, self.rows = np.ascontiguousarray(k[order]), np.ascontiguousarray(r[order])
-            self.ready = True
+            self._pending.append((np.asarray(keys, dtype=np.int64), rows))
+
+    def settle(self) -> None:
+        """Merge rows added by :meth:`add_rows` (caller holds the lock)."""
+        if not self._pending:
+            return
+        self._ensure()
+        pend, self._pending = self._pending, []
+        k = np.concatenate([self.keys] + [p[0] for p in pend])
+        order = np.argsort(k, kind="stable")
+        k = k[order]
+        if len(k) > 1 and not (np.diff(k) > 0).all():
+            raise ValueError("moved rows for keys this shard already holds")
+        r = np.concatenate([self.rows] + [p[1] for p in pend])
+        self.keys, self.rows = np.ascontiguousarray(k), np.ascontiguousarray(r[order])
+        self.ready = True
 
     def take_blocks(self, blocks: set[int], num_blocks: int) -> dict[int, Block]:
         """Remove the rows of model ``blocks`` (moving away); returns them
         as one Block (keys + rows) per model block."""
         with self.lock:
             self._ensure()
+            self.settle()
             bids = block_of(self.keys, num_blocks)
             out: dict[int, Block] = {}
             gone = np.isin(bids, np.fromiter(blocks, np.int64, len(blocks)))
@@ -256,6 +271,8 @@ class ShardServer:
 
     def end_arrivals(self) -> dict[int, Block]:
         """Stop accepting blocks; hand over the input blocks that came."""
+        with self.table.lock:
+            self.table.settle()
         with self._arrived:
             self.accept_blocks = False
             inputs, self.arrived_inputs = self.arrived_inputs, {}
@@ -272,15 +289,16 @@ class ShardServer:
             done = self._asm.add(msg)
             if done is None:
                 return
-            mid, sec, bid, data = done
-            blk = import_block(data)
+            mid, sec, bid, blk = done
+            if not isinstance(blk, Block):
+                raise TransferError(f"{sec} block {bid} arrived as bytes, not as a block")
             if sec == "model":
                 self.table.add_rows(blk["keys"], blk["rows"])
             elif sec == "input":
                 blk.id = bid
             else:
                 raise TransferError(f"unknown block section {sec!r}")
-        except (TransferError, BlockFormatError, ValueError, KeyError) as exc:
+        except (TransferError, ValueError, KeyError) as exc:
             with self._arrived:
                 self.transfer_error = str(exc)
                 self._arrived.notify_all()
@@ -292,7 +310,7 @@ class ShardServer:
             else:
                 self.arrived_inputs[bid] = blk
             self.arrived_count += 1
-            self.arrived_bytes += len(data)
+            self.arrived_bytes += blk.nbytes
             self._arrived.notify_all()
         self._send(ident, [M.encode("blk_ack", mid=mid, sec=sec, bid=bid, ok=True)])
         if sec == "model" and self._held_requests:
@@ -382,6 +400,9 @@ class ShardServer:
         keys = _frame_array(msg.frames[0], np.dtype(np.int64), (n,))
         if msg.type == "push" and (msg["dim"] != t.dim or len(msg.frames) < 2):
             raise M.ProtocolError(f"push: dim {msg['dim']} != {t.dim} or missing values frame")
+        if t._pending:
+            with t.lock:
+                t.settle()
         try:
             if msg.type == "pull":
                 with t.lock:

@@ -1,30 +1,39 @@
-"""Blocks over ZeroMQ: chunked, windowed by the socket's high-water mark,
-verified end to end.
+"""Blocks over ZeroMQ: chunked, paced by the socket's high-water mark,
+verified chunk by chunk, and zero-copy where the arrays allow.
 
 Every byte that moves between machines (live block migration, checkpoint
-replicas, checkpoint fetches on resume, staged input) moves as *payloads*:
-an exported block or a chunk of a file, named by ``(sec, bid)`` within one
-transfer ``mid``. A payload travels as ``blk`` messages of at most
-``CHUNK_BYTES`` each (the Cruise store streams migrations in chunks too),
-the first carrying the payload's SHA-256. The receiver's :class:`Assembler`
-puts the chunks together, checks the digest, and only then hands the payload
-on; a torn or corrupt payload is never used. A sender keeps at most
-``MAX_OPEN`` payloads open at once, largest first, and interleaves their
-chunks (at most 4 concurrent moves, as in Cruise); ZeroMQ's send high-water
-mark and TCP's flow control pace it, so no per-chunk round trip is paid.
+replicas, checkpoint fetches on resume, staged input) moves as *payloads*
+named ``(sec, bid)`` within one transfer ``mid``. A payload is either a
+:class:`~harmony.store.blocks.Block` (its arrays travel as they lie in
+memory: no export, no join) or opaque bytes (an exported block read from a
+checkpoint, a chunk of a staged file).
+
+On the wire a payload is a run of ``blk`` messages, one per *chunk* of at
+most ``CHUNK_BYTES`` of one array, each with the xxh3-64 digest of its bytes
+(xxhash: ~10x SHA-256's speed, so the check costs little next to the
+copy it replaces). The first carries the payload's header (array names,
+dtypes, shapes). An array that fits in one chunk is taken on the receiving
+side as the ZeroMQ frame itself, without a copy; a larger one is assembled
+in one buffer. A sender keeps at most ``MAX_OPEN`` payloads open at once,
+largest first, and interleaves their chunks (at most 4 concurrent moves, as
+in Cruise); ZeroMQ's high-water mark and TCP pace it, so no per-chunk round
+trip is paid. Checkpoints keep their SHA-256 manifests on top of this.
 """
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
+import msgpack
+import numpy as np
+import xxhash
 import zmq
 
 from harmony.comm import messages as M
+from harmony.store.blocks import Block
 
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 8 << 20
 MAX_OPEN = 4
 SEND_TIMEOUT_MS = 60_000
 
@@ -33,36 +42,53 @@ class TransferError(RuntimeError):
     """A payload could not be sent, or arrived torn or corrupt."""
 
 
+def chunk_digest(buf) -> int:
+    return xxhash.xxh3_64_intdigest(buf)
+
+
 @dataclass
 class Payload:
-    sec: str          # "model", "input", "data", ...
+    sec: str                      # "model", "input", "data", ...
     bid: int
-    data: bytes | memoryview
-    dest: int = 0     # index of the destination socket (sender side)
+    data: bytes | memoryview | None = None    # opaque bytes, or
+    block: Block | None = None                # a block, sent array by array
+    dest: int = 0                 # index of the destination socket (sender side)
+
+    def __post_init__(self) -> None:
+        if (self.data is None) == (self.block is None):
+            raise ValueError("a payload is either bytes or a block")
 
     @property
     def size(self) -> int:
-        return len(self.data)
+        return len(self.data) if self.block is None else self.block.nbytes
+
+    def parts(self) -> tuple[dict, list[memoryview]]:
+        if self.block is None:
+            return {"raw": True}, [memoryview(self.data).cast("B")]
+        arrays = [(n, np.ascontiguousarray(a)) for n, a in self.block.arrays.items()]
+        head = {"id": int(self.block.id),
+                "arrays": [[n, a.dtype.str, list(a.shape)] for n, a in arrays]}
+        return head, [memoryview(a.reshape(-1).view(np.uint8)) if a.size else memoryview(b"")
+                      for _, a in arrays]
 
 
-def digest(data: bytes | memoryview) -> bytes:
-    return hashlib.sha256(data).digest()
-
-
-def chunk_messages(mid: str, p: Payload, chunk: int = CHUNK_BYTES):
+def chunk_messages(mid: str, p: Payload, chunk: int = CHUNK_BYTES
+                   ) -> Iterator[tuple[bytes, memoryview]]:
     """The ``blk`` messages of one payload: (header, data frame) pairs."""
-    mv = memoryview(p.data).cast("B")
-    total = len(mv)
-    sha = digest(mv)
-    off = 0
-    while True:
-        end = min(total, off + chunk)
-        head = M.encode("blk", mid=mid, sec=p.sec, bid=int(p.bid), off=off, total=total,
-                        sha=sha if off == 0 else None)
-        yield head, mv[off:end]
-        off = end
-        if off >= total:
-            return
+    head, bufs = p.parts()
+    packed = msgpack.packb(head, use_bin_type=True)
+    first = True
+    for ai, buf in enumerate(bufs):
+        size, off = len(buf), 0
+        while True:
+            piece = buf[off:off + chunk]
+            yield M.encode("blk", mid=mid, sec=p.sec, bid=int(p.bid), arr=ai, narr=len(bufs),
+                           off=off, size=size, h=chunk_digest(piece),
+                           head=packed if first else None), piece
+            first = False
+            off += len(piece)
+            if off >= size:
+                break
 
 
 def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload], *,
@@ -74,13 +100,13 @@ def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload]
     ROUTER's peer identity) go before each message. ``throttle(dest, n)``
     is called per chunk (network emulation). Returns the bytes sent."""
     todo = sorted(payloads, key=lambda p: p.size, reverse=True)
-    open_: list[tuple[Payload, object]] = []
+    open_: list[tuple[Payload, Iterator]] = []
     sent = 0
     pre = list(prefix or [])
     while todo or open_:
         while todo and len(open_) < max_open:
             p = todo.pop(0)
-            open_.append((p, iter(chunk_messages(mid, p, chunk))))
+            open_.append((p, chunk_messages(mid, p, chunk)))
         for item in list(open_):
             p, it = item
             nxt = next(it, None)
@@ -88,7 +114,7 @@ def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload]
                 open_.remove(item)
                 continue
             head, data = nxt
-            if throttle is not None:
+            if throttle is not None and len(data):
                 throttle(p.dest, len(data))
             sock = socks[p.dest]
             try:
@@ -104,9 +130,12 @@ def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload]
 
 @dataclass
 class _Partial:
-    buf: bytearray
-    sha: bytes | None
+    head: dict
+    narr: int
+    arrays: list = field(default_factory=list)     # finished buffers, in order
+    buf: np.ndarray | None = None                  # the array being assembled
     got: int = 0
+    held: int = 0
     started: float = field(default_factory=time.monotonic)
 
 
@@ -121,44 +150,86 @@ class Assembler:
         self.partial: dict[tuple[str, str, int], _Partial] = {}
         self.held = 0
 
-    def add(self, msg: M.Message) -> tuple[str, str, int, bytes] | None:
+    def add(self, msg: M.Message) -> tuple[str, str, int, "Block | bytes"] | None:
         """Take one ``blk`` message; return ``(mid, sec, bid, payload)`` when
-        the payload is complete and verified, else None. Raises
-        :class:`TransferError` for a bad or corrupt payload (and forgets it)."""
+        the payload is complete (a Block, or bytes for opaque payloads),
+        else None. Raises :class:`TransferError` for a bad or corrupt chunk
+        (and forgets the payload)."""
         key = (msg["mid"], msg["sec"], int(msg["bid"]))
-        total, off = int(msg["total"]), int(msg["off"])
         if not msg.frames:
             raise TransferError(f"transfer {key[0]}: chunk without data")
         fr = msg.frames[0]
         data = fr.buffer if hasattr(fr, "buffer") else memoryview(fr)
+        if chunk_digest(data) != msg["h"]:
+            self.forget(key)
+            raise TransferError(f"transfer {key[0]}: {key[1]} block {key[2]} arrived corrupt "
+                                f"(chunk digest mismatch)")
         part = self.partial.get(key)
+        ai, off, size = int(msg["arr"]), int(msg["off"]), int(msg["size"])
         if part is None:
-            if off != 0 or msg.get("sha") is None:
+            if msg.get("head") is None or ai != 0 or off != 0:
                 raise TransferError(f"transfer {key[0]}: {key[1]} block {key[2]} does not "
                                     f"start with its first chunk")
-            if total < 0 or self.held + total > self.max_bytes:
-                raise TransferError(f"transfer {key[0]}: {total} bytes would exceed the "
-                                    f"receive limit of {self.max_bytes} bytes")
-            part = self.partial[key] = _Partial(bytearray(total), bytes(msg["sha"]))
-            self.held += total
-        if len(part.buf) != total or off != part.got or off + len(data) > total:
+            try:
+                head = msgpack.unpackb(msg["head"], raw=False)
+            except Exception as exc:
+                raise TransferError(f"transfer {key[0]}: bad payload header: {exc}") from None
+            part = self.partial[key] = _Partial(head, int(msg["narr"]))
+        if ai != len(part.arrays) or off != part.got or off + len(data) > size \
+                or size < 0 or ai >= part.narr:
             self.forget(key)
-            raise TransferError(f"transfer {key[0]}: {key[1]} block {key[2]}: chunk at "
-                                f"{off} out of order or past its size")
-        part.buf[off:off + len(data)] = data
-        part.got += len(data)
-        if part.got < total:
+            raise TransferError(f"transfer {key[0]}: {key[1]} block {key[2]}: chunk "
+                                f"{ai}@{off} out of order or past its size")
+        if off == 0 and len(data) == size:
+            part.arrays.append(data)            # the frame itself: no copy
+        else:
+            if off == 0:
+                if self.held + size > self.max_bytes:
+                    self.forget(key)
+                    raise TransferError(f"transfer {key[0]}: {size} bytes would exceed the "
+                                        f"receive limit of {self.max_bytes} bytes")
+                part.buf = np.empty(size, dtype=np.uint8)
+                part.held = size
+                self.held += size
+            part.buf[off:off + len(data)] = np.frombuffer(data, dtype=np.uint8)
+            part.got = off + len(data)
+            if part.got < size:
+                return None
+            part.arrays.append(part.buf)
+            self.held -= part.held
+            part.buf, part.held = None, 0
+        part.got = 0
+        if len(part.arrays) < part.narr:
             return None
-        self.forget(key)
-        if digest(part.buf) != part.sha:
-            raise TransferError(f"transfer {key[0]}: {key[1]} block {key[2]} arrived "
-                                f"corrupt (SHA-256 mismatch)")
-        return key[0], key[1], key[2], bytes(part.buf)
+        del self.partial[key]
+        return key[0], key[1], key[2], self._build(key, part)
+
+    @staticmethod
+    def _build(key, part: _Partial):
+        if part.head.get("raw"):
+            buf = part.arrays[0]
+            return bytes(buf) if not isinstance(buf, np.ndarray) else buf.tobytes()
+        arrays = {}
+        meta = part.head.get("arrays", [])
+        if len(meta) != len(part.arrays):
+            raise TransferError(f"transfer {key[0]}: header names {len(meta)} arrays, "
+                                f"{len(part.arrays)} arrived")
+        for (name, dtype, shape), buf in zip(meta, part.arrays):
+            try:
+                arr = np.frombuffer(buf, dtype=np.dtype(dtype)).reshape(shape)
+            except (TypeError, ValueError) as exc:
+                raise TransferError(f"transfer {key[0]}: array {name!r}: {exc}") from None
+            if not arr.flags.writeable and key[1] != "model":
+                # a frame is read-only; app state in input blocks is changed
+                # in place. (Model rows are merged into the shard: a copy there.)
+                arr = arr.copy()
+            arrays[name] = arr
+        return Block(int(part.head.get("id", key[2])), arrays)
 
     def forget(self, key: tuple[str, str, int]) -> None:
         part = self.partial.pop(key, None)
         if part is not None:
-            self.held -= len(part.buf)
+            self.held -= part.held
 
     def drop_transfer(self, mid: str) -> None:
         for key in [k for k in self.partial if k[0] == mid]:

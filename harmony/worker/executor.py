@@ -38,7 +38,6 @@ from harmony.comm.zmqutil import make_socket
 from harmony.ps.client import PSClient, PSError
 from harmony.ps.keymap import block_of
 from harmony.ps.server import ShardServer, ShardTable
-from harmony.store.blocks import export_block
 from harmony.store import staging
 from harmony.store.checkpoint import CheckpointError
 from harmony.store.transfer import Payload, TransferError, send_payloads, wait_acks
@@ -439,14 +438,14 @@ class Executor:
         # ownership first: from here on this shard redirects what it gave away
         self.server.set_layout(new_owner, me, m["peers"])
         sends = [(str(sec), int(b), int(d)) for sec, b, d in m["sends"]]
-        payloads = [Payload("model", b, export_block(blk), dest=dict(
+        payloads = [Payload("model", b, block=blk, dest=dict(
                         ((x[1], x[2]) for x in sends if x[0] == "model"))[b])
                     for b, blk in table.take_blocks(
                         {b for sec, b, _ in sends if sec == "model"}, nblocks).items()]
         in_dest = {b: d for sec, b, d in sends if sec == "input"}
         if in_dest:
             for blk in inp.iter_blocks(sorted(in_dest)):
-                payloads.append(Payload("input", blk.id, export_block(blk), dest=in_dest[blk.id]))
+                payloads.append(Payload("input", blk.id, block=blk, dest=in_dest[blk.id]))
             for b in in_dest:
                 inp.remove(b)
         peers = m["peers"]

@@ -1,0 +1,298 @@
+"""Block migration over ZeroMQ, measured side by side with raw pyzmq.
+
+Four measurements, each printed as a ratio taken in one run:
+
+1. **Throughput against raw pyzmq.** Two processes (a sender, and a
+   receiver holding a real PS shard): a job's model rows and input blocks of
+   16, 128 and 512 MiB move from the sender to the shard with Harmony's
+   block transfer (export, chunks, SHA-256, the shard's assembly and merge,
+   acknowledgements), and the same bytes move as raw 1 MiB pyzmq frames
+   between the same two processes. Ratio = Harmony bytes/s / raw bytes/s
+   (goal >= 0.7).
+2. **Under a bandwidth cap** (the local cluster's network emulation, e.g.
+   100 MB/s): ratio of Harmony's bytes/s to the cap (goal >= 0.85).
+3. **Stand-still of a 1 -> 2 resize** on a 2-machine local cluster with the
+   cap: how long the job's iterations stand still (the master's measure,
+   from the epoch boundary to the new layout) against the time its moved
+   bytes alone need at the cap (goal <= that + 1 s).
+4. **Recovery**: a worker killed (SIGKILL) mid-run; epochs redone against
+   the checkpoint interval (goal <= the interval).
+
+    python bench/migration.py [--sizes 16,128,512] [--cap 100MB/s] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import tempfile
+import time
+
+import numpy as np
+import zmq
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from harmony.client import Client  # noqa: E402
+from harmony.cluster import LocalCluster  # noqa: E402
+from harmony.ps.server import ShardServer, ShardTable  # noqa: E402
+from harmony.store.blocks import Block  # noqa: E402
+from harmony.store.transfer import CHUNK_BYTES, Payload, send_payloads, wait_acks  # noqa: E402
+from harmony.worker.netem import NetEm, parse_rate  # noqa: E402
+
+DIM = 64
+BLOCK_MB = 4
+
+
+def _receiver(q: mp.Queue, stop: mp.Event) -> None:
+    """A real shard (blocks merge into its table) and a raw sink."""
+    ctx = zmq.Context()
+    table = ShardTable(DIM, "float32", None)
+    table.load(np.zeros(0, np.int64), np.zeros((0, DIM), np.float32))
+    server = ShardServer(ctx, "127.0.0.1", table)
+    server.start()
+    sink = ctx.socket(zmq.ROUTER)
+    sink_ep = f"tcp://127.0.0.1:{sink.bind_to_random_port('tcp://127.0.0.1')}"
+    q.put((server.endpoint, sink_ep))
+    poller = zmq.Poller()
+    poller.register(sink, zmq.POLLIN)
+    got = 0
+    while not stop.is_set():
+        if not poller.poll(100):
+            continue
+        frames = sink.recv_multipart(copy=False)
+        if len(frames) == 2 and frames[1].bytes == b"reset":
+            got = 0
+            table.load(np.zeros(0, np.int64), np.zeros((0, DIM), np.float32))
+            server.expect(set(range(1 << 20)))
+            sink.send_multipart([frames[0], b"ok"])
+        elif len(frames) == 2 and frames[1].bytes == b"done?":
+            sink.send_multipart([frames[0], str(got).encode()])
+        elif len(frames) == 2 and frames[1].bytes == b"settle":
+            server.end_arrivals()      # the moved rows merge into the table
+            sink.send_multipart([frames[0], str(len(table.keys)).encode()])
+        else:
+            got += sum(len(f.buffer) for f in frames[1:])
+    server.stop()
+    sink.close(0)
+    ctx.term()
+
+
+def _payloads(total_mb: int) -> list[Payload]:
+    """Half model blocks (keys + rows), half input blocks (app arrays)."""
+    rng = np.random.default_rng(0)
+    out = []
+    per = BLOCK_MB * 2**20
+    n = max(2, total_mb // BLOCK_MB)
+    key0 = 0
+    for b in range(n):
+        if b % 2 == 0:
+            rows = per // (4 * DIM + 8)
+            blk = Block(b, {"keys": np.arange(key0, key0 + rows, dtype=np.int64),
+                            "rows": rng.random((rows, DIM), dtype=np.float32)})
+            key0 += rows
+            out.append(Payload("model", b, block=blk))
+        else:
+            blk = Block(b, {"x": rng.random(per // 8), "c": np.zeros(16)})
+            out.append(Payload("input", b, block=blk))
+    return out
+
+
+def transfer_run(sizes: list[int], cap: float | None, rounds: int) -> list[dict]:
+    q, stop = mp.Queue(), mp.Event()
+    proc = mp.Process(target=_receiver, args=(q, stop), daemon=True)
+    proc.start()
+    shard_ep, sink_ep = q.get(timeout=30)
+    ctx = zmq.Context()
+    ctl = ctx.socket(zmq.DEALER)
+    ctl.connect(sink_ep)
+    shard = ctx.socket(zmq.DEALER)
+    shard.connect(shard_ep)
+    netem = None
+    if cap:
+        tmp = tempfile.mkdtemp()
+        netem = NetEm.create(os.path.join(tmp, "netem.bin"), ["a", "b"], cap)
+    results = []
+    try:
+        for mb in sizes:
+            payloads = _payloads(mb)
+            nbytes = sum(p.size for p in payloads)
+            frames = [buf[o:o + CHUNK_BYTES] for p in payloads for buf in p.parts()[1]
+                      for o in range(0, len(buf), CHUNK_BYTES)]
+            best = {"harmony": [], "raw": []}
+            for _ in range(rounds):
+                ctl.send(b"reset")
+                ctl.recv()
+                # raw pyzmq: the same bytes, the same chunking, no protocol
+                t0 = time.perf_counter()
+                for f in frames:
+                    if netem is not None:
+                        netem.transfer("a", "b", len(f))
+                    ctl.send(f, copy=False)
+                while True:
+                    ctl.send(b"done?")
+                    if int(ctl.recv()) >= nbytes:
+                        break
+                best["raw"].append(nbytes / (time.perf_counter() - t0))
+                # Harmony's block transfer into the shard
+                ctl.send(b"reset")
+                ctl.recv()
+                t0 = time.perf_counter()
+                throttle = (lambda d, n: netem.transfer("a", "b", n)) if netem else None
+                mid = f"bench:{mb}:{time.time()}"
+                send_payloads([shard], mid, payloads, throttle=throttle)
+                wait_acks(lambda d: shard, {(0, p.sec, p.bid) for p in payloads}, mid, 300)
+                ctl.send(b"settle")
+                ctl.recv()
+                best["harmony"].append(nbytes / (time.perf_counter() - t0))
+            h, r = float(np.median(best["harmony"])), float(np.median(best["raw"]))
+            row = {"mib": mb, "bytes": nbytes, "harmony_MBps": h / 1e6, "raw_MBps": r / 1e6,
+                   "ratio_raw": h / r}
+            if cap:
+                row["cap_MBps"] = cap / 1e6
+                row["ratio_cap"] = h / cap
+            results.append(row)
+            print(f"  {mb:4d} MiB: harmony {h / 1e6:8.1f} MB/s, raw pyzmq {r / 1e6:8.1f} MB/s, "
+                  f"ratio {h / r:.2f}" + (f", vs cap {h / cap:.2f}" if cap else ""), flush=True)
+    finally:
+        stop.set()
+        proc.join(10)
+        ctl.close(0)
+        shard.close(0)
+        ctx.term()
+        if netem is not None:
+            netem.close()
+    return results
+
+
+BULK = '''
+import numpy as np
+from harmony.app import App, ModelSpec, Option
+from harmony.store.blocks import Block
+
+
+class Bulk(App):
+    """Input blocks of block_mb MiB with a mutable counter each; a model of
+    keys x dim floats; light compute."""
+    name = "bulk"
+    static_keys = True
+    options = [Option("block_mb", float, 4.0, ""), Option("keys", int, 20000, ""),
+               Option("dim", int, 64, "")]
+
+    def read_input(self, part):
+        n = int(self.opts.block_mb * 2**20 / 8)
+        for b in part.my_blocks():
+            yield Block(b, {"x": np.random.default_rng([1, b]).random(n), "c": np.zeros(1)})
+
+    def model_spec(self):
+        return ModelSpec(self.opts.keys, self.opts.dim)
+
+    def keys(self, blocks):
+        return np.arange(0, self.opts.keys, 97, dtype=np.int64)
+
+    def compute(self, blocks, keys, rows, step):
+        for b in blocks:
+            b["c"] += 1
+        return np.full(rows.shape, 0.001, dtype=np.float32)
+
+    def objective(self, blocks, keys, rows):
+        return {"objective": float(sum(b["c"][0] for b in blocks))}
+'''
+
+
+def resize_run(cap: float, input_mb: int, tmp: str) -> dict:
+    app = os.path.join(tmp, "bulk.py")
+    with open(app, "w") as fh:
+        fh.write(BULK)
+    cl = LocalCluster(2, os.path.join(tmp, "rc"), port=0, net_bandwidth=cap)
+    cl.start()
+    try:
+        with Client(cl.endpoint) as c:
+            blocks = max(2, input_mb // 4)
+            job = c.submit("bulk.py", open(app).read(), ["--blocks", str(blocks),
+                                                          "--max-epochs", "60"], machines=1)
+            while c.status(job)["epochs_total"] < 3:
+                time.sleep(0.05)
+            c.resize(job, 2)
+            while True:
+                st = c.status(job)
+                note = [e[2] for e in st["events"] if "iterations stood" in e[2]]
+                if note or st["state"] in ("failed", "finished"):
+                    break
+                time.sleep(0.05)
+            c.cancel(job)
+    finally:
+        cl.stop()
+    if not note:
+        raise RuntimeError(f"resize did not complete: {st.get('error')}")
+    moved = float(note[0].split(" MiB moved")[0].split(", ")[-1]) * 2**20
+    stood = float(note[0].split("iterations stood ")[1].split("s)")[0])
+    need = moved / cap
+    return {"moved_MiB": moved / 2**20, "stood_s": stood, "bytes_at_cap_s": need,
+            "over_s": stood - need}
+
+
+def recovery_run(tmp: str, every: int = 3) -> dict:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from apps_for_tests import ORACLE_APP
+    cl = LocalCluster(3, os.path.join(tmp, "kc"), port=0, heartbeat_timeout=1.5)
+    cl.start()
+    try:
+        with Client(cl.endpoint) as c:
+            job = c.submit("oracle.py", ORACLE_APP, ["--max-epochs", "30", "--blocks", "12",
+                                                     "--sleep", "0.05"], machines=2,
+                           checkpoint_every=every, checkpoint_seconds=0)
+            while c.status(job)["epochs_total"] < 8:
+                time.sleep(0.02)
+            st = c.status(job)
+            done = st["epochs_total"]
+            cl.procs[1 + int(st["workers"][-1][1:])].send_signal(signal.SIGKILL)
+            while (st := c.status(job))["state"] not in ("finished", "failed"):
+                time.sleep(0.1)
+    finally:
+        cl.stop()
+    at = [int(e[2].split("resumes at epoch ")[1].rstrip(")")) for e in st["events"]
+          if "resumes at epoch" in e[2]]
+    return {"state": st["state"], "epochs_done_at_kill": done, "resumed_at": at[-1] if at else 0,
+            "redone": done - (at[-1] if at else 0), "interval": every}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="16,128,512")
+    ap.add_argument("--cap", default="100MB/s")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--resize-mb", type=int, default=128)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    sizes = [int(x) for x in a.sizes.split(",")]
+    cap = parse_rate(a.cap)
+    out = {}
+    print("1. block transfer vs raw pyzmq (loopback, no cap), medians of "
+          f"{a.rounds} rounds:", flush=True)
+    out["raw"] = transfer_run(sizes, None, a.rounds)
+    print(f"2. under a cap of {cap / 1e6:.0f} MB/s:", flush=True)
+    out["cap"] = transfer_run([s for s in sizes if s <= 128], cap, 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        print(f"3. 1 -> 2 resize of a job with {a.resize_mb} MiB of input, cap "
+              f"{cap / 1e6:.0f} MB/s:", flush=True)
+        r = out["resize"] = resize_run(cap, a.resize_mb, tmp)
+        print(f"   moved {r['moved_MiB']:.1f} MiB; iterations stood {r['stood_s']:.2f}s; the "
+              f"bytes alone need {r['bytes_at_cap_s']:.2f}s at the cap: +{r['over_s']:.2f}s",
+              flush=True)
+        print("4. recovery after kill -9 of a worker (checkpoint every 3 epochs):", flush=True)
+        r = out["recovery"] = recovery_run(tmp)
+        print(f"   {r['state']}: killed after {r['epochs_done_at_kill']} epochs, resumed at "
+              f"epoch {r['resumed_at']}: {r['redone']} epoch(s) redone (interval "
+              f"{r['interval']})", flush=True)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(out, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
