@@ -312,7 +312,7 @@ def cmd_cluster(a: argparse.Namespace) -> int:
                           policy=a.policy,
                           cpus_per_machine=a.cpus_per_machine, net_bandwidth=a.net_bandwidth,
                           memory_per_machine=a.memory_per_machine, preempt=a.preempt,
-                          max_jobs_per_machine=a.max_jobs_per_machine)
+                          max_jobs_per_machine=a.max_jobs_per_machine, isolate=a.isolate)
     except (ClusterError, ValueError) as exc:
         return _die(str(exc), 2)
     try:
@@ -483,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="harmony mode: never stop a long COMP while a much shorter one runs")
     s.add_argument("--max-jobs-per-machine", type=int, default=0,
                    help="colocate policy: at most this many jobs share a machine (0: no limit)")
+    s.add_argument("--isolate", action="store_true",
+                   help="shared nothing, emulated: each worker in its own mount namespace, "
+                        "unable to see the master's or other workers' state dirs (root)")
     s = sub.add_parser("demo", help="NMF on generated data on a local cluster")
     s.add_argument("--machines", type=int, default=2)
     s.add_argument("--users", type=int, default=20000)
