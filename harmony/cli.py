@@ -240,8 +240,8 @@ def cmd_status(a: argparse.Namespace) -> int:
     mv = st.get("move")
     if mv:
         print(f"move       {', '.join(mv['from'])} -> {', '.join(mv['to'])}: {mv['state']}"
-              + (f", {mv['blocks']} block(s), {mv.get('bytes_moved', 0) / 2**20:.1f} MiB sent"
-                 if mv.get("blocks") else ""))
+              + (f", {mv.get('blocks_moved', 0)} of {mv['blocks']} block(s), "
+                 f"{mv.get('bytes_moved', 0) / 2**20:.1f} MiB sent" if mv.get("blocks") else ""))
     if st.get("error"):
         print(f"error      {st['error']}")
     for machine, ms in sorted((st.get("store") or {}).items()):

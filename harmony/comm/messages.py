@@ -90,6 +90,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "at_boundary": {"job": str, "index": int, "epoch": int, "seq": int, "inputs": list},
     "migrated": {"job": str, "index": int, "bytes_out": int, "bytes_in": int,
                  "seconds": _NUM},
+    "migrating": {"job": str, "index": int, "bytes_out": int, "blocks_out": int},
     "ping": {"job": str, "index": int},
     "pong": {},
     # master -> job executor

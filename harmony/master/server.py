@@ -59,6 +59,8 @@ class Reconfig:
     idents: dict[str, bytes] = field(default_factory=dict)   # joiner -> identity
     boundary: dict[int, dict] = field(default_factory=dict)  # old index -> at_boundary
     migrated: dict[bytes, dict] = field(default_factory=dict)
+    progress: dict[bytes, tuple[int, int]] = field(default_factory=dict)   # bytes, blocks out
+    sends: dict[bytes, list] = field(default_factory=dict)                # ident -> its moves
     planned: bool = False
     owner: list[int] = field(default_factory=list)
     blocks: int = 0
@@ -1164,6 +1166,7 @@ class Master:
                       seq=seq, epoch=epoch, replicas=replicas,
                       mode="queued" if self.queued else "free")
         for i in range(len(old)):
+            rc.sends[run.idents[i]] = sends[i]
             self._send(run.idents[i], M.encode("migrate", index=remap[i], sends=sends[i],
                                                expect=expect[remap[i]] if remap[i] >= 0 else 0,
                                                **common))
@@ -1173,6 +1176,15 @@ class Master:
                                               **common))
         log.info("%s: moving %d block(s) after epoch %d: %s -> %s", job.id, rc.blocks, epoch,
                  old, to)
+
+    def _on_migrating(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None or jr[1].reconfig is None or jr[0].move is None:
+            return
+        rc = jr[1].reconfig
+        rc.progress[ident] = (msg["bytes_out"], msg["blocks_out"])
+        jr[0].move["bytes_moved"] = int(sum(b for b, _ in rc.progress.values()))
+        jr[0].move["blocks_moved"] = int(sum(n for _, n in rc.progress.values()))
 
     def _on_migrated(self, ident: bytes, msg: M.Message) -> None:
         jr = self._exec_run(ident, msg)
@@ -1184,8 +1196,9 @@ class Master:
             return self._end(job, JobState.FAILED, "an executor reported a move that was "
                                                    "not planned")
         rc.migrated[ident] = dict(msg.fields)
-        job.move["blocks_moved"] = job.move.get("blocks_moved", 0)
-        job.move["bytes_moved"] = int(sum(m["bytes_out"] for m in rc.migrated.values()))
+        rc.progress[ident] = (msg["bytes_out"], len(rc.sends.get(ident, ())))
+        job.move["bytes_moved"] = int(sum(b for b, _ in rc.progress.values()))
+        job.move["blocks_moved"] = int(sum(n for _, n in rc.progress.values()))
         if len(rc.migrated) < len(job.workers) + len(rc.join):
             return
         self._commit_resize(job, run)

@@ -223,6 +223,7 @@ class ShardServer:
         self._asm = Assembler()
         self._arrived = threading.Condition()
         self.arrived_inputs: dict[int, Block] = {}
+        self._arrived_model: set[int] = set()
         self.arrived_count = 0
         self.arrived_bytes = 0
         self.transfer_error: str | None = None
@@ -253,7 +254,7 @@ class ShardServer:
     def expect(self, model_blocks: set[int]) -> None:
         """Model blocks on their way here: requests for them wait."""
         with self._arrived:
-            self.incoming |= {int(b) for b in model_blocks}
+            self.incoming |= {int(b) for b in model_blocks} - self._arrived_model
             self.accept_blocks = True
 
     def wait_arrivals(self, count: int, timeout_s: float) -> None:
@@ -277,11 +278,17 @@ class ShardServer:
             self.accept_blocks = False
             inputs, self.arrived_inputs = self.arrived_inputs, {}
             self.arrived_count = 0
+            self._arrived_model.clear()
+            self.incoming.clear()
             self.transfer_error = None
             return inputs
 
     def _on_block(self, ident: bytes, msg: M.Message) -> None:
-        if not self.accept_blocks:
+        # blocks of a move of this job may arrive before this executor has
+        # read the master's plan (the senders read it first): they are kept
+        # and counted all the same
+        job = self.tag.split(":")[0]
+        if not (self.accept_blocks or not job or msg["mid"].startswith(f"mv:{job}:")):
             return self._send(ident, [M.encode("blk_ack", mid=msg["mid"], sec=msg["sec"],
                                                bid=msg["bid"], ok=False,
                                                error="this shard expects no blocks")])
@@ -307,6 +314,7 @@ class ShardServer:
         with self._arrived:
             if sec == "model":
                 self.incoming.discard(bid)
+                self._arrived_model.add(bid)
             else:
                 self.arrived_inputs[bid] = blk
             self.arrived_count += 1

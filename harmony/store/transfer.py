@@ -94,14 +94,16 @@ def chunk_messages(mid: str, p: Payload, chunk: int = CHUNK_BYTES
 def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload], *,
                   prefix: list[bytes] | None = None, max_open: int = MAX_OPEN,
                   chunk: int = CHUNK_BYTES,
-                  throttle: Callable[[int, int], object] | None = None) -> int:
+                  throttle: Callable[[int, int], object] | None = None,
+                  progress: Callable[[int, int], object] | None = None) -> int:
     """Send payloads to ``socks[p.dest]``, largest first, at most ``max_open``
     open at a time with their chunks interleaved. ``prefix`` frames (a
     ROUTER's peer identity) go before each message. ``throttle(dest, n)``
-    is called per chunk (network emulation). Returns the bytes sent."""
+    is called per chunk (network emulation), ``progress(bytes, payloads
+    done)`` after each. Returns the bytes sent."""
     todo = sorted(payloads, key=lambda p: p.size, reverse=True)
     open_: list[tuple[Payload, Iterator]] = []
-    sent = 0
+    sent = done = 0
     pre = list(prefix or [])
     while todo or open_:
         while todo and len(open_) < max_open:
@@ -112,6 +114,7 @@ def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload]
             nxt = next(it, None)
             if nxt is None:
                 open_.remove(item)
+                done += 1
                 continue
             head, data = nxt
             if throttle is not None and len(data):
@@ -125,6 +128,8 @@ def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload]
             except zmq.ZMQError as exc:
                 raise TransferError(f"transfer {mid}: send failed: {exc}") from None
             sent += len(data)
+            if progress is not None:
+                progress(sent, done)
     return sent
 
 

@@ -464,7 +464,13 @@ class Executor:
                 def throttle(dest, n):
                     self.net_wait += self.netem.transfer(me_name, m["machines"][dest], n, token)
             ordered = [socks.get(i) for i in range(max(socks, default=-1) + 1)]
-            out = send_payloads(ordered, mid, payloads, throttle=throttle)
+            last = [time.monotonic()]
+
+            def progress(nbytes, blocks):
+                if time.monotonic() - last[0] > 0.25:     # for harmony status
+                    last[0] = time.monotonic()
+                    self.send("migrating", bytes_out=int(nbytes), blocks_out=int(blocks))
+            out = send_payloads(ordered, mid, payloads, throttle=throttle, progress=progress)
             wait_acks(lambda d: socks[d], {(p.dest, p.sec, p.bid) for p in payloads}, mid,
                       self.MOVE_TIMEOUT_S)
         finally:
