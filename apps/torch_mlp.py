@@ -17,9 +17,10 @@ iteration it is local SGD with model averaging, every machine taking as many
 steps per epoch as one machine alone. The momentum buffers stay on their
 machines (they are not checkpointed: a resumed job restarts them at 0).
 
-Data: scikit-learn's handwritten digits (8x8 pixels / 16, 10 classes;
-shipped with scikit-learn, no download), split 75/25 into train and test
-with ``--split-seed``; samples are hashed to input blocks by index. Reported
+Data (``--dataset``): scikit-learn's handwritten digits (8x8 pixels / 16, 10
+classes; the default), wine or breast_cancer (standardized), all shipped
+with scikit-learn (no download), split 75/25 into train and test with
+``--split-seed``; samples are hashed to input blocks by index. Reported
 per epoch: ``objective`` (mean training cross-entropy), ``accuracy``,
 ``test_loss`` and ``test_accuracy``.
 """
@@ -36,15 +37,29 @@ from harmony.store.blocks import Block
 from harmony.torch_helper import ModuleRows
 
 
-def digits(split_seed: int = 0):
-    """(X_train, y_train, X_test, y_test): sklearn's digits / 16, a stratified 75/25 split."""
-    from sklearn.datasets import load_digits
+DATASETS = ("digits", "wine", "breast_cancer")
+
+
+def dataset(name: str = "digits", split_seed: int = 0):
+    """(X_train, y_train, X_test, y_test) of one of scikit-learn's shipped data
+    sets, a stratified 75/25 split: digits / 16; the others standardized
+    with the training split's mean and deviation."""
+    from sklearn import datasets
     from sklearn.model_selection import train_test_split
-    X, y = load_digits(return_X_y=True)
-    X = (X / 16.0).astype(np.float32)
+    X, y = getattr(datasets, f"load_{name}")(return_X_y=True)
     Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.25, random_state=split_seed,
                                           stratify=y)
-    return Xtr, ytr.astype(np.int64), Xte, yte.astype(np.int64)
+    if name == "digits":
+        Xtr, Xte = Xtr / 16.0, Xte / 16.0
+    else:
+        mu, sd = Xtr.mean(0), Xtr.std(0) + 1e-12
+        Xtr, Xte = (Xtr - mu) / sd, (Xte - mu) / sd
+    return (Xtr.astype(np.float32), ytr.astype(np.int64), Xte.astype(np.float32),
+            yte.astype(np.int64))
+
+
+def digits(split_seed: int = 0):
+    return dataset("digits", split_seed)
 
 
 def make_mlp(inputs: int, hidden: int, layers: int, classes: int, seed: int) -> nn.Module:
@@ -67,7 +82,7 @@ def make_mlp(inputs: int, hidden: int, layers: int, classes: int, seed: int) -> 
 
 
 class TorchMLP(App):
-    """A torch MLP on scikit-learn's digits, data-parallel SGD with momentum."""
+    """A torch MLP on scikit-learn's digits (or wine, breast_cancer), data-parallel SGD."""
 
     name = "torch_mlp"
     static_keys = True
@@ -80,6 +95,8 @@ class TorchMLP(App):
         Option("lr", float, 0.05, "SGD step size"),
         Option("momentum", float, 0.9, "SGD momentum"),
         Option("batch_size", int, 32, "global mini-batch (split over the machines)"),
+        Option("dataset", str, "digits", "scikit-learn data set (shipped, no download)",
+               choices=DATASETS),
         Option("split_seed", int, 0, "seed of the train/test split"),
         Option("threads", int, 1, "torch intra-op threads per machine"),
     ]
@@ -91,7 +108,7 @@ class TorchMLP(App):
             raise AppError("bad app options: need hidden >= 1, layers >= 0, lr > 0, "
                            "0 <= momentum < 1, batch_size >= 1, threads >= 1")
         torch.set_num_threads(o.threads)
-        Xtr, ytr, Xte, yte = digits(o.split_seed)
+        Xtr, ytr, Xte, yte = dataset(o.dataset, o.split_seed)
         self.net = make_mlp(Xtr.shape[1], o.hidden, o.layers, int(ytr.max()) + 1, o.seed)
         self.rows = ModuleRows(self.net)
         self.opt = torch.optim.SGD(self.net.parameters(), lr=o.lr, momentum=o.momentum)
