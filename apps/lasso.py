@@ -141,6 +141,12 @@ class Lasso(App):
 
     name = "lasso"
     static_keys = True    # keys(blocks) depends only on which blocks it gets
+    # sum: a machine's gradient is its blocks' part of X^T r divided by the
+    # *global* n_train, and only machine 0 pushes x, v, t, beta (the others push
+    # 0 there), so the sum over machines is exactly the one-machine slot
+    combine = "sum"
+    step_option = "step_scale"
+    on_divergence = "fail"
     options = [
         Option("input", str, None, "training data: LIBSVM 'target idx:val ...' lines (.gz ok)",
                required=True),

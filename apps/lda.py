@@ -380,6 +380,12 @@ class LDA(App):
 
     name = "lda"
     static_keys = True    # keys(blocks) depends only on which blocks it gets
+    # sum: the deltas are exact integer count changes of this machine's tokens
+    # (each token lives on one machine), so the sum is the 1-machine count table
+    combine = "sum"
+    # a Gibbs sampler has no step size, and its log joint may wander up a
+    # little once converged: a long rise is reported, not fatal
+    on_divergence = "warn"
     options = [
         Option("input", str, None, "UCI docword file: D, W, NNZ header lines, then "
                "'docID wordID count' lines (.gz ok)", required=True),

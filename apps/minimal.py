@@ -8,6 +8,9 @@ from harmony.store.blocks import Block
 class LeastSquares(App):
     """Fit w in y = X w on generated data; w lives on the servers."""
     name = "minimal"
+    combine = "sum"       # each machine's gradient is divided by ALL samples: the sum is one step
+    step_option = "lr"    # named in the error if the objective diverges
+    on_divergence = "fail"
     options = [Option("samples", int, 2000, "rows of X"),
                Option("features", int, 20, "columns of X (= model keys)"),
                Option("lr", float, 0.5, "step size")]

@@ -10,6 +10,7 @@ One *epoch* is ``iters_per_epoch`` synchronous *iterations*. In iteration
     keys = app.keys(blocks)                 # which model rows it needs
     rows = PULL(keys)                        # network
     deltas = app.compute(blocks, keys, rows, step)   # CPU
+    deltas = app.combine_deltas(keys, deltas, machines)   # the reducer's worker half
     PUSH(keys, deltas)                       # network; servers apply app.update
 
 and no machine pulls for iteration i+1 before every push of iteration i was
@@ -17,11 +18,31 @@ applied. At each epoch end every machine evaluates ``app.objective`` on its
 data (and ``app.model_objective`` on its server shard); the runtime sums the
 partial dictionaries over machines and ``app.metrics`` turns the sums into
 reported numbers, one of which is ``objective``.
+
+How the deltas of several machines combine (``App.combine``): the servers
+always apply every machine's push with ``update`` (commutative and
+associative, default: add), so the reducer is chosen by what each machine
+pushes. ``"sum"`` pushes the deltas as computed: right when a machine's
+delta is its share of a global quantity (counts; a gradient already divided
+by the *global* sample count; per-sample steps over disjoint samples).
+``"mean"`` divides them by the number of machines first: right when each
+machine's delta is a whole update computed from its own share of the data
+(a step on its local mean gradient). An app with mixed needs overrides
+``combine_deltas``. With one machine every reducer is the identity, so a
+1-machine job matches :func:`run_local` bit for bit.
+
+Divergence: at every epoch end the runtime checks the objective. A
+non-finite value, or one that rose ``--diverge-epochs`` epochs in a row
+(each time by more than ``DIVERGE_RTOL`` of the previous value), fails the
+job (``App.on_divergence = "fail"``, which the bundled apps but LDA choose)
+or logs a warning (``"warn"``, the default), with a message naming the app's
+step-size option (``App.step_option``). A non-finite objective always fails.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import logging
 import math
 import time
 import types
@@ -101,6 +122,12 @@ class Step:
 
 
 MAX_BLOCKS = 65536
+COMBINES = ("sum", "mean")
+#: a rise of the objective smaller than this fraction of the previous value
+#: is SGD noise, not a step of divergence
+DIVERGE_RTOL = 1e-3
+
+log = logging.getLogger("harmony.app")
 
 # Options every app gets from the runtime.
 COMMON_OPTIONS = [
@@ -115,6 +142,8 @@ COMMON_OPTIONS = [
     Option("disk_ratio", str, "auto", "fraction of this job's input blocks kept on disk and "
            "reloaded in the background: 'auto' (hill-climbed against the memory budget) "
            "or a fixed value in [0, 1]"),
+    Option("diverge_epochs", int, 3, "stop the job as diverged when the objective rose this "
+           "many epochs in a row (0: never; a non-finite objective always stops it)"),
 ]
 
 
@@ -128,9 +157,20 @@ class App:
     #: once per block group and reuse it, which saves a reload pass over
     #: disk-blocks per iteration. Leave False if unsure.
     static_keys: bool = False
+    #: how the deltas of several machines combine: "sum" or "mean" (see the
+    #: module docstring); override ``combine_deltas`` for another reducer
+    combine: str = "sum"
+    #: the option that sets the step size, named when the objective diverges
+    step_option: str | None = None
+    #: on a rising objective: "fail" the job, or "warn" (log once) and go on.
+    #: "warn" by default: not every app's objective is a loss that must fall
+    on_divergence: str = "warn"
 
     def __init__(self, opts: argparse.Namespace) -> None:
         self.opts = opts
+        # the runtime's divergence check (should_stop) reads the app's choices here
+        opts.__dict__["_divergence"] = DivergenceWatch(type(self).step_option,
+                                                       type(self).on_divergence, opts)
 
     # -- input --------------------------------------------------------------
     def read_input(self, part: InputPart) -> Iterable[Block]:  # required
@@ -150,6 +190,14 @@ class App:
         """Server update, applied per key; must be commutative and
         associative in the deltas. Default: add."""
         return rows + deltas
+
+    def combine_deltas(self, keys: np.ndarray, deltas: np.ndarray,
+                       machines: int) -> np.ndarray:
+        """The worker's half of the reducer: what this machine pushes, given
+        that ``machines`` machines push for the same iteration. Default: per
+        ``combine``, the deltas as they are ("sum") or divided by
+        ``machines`` ("mean"). Called once right after each ``compute``."""
+        return scale_deltas(deltas, self.combine, machines)
 
     # -- iteration (worker side) --------------------------------------------
     def keys(self, blocks: list[Block]) -> np.ndarray:  # required
@@ -202,6 +250,12 @@ def load_app(source: str, filename: str = "<app>") -> type[App]:
     for meth in ("read_input", "model_spec", "keys", "compute", "objective"):
         if getattr(cls, meth) is getattr(App, meth):
             raise AppError(f"{filename}: app {cls.__name__} does not define {meth}()")
+    if cls.combine not in COMBINES and cls.combine_deltas is App.combine_deltas:
+        raise AppError(f"{filename}: app {cls.__name__}: combine must be one of {COMBINES} "
+                       f"(or define combine_deltas), not {cls.combine!r}")
+    if cls.on_divergence not in ("fail", "warn"):
+        raise AppError(f"{filename}: app {cls.__name__}: on_divergence must be 'fail' or "
+                       f"'warn', not {cls.on_divergence!r}")
     return cls
 
 
@@ -239,6 +293,8 @@ def parse_app_args(cls: type[App], args: list[str]) -> argparse.Namespace:
     for name in ("max_epochs", "iters_per_epoch", "blocks", "model_blocks"):
         if getattr(ns, name) < 1:
             raise AppError(f"bad app options: --{name.replace('_', '-')} must be >= 1")
+    if ns.diverge_epochs < 0:
+        raise AppError("bad app options: --diverge-epochs must be >= 0")
     for name in ("blocks", "model_blocks"):
         if getattr(ns, name) > MAX_BLOCKS:
             raise AppError(f"bad app options: --{name.replace('_', '-')} must be <= {MAX_BLOCKS}")
@@ -266,12 +322,78 @@ def block_groups(blocks: list[Block], iters: int) -> list[list[Block]]:
     return [blocks[i * n // iters:(i + 1) * n // iters] for i in range(iters)]
 
 
+def scale_deltas(deltas: np.ndarray, combine: str, machines: int) -> np.ndarray:
+    """``deltas`` for a "sum" reducer, ``deltas / machines`` for "mean"."""
+    if combine not in COMBINES:
+        raise AppError(f"app combine must be one of {COMBINES} (or override combine_deltas), "
+                       f"not {combine!r}")
+    if combine == "sum" or machines == 1:
+        return deltas
+    d = np.asarray(deltas)
+    return d * d.dtype.type(1.0 / machines) if d.dtype.kind == "f" else d / machines
+
+
+class DivergenceWatch:
+    """The objective's recent history (one per app instance, i.e. per
+    executor): ``check`` raises or warns when it diverges."""
+
+    def __init__(self, step_option: str | None, action: str,
+                 opts: argparse.Namespace | None = None) -> None:
+        if action not in ("fail", "warn"):
+            raise AppError(f"app on_divergence must be 'fail' or 'warn', not {action!r}")
+        self.step_option, self.action, self.opts = step_option, action, opts
+        self.prev: float | None = None
+        self.rises = 0
+        self.start: float | None = None      # the value before the current run of rises
+        self.warned = False
+
+    def _advice(self) -> str:
+        o = self.step_option
+        if not o:
+            return "lower the step size"
+        now = getattr(self.opts, o, None) if self.opts is not None else None
+        flag = "--" + o.replace("_", "-")
+        return f"lower {flag}" + (f" (now {now})" if now is not None else "")
+
+    def check(self, epoch: int, obj: float | None, k: int) -> None:
+        if obj is None:
+            return
+        why = None
+        if not math.isfinite(obj):
+            why = f"objective diverged at epoch {epoch} ({obj})"
+        else:
+            prev = self.prev
+            if prev is not None and obj > prev + DIVERGE_RTOL * abs(prev):
+                if self.rises == 0:
+                    self.start = prev
+                self.rises += 1
+            else:
+                self.rises = 0
+            self.prev = obj
+            if k > 0 and self.rises >= k:
+                why = (f"objective diverged: it rose {self.rises} epochs in a row, "
+                       f"{self.start:.6g} -> {obj:.6g} at epoch {epoch}")
+        if why is None:
+            return
+        msg = f"{why}; {self._advice()}"
+        if self.action == "fail" or not math.isfinite(obj):
+            raise AppError(msg)
+        if not self.warned:
+            self.warned = True
+            log.warning("%s", msg)
+
+
 def should_stop(opts: argparse.Namespace, epoch: int, metrics: dict[str, float]) -> bool:
+    """The runtime's decision at an epoch end (every machine makes the same
+    one): stop at the target objective or after ``max_epochs``; raise
+    :class:`AppError` (failing the job) when the objective diverges."""
     obj = metrics.get("objective")
     if opts.target_objective is not None and obj is not None and obj <= opts.target_objective:
         return True
-    if obj is not None and not math.isfinite(obj):
-        raise AppError(f"objective diverged at epoch {epoch} ({obj}); lower the step size")
+    watch = opts.__dict__.get("_divergence")
+    if watch is None:          # opts not given to an App: the check without step advice
+        watch = opts.__dict__["_divergence"] = DivergenceWatch(None, "fail", opts)
+    watch.check(epoch, obj, getattr(opts, "diverge_epochs", 3))
     return epoch + 1 >= opts.max_epochs
 
 
@@ -301,6 +423,7 @@ def run_local(cls: type[App], args: list[str]) -> LocalResult:
             rows = model[keys]
             rows.flags.writeable = False
             deltas = app.compute(group, keys, rows, Step(epoch, it, opts.iters_per_epoch))
+            deltas = app.combine_deltas(keys, deltas, 1)
             model[keys] = app.update(model[keys], np.asarray(deltas, dtype=spec.dtype))
         keys = app.keys(blocks)
         sums = dict(app.objective(blocks, keys, model[keys]))

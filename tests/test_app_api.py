@@ -94,3 +94,44 @@ def test_run_local_reduces_objective(ratings):
     objs = [h["objective"] for h in res.history]
     assert len(objs) == 4 and objs[-1] < 0.5 * objs[0]
     assert (res.model >= 0).all()
+
+
+# -- divergence ---------------------------------------------------------------------------
+
+MINIMAL_SRC = (NMF_APP.parent / "minimal.py").read_text()
+
+
+def test_rising_objective_fails_naming_the_step_option():
+    cls = load_app(MINIMAL_SRC, "minimal.py")
+    # least squares with a step past 2/lambda_max: the objective grows every epoch
+    with pytest.raises(AppError, match=r"rose 3 epochs in a row.*lower --lr \(now 2\.5\)"):
+        run_local(cls, ["--lr", "2.5", "--max-epochs", "30"])
+    with pytest.raises(AppError, match=r"rose 5 epochs in a row"):
+        run_local(cls, ["--lr", "2.5", "--max-epochs", "30", "--diverge-epochs", "5"])
+    with pytest.raises(AppError, match=r"objective diverged at epoch \d+ \((inf|nan)\).*lower --lr"), \
+            np.errstate(all="ignore"):      # float32 overflows on the way
+        run_local(cls, ["--lr", "2.5", "--max-epochs", "2000", "--diverge-epochs", "0"])
+    ok = run_local(cls, ["--max-epochs", "10"])              # the default step converges
+    assert ok.history[-1]["objective"] < 1e-3 * ok.history[0]["objective"]
+
+
+def test_an_app_may_only_warn(caplog):
+    src = MINIMAL_SRC.replace('on_divergence = "fail"', 'on_divergence = "warn"')
+    cls = load_app(src, "minimal.py")
+    with caplog.at_level("WARNING", logger="harmony.app"):
+        res = run_local(cls, ["--lr", "2.2", "--max-epochs", "8"])
+    assert len(res.history) == 8
+    warns = [r.getMessage() for r in caplog.records if "rose" in r.getMessage()]
+    assert len(warns) == 1 and "lower --lr (now 2.2)" in warns[0]
+
+
+def test_noise_sized_rises_are_not_divergence():
+    from harmony.app import DivergenceWatch
+    w = DivergenceWatch("lr", "fail")
+    for e, obj in enumerate([1.0, 0.5, 0.5001, 0.50015, 0.5002, 0.50025, 0.4]):
+        w.check(e, obj, 3)                      # rises below DIVERGE_RTOL do not count
+    with pytest.raises(AppError):
+        for e, obj in enumerate([0.4, 0.41, 0.42, 0.43]):
+            w.check(e, obj, 3)
+    with pytest.raises(AppError, match="--diverge-epochs must be >= 0"):
+        parse_app_args(load_app(MINIMAL_SRC, "minimal.py"), ["--diverge-epochs", "-1"])

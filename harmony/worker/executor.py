@@ -777,7 +777,7 @@ class Executor:
 
                 def push():
                     t = time.perf_counter()
-                    client.push(keys, box["deltas"])
+                    client.push(keys, app.combine_deltas(keys, box["deltas"], self.count))
                     tm["push"] += time.perf_counter() - t
 
                 t0 = time.perf_counter()
