@@ -198,9 +198,7 @@ class MLR(App):
             index_base=o.index_base, num_features=o.num_features, dtype=np.float32,
             collect_labels=True, check_labels=_check_int_labels,
             sample_nnz=LR_SAMPLE_NNZ if auto else 0)
-        # the global batch split over the machines (combine = "mean")
-        self.machines = part.count
-        self.local_batch = max(1, round(o.batch_size / part.count))
+        # (compute splits the global batch over step.machines: combine = "mean")
         if auto:
             self.curvature = batch_curvature(info.sample, info.num_features, o.batch_size,
                                              o.seed)
@@ -284,7 +282,7 @@ class MLR(App):
         shrink = 1.0 - lr * o.l2
         if shrink <= 0:
             raise AppError(f"lr * l2 = {lr * o.l2} >= 1: lower --lr or --l2")
-        bs = self.local_batch
+        bs = max(1, round(o.batch_size / step.machines))   # the global batch, split
         rng = np.random.default_rng([o.seed % 2**63, step.epoch, step.iter, 29])
         for _ in range(o.local_passes):
             for blk in blocks:

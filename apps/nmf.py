@@ -178,7 +178,6 @@ class NMF(App):
         if count == 0:
             raise InputError(o.input, None, "no ratings in input")
         self.num_items = max_item + 1
-        self.machines = part.count
         self.mean_rating = max(total / count, 1e-3)
         self.scale = 2.0 * math.sqrt(self.mean_rating / o.rank)
         for b in sorted(per_block):
@@ -225,8 +224,8 @@ class NMF(App):
         GR = np.array(G0, dtype=np.float32)
         # on m machines a local rating of an item stands for m of them: its
         # gradient and squared gradient count m times (G is pushed exactly)
-        m = np.float32(self.machines)
-        scale_r = np.float32(self.machines / k)
+        m = np.float32(step.machines)
+        scale_r = np.float32(step.machines / k)
         lr = np.float32(o.lr * o.decay ** step.epoch)
         lam, eps, inv_k = np.float32(o.lam), np.float32(EPS), np.float32(1.0 / k)
         bs = o.batch_size
@@ -253,7 +252,7 @@ class NMF(App):
         out = np.empty_like(rows)
         np.subtract(R, rows[:, :k], out=out[:, :k])
         np.subtract(GR, G0, out=out[:, k])
-        out[:, k] *= np.float32(1.0 / self.machines)
+        out[:, k] *= np.float32(1.0 / step.machines)
         return out
 
     def combine_deltas(self, keys: np.ndarray, deltas: np.ndarray, machines: int) -> np.ndarray:

@@ -112,7 +112,6 @@ class TorchMLP(App):
         self.net = make_mlp(Xtr.shape[1], o.hidden, o.layers, int(ytr.max()) + 1, o.seed)
         self.rows = ModuleRows(self.net)
         self.opt = torch.optim.SGD(self.net.parameters(), lr=o.lr, momentum=o.momentum)
-        self.local_batch = max(1, round(o.batch_size / part.count))
         btr = part.block_of(np.arange(len(ytr)))
         bte = part.block_of(np.arange(len(yte)))
         for b in part.my_blocks():
@@ -138,7 +137,7 @@ class TorchMLP(App):
         g = torch.Generator().manual_seed(self.opts.seed * 1_000_003 + step.epoch * 1009
                                           + step.iter)
         perm = torch.randperm(len(y), generator=g)
-        bs, opt = self.local_batch, self.opt
+        bs, opt = max(1, round(self.opts.batch_size / step.machines)), self.opt
         for s in range(0, len(y), bs):
             idx = perm[s:s + bs]
             opt.zero_grad(set_to_none=True)

@@ -119,6 +119,7 @@ class Step:
     epoch: int
     iter: int
     iters_per_epoch: int
+    machines: int = 1     # the job's machines now (it changes when a job is resized)
 
 
 MAX_BLOCKS = 65536

@@ -752,7 +752,7 @@ class Executor:
             t_epoch = time.perf_counter()
             client = self.client
             for it, ids in enumerate(groups):
-                step = Step(epoch, it, opts.iters_per_epoch)
+                step = Step(epoch, it, opts.iters_per_epoch, self.count)
                 keys = self._keys(app, inp, ids, keys_cache, it)
                 # disk-blocks start loading now, behind the PULL
                 group = inp.view(ids, prefetch=True)
