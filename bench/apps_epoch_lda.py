@@ -60,7 +60,7 @@ def main() -> None:
             ref = run_local(load_app(src, "lda.py"), args)
             refs.append(statistics.median(ref.epoch_times[1:]))
             with LocalCluster(1, os.path.join(tmp, f"c{len(runs)}"), port=0) as cl, \
-                    Client(cl.endpoint) as c:
+                    Client(cl.endpoint, keys=cl.keys) as c:
                 job = c.submit("lda.py", src, args, machines=1)
                 while (st := c.status(job))["state"] not in ("finished", "failed"):
                     time.sleep(0.2)

@@ -79,7 +79,7 @@ def bench(name: str, app: str, args: list[str], samples: int, tmp: str,
     refs, runs = [], []
     ref_total = 0.0
     with LocalCluster(1, os.path.join(tmp, f"c-{name}"), port=0) as cl, \
-            Client(cl.endpoint) as c:
+            Client(cl.endpoint, keys=cl.keys) as c:
         for r in range(rounds):
             t0 = time.perf_counter()
             refs.append(run_local(cls, args))

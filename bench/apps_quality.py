@@ -234,7 +234,7 @@ def main() -> None:
         cl.start()
         got = {}
         try:
-            with Client(cl.endpoint, timeout_s=30) as c:
+            with Client(cl.endpoint, keys=cl.keys, timeout_s=30) as c:
                 jobs = {(j, m): c.submit(f"{app}.py", _src(app), args, machines=m)
                         for j, (app, _, _, args, _) in enumerate(table) for m in (1, 2)}
                 for key, job in jobs.items():

@@ -80,7 +80,7 @@ def runtime(a) -> tuple[list[float], list[float], float]:
         cl = LocalCluster(1, tmp, port=0)
         cl.start()
         try:
-            with Client(cl.endpoint, timeout_s=10) as c:
+            with Client(cl.endpoint, keys=cl.keys, timeout_s=10) as c:
                 job = c.submit("torch_mlp.py", SRC, args, machines=1)
                 seen, stamps = 0, []
                 while True:

@@ -68,7 +68,7 @@ def run_mode(mode: str, jobs, tmp: str, a) -> dict:
                       policy="colocate" if base == "harmony" else None,
                       net_bandwidth=a.bandwidth, preempt=mode != "harmony-fifo",
                       max_jobs_per_machine=2 if a.placement == "two" else 0) as cl, \
-            Client(cl.endpoint) as c:
+            Client(cl.endpoint, keys=cl.keys) as c:
         # isolated ignores groups and runs one job at a time
         ids = {c.submit("nmf.py", src, args, machines=2, name=name,
                         group=group if a.placement == "pairs" else None): name

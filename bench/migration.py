@@ -210,7 +210,7 @@ def resize_run(cap: float, input_mb: int, tmp: str) -> dict:
     cl = LocalCluster(2, os.path.join(tmp, "rc"), port=0, net_bandwidth=cap)
     cl.start()
     try:
-        with Client(cl.endpoint) as c:
+        with Client(cl.endpoint, keys=cl.keys) as c:
             blocks = max(2, input_mb // 4)
             job = c.submit("bulk.py", open(app).read(), ["--blocks", str(blocks),
                                                           "--max-epochs", "60"], machines=1)
@@ -241,7 +241,7 @@ def recovery_run(tmp: str, every: int = 3) -> dict:
     cl = LocalCluster(3, os.path.join(tmp, "kc"), port=0, heartbeat_timeout=1.5)
     cl.start()
     try:
-        with Client(cl.endpoint) as c:
+        with Client(cl.endpoint, keys=cl.keys) as c:
             job = c.submit("oracle.py", ORACLE_APP, ["--max-epochs", "30", "--blocks", "12",
                                                      "--sleep", "0.05"], machines=2,
                            checkpoint_every=every, checkpoint_seconds=0)

@@ -43,7 +43,7 @@ def main() -> None:
         args = ["--input", data, "--rank", str(a.rank), "--max-epochs", str(a.epochs),
                 "--iters-per-epoch", str(a.iters_per_epoch)]
         ref = run_local(load_app(src, "nmf.py"), args)
-        with LocalCluster(1, os.path.join(tmp, "c"), port=0) as cl, Client(cl.endpoint) as c:
+        with LocalCluster(1, os.path.join(tmp, "c"), port=0) as cl, Client(cl.endpoint, keys=cl.keys) as c:
             job = c.submit("nmf.py", src, args, machines=1)
             while (st := c.status(job))["state"] not in ("finished", "failed"):
                 time.sleep(0.2)

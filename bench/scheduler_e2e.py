@@ -68,7 +68,7 @@ def run_mode(spec: str, jobs, times, tmp: str, a) -> dict:
     src = (ROOT / "apps" / "nmf.py").read_text()
     sd = os.path.join(tmp, spec.replace(":", "-"))
     with LocalCluster(a.machines, sd, port=0, mode=mode, cpus_per_machine=1,
-                      net_bandwidth=a.bandwidth) as cl, Client(cl.endpoint) as c:
+                      net_bandwidth=a.bandwidth) as cl, Client(cl.endpoint, keys=cl.keys) as c:
         ids: dict[str, str] = {}
         t0 = time.time()
         pending = list(zip(times, jobs))

@@ -293,7 +293,7 @@ def main() -> int:
               f"{idle / MiB:.1f} MiB; budget {budget / MiB:.0f} MiB ({a.mode} mode)", flush=True)
         runs: dict[str, list[dict]] = {s: [] for s in settings}
         with LocalCluster(1, os.path.join(tmp, "cluster"), port=0, mode=a.mode,
-                          memory_per_machine=budget) as cl, Client(cl.endpoint) as c:
+                          memory_per_machine=budget) as cl, Client(cl.endpoint, keys=cl.keys) as c:
             for rnd in range(a.rounds):
                 order = settings if rnd % 2 == 0 else settings[::-1]
                 for s in order:

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 from harmony.app import AppError, load_app, option_parser, parse_app_args
-from harmony.client import Client, ClientError, master_address
+from harmony.client import DEFAULT_KEYS, Client, ClientError, master_address
 from harmony.cluster import ClusterError, LocalCluster, cluster_down, default_state_dir
+from harmony.comm import security
 from harmony.store import staging
 
 
@@ -37,6 +38,34 @@ def _die(msg: str, code: int = 1) -> int:
     return code
 
 
+def _security_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--keys", default=None,
+                   help="the cluster's key set (CurveZMQ; 'harmony keys init'); default "
+                        "$HARMONY_KEYS")
+    s.add_argument("--insecure", action="store_true",
+                   help="no authentication, no encryption: only for demos on loopback")
+
+
+_LOOPBACK = ("127.", "localhost", "::1")
+
+
+def _process_keys(a: argparse.Namespace, role: str, name: str, host: str):
+    """The keys a master or worker runs with; --insecure only on loopback."""
+    if a.insecure:
+        if not host.startswith(_LOOPBACK):
+            raise security.SecurityError(f"--insecure is for loopback only, not {host}")
+        print(f"harmony: WARNING: {role} running with --insecure: no authentication and no "
+              f"encryption; anyone who reaches its ports controls the cluster",
+              file=sys.stderr, flush=True)
+        return None
+    d = security.resolve_dir(a.keys)
+    if d is None:
+        raise security.SecurityError(f"no key set: pass --keys DIR (made by 'harmony keys "
+                                     "init --dir DIR') or set HARMONY_KEYS; --insecure runs "
+                                     "without authentication (loopback demos only)")
+    return security.Keys.load(d, role, name)
+
+
 # ---------------------------------------------------------------------------- master
 def master_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="harmony-master")
@@ -56,14 +85,17 @@ def master_main(argv: list[str] | None = None) -> int:
     s.add_argument("--max-jobs-per-machine", type=int, default=0,
                    help="colocate policy: at most this many jobs share a machine "
                         "(default 0: no limit)")
+    _security_args(s)
     s.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     _setup_logging(a.log_level)
     from harmony.master.server import Master, StateDirLocked
     try:
+        keys = _process_keys(a, "master", "", a.host)
         m = Master(a.state_dir, a.host, a.port, heartbeat_timeout=a.heartbeat_timeout,
-                   policy=a.policy, mode=a.mode, max_jobs_per_machine=a.max_jobs_per_machine)
-    except (StateDirLocked, ValueError) as exc:
+                   policy=a.policy, mode=a.mode, max_jobs_per_machine=a.max_jobs_per_machine,
+                   keys=keys)
+    except (StateDirLocked, ValueError, security.SecurityError) as exc:
         return _die(str(exc))
     except Exception as exc:  # e.g. address in use
         return _die(f"cannot start master: {exc}")
@@ -95,16 +127,19 @@ def worker_main(argv: list[str] | None = None) -> int:
     s.add_argument("--no-preempt", dest="preempt", action="store_false",
                    help="harmony mode: never stop a long COMP while a much shorter one "
                         "runs (the paper's non-preemptive CPU queue)")
+    _security_args(s)
     s.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     _setup_logging(a.log_level)
     from harmony.worker.daemon import Daemon
     try:
         cpu_set = [int(c) for c in a.cpu_set.split(",")] if a.cpu_set else None
-        d = Daemon(master_address(a.master), a.name, a.host, a.cpus, a.memory, a.state_dir,
+        name = a.name or f"{__import__('socket').gethostname()}-{os.getpid()}"
+        keys = _process_keys(a, "worker", name, a.host)
+        d = Daemon(master_address(a.master), name, a.host, a.cpus, a.memory, a.state_dir,
                    cpu_set=cpu_set, netem=a.netem, oom_kill=a.oom_kill, store_max=a.store_max,
-                   preempt=a.preempt)
-    except ValueError as exc:
+                   preempt=a.preempt, keys=keys)
+    except (ValueError, security.SecurityError) as exc:
         return _die(str(exc))
     d.serve_forever()
     return 0
@@ -171,7 +206,7 @@ def cmd_submit(a: argparse.Namespace, app_args: list[str]) -> int:
         return _die(str(exc), 2)
     if a.machines < 1:
         return _die("--machines must be >= 1", 2)
-    with Client(a.master) as c:
+    with Client(a.master, keys=a.keys) as c:
         job = c.submit(name, src, app_args, a.machines, a.name, a.group,
                        checkpoint_every=a.checkpoint_every,
                        checkpoint_seconds=a.checkpoint_seconds)
@@ -188,7 +223,7 @@ def _dur(s: float) -> str:
 
 
 def cmd_jobs(a: argparse.Namespace) -> int:
-    with Client(a.master) as c:
+    with Client(a.master, keys=a.keys) as c:
         jobs = c.jobs()
     if a.json:
         print(json.dumps(jobs, indent=2))
@@ -208,7 +243,7 @@ def cmd_jobs(a: argparse.Namespace) -> int:
 
 
 def cmd_status(a: argparse.Namespace) -> int:
-    with Client(a.master) as c:
+    with Client(a.master, keys=a.keys) as c:
         st = c.status(a.job)
     if a.json:
         print(json.dumps(st, indent=2))
@@ -264,14 +299,14 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def cmd_cancel(a: argparse.Namespace) -> int:
-    with Client(a.master) as c:
+    with Client(a.master, keys=a.keys) as c:
         info = c.cancel(a.job)
     print(f"{a.job} {info.get('state', 'cancelled')}")
     return 0
 
 
 def cmd_pause(a: argparse.Namespace) -> int:
-    with Client(a.master) as c:
+    with Client(a.master, keys=a.keys) as c:
         c.pause(a.job)
     print(f"{a.job} pausing: it checkpoints at the end of its current epoch "
           f"('harmony resume {a.job}' continues it)")
@@ -279,7 +314,7 @@ def cmd_pause(a: argparse.Namespace) -> int:
 
 
 def cmd_resize(a: argparse.Namespace) -> int:
-    with Client(a.master) as c:
+    with Client(a.master, keys=a.keys) as c:
         info = c.resize(a.job, a.machines)
     if info.get("state") == "unchanged":
         print(f"{a.job} already runs on {', '.join(info['machines'])}")
@@ -290,7 +325,7 @@ def cmd_resize(a: argparse.Namespace) -> int:
 
 
 def cmd_resume(a: argparse.Namespace) -> int:
-    with Client(a.master) as c:
+    with Client(a.master, keys=a.keys) as c:
         info = c.resume(a.job, a.machines)
     print(f"{a.job} {info.get('state', 'waiting')}: resumes from its checkpoint when placed")
     return 0
@@ -303,7 +338,7 @@ def cmd_cluster(a: argparse.Namespace) -> int:
             return 0
         return _die(f"no local cluster recorded in {a.state_dir or default_state_dir()}")
     if a.action == "status":
-        with Client(a.master) as c:
+        with Client(a.master, keys=a.keys) as c:
             info = c.cluster()
         print(json.dumps(info, indent=2))
         return 0
@@ -312,7 +347,8 @@ def cmd_cluster(a: argparse.Namespace) -> int:
                           policy=a.policy,
                           cpus_per_machine=a.cpus_per_machine, net_bandwidth=a.net_bandwidth,
                           memory_per_machine=a.memory_per_machine, preempt=a.preempt,
-                          max_jobs_per_machine=a.max_jobs_per_machine, isolate=a.isolate)
+                          max_jobs_per_machine=a.max_jobs_per_machine, isolate=a.isolate,
+                          keys=a.keys, insecure=a.insecure)
     except (ClusterError, ValueError) as exc:
         return _die(str(exc), 2)
     try:
@@ -323,6 +359,10 @@ def cmd_cluster(a: argparse.Namespace) -> int:
           f"state in {cl.state_dir}", flush=True)
     if a.port != 5760 or ep != "tcp://127.0.0.1:5760":
         print(f"  export HARMONY_MASTER={ep}", flush=True)
+    if cl.insecure:
+        print("  WARNING: --insecure: no authentication, no encryption", flush=True)
+    elif os.path.abspath(cl.keys) != os.path.abspath(DEFAULT_KEYS):
+        print(f"  export HARMONY_KEYS={cl.keys}", flush=True)
     if a.detach:
         print("stop it with: harmony cluster down" + (f" --state-dir {a.state_dir}"
                                                       if a.state_dir else ""), flush=True)
@@ -364,7 +404,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
             name, src = _read_app(app)
             args = ["--input", data, "--rank", "8", "--max-epochs", str(a.epochs),
                     "--iters-per-epoch", "2"]
-            with Client(ep) as c:
+            with Client(ep, keys=cl.keys) as c:
                 job = c.submit(name, src, args, a.machines)
                 print(f"submitted {job}: harmony submit apps/nmf.py --machines {a.machines} "
                       + " ".join(args), flush=True)
@@ -377,8 +417,23 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return rc
 
 
+def cmd_keys(a: argparse.Namespace) -> int:
+    d = a.dir or os.environ.get("HARMONY_KEYS") or os.path.expanduser("~/.harmony/keys")
+    split = lambda t: [x for x in t.split(",") if x]  # noqa: E731
+    try:
+        d = security.init_keys(d, workers=split(a.workers), clients=split(a.clients),
+                               readers=split(a.readers))
+        security.check_modes(d)
+    except (OSError, security.SecurityError) as exc:
+        return _die(str(exc))
+    print(f"key set in {d}: cluster.key (servers), workers/ clients/ readers/ "
+          f"(*.key public, *.key_secret private, mode 600)")
+    print(f"  export HARMONY_KEYS={d}")
+    return 0
+
+
 def cmd_data_staged(a: argparse.Namespace) -> int:
-    with Client(a.master) as c:
+    with Client(a.master, keys=a.keys) as c:
         if a.action == "put":
             name = a.name or os.path.basename(a.file)
             if not os.path.isfile(a.file):
@@ -427,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     def with_master(sp):
         sp.add_argument("--master", default=None,
                         help="tcp://HOST:PORT (default $HARMONY_MASTER or tcp://127.0.0.1:5760)")
+        sp.add_argument("--keys", default=None,
+                        help="key set dir (default $HARMONY_KEYS, else the default local "
+                             "cluster's); the client key is $HARMONY_KEY_NAME (default admin)")
         return sp
 
     s = with_master(sub.add_parser("submit", allow_abbrev=False, add_help=False,
@@ -483,9 +541,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="harmony mode: never stop a long COMP while a much shorter one runs")
     s.add_argument("--max-jobs-per-machine", type=int, default=0,
                    help="colocate policy: at most this many jobs share a machine (0: no limit)")
+    s.add_argument("--insecure", action="store_true",
+                   help="no CurveZMQ keys (plain text on loopback; loudly not for real use)")
     s.add_argument("--isolate", action="store_true",
                    help="shared nothing, emulated: each worker in its own mount namespace, "
                         "unable to see the master's or other workers' state dirs (root)")
+    s = sub.add_parser("keys", help="CurveZMQ key sets")
+    ks = s.add_subparsers(dest="action", required=True)
+    k = ks.add_parser("init", help="make a key set: the cluster pair, a pair per worker, "
+                                   "client (job control) and reader (read-only) pairs")
+    k.add_argument("--dir", default=None,
+                   help="where (default $HARMONY_KEYS, else ~/.harmony/keys)")
+    k.add_argument("--workers", default="", help="worker names, comma-separated")
+    k.add_argument("--clients", default="admin", help="client key names (job control)")
+    k.add_argument("--readers", default="reader", help="read-only key names")
     s = sub.add_parser("demo", help="NMF on generated data on a local cluster")
     s.add_argument("--machines", type=int, default=2)
     s.add_argument("--users", type=int, default=20000)
@@ -524,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_submit(a, rest)
         if rest:
             return _die(f"unrecognized arguments: {' '.join(rest)}", 2)
-        return {"jobs": cmd_jobs, "status": cmd_status, "cancel": cmd_cancel,
+        return {"jobs": cmd_jobs, "status": cmd_status, "cancel": cmd_cancel, "keys": cmd_keys,
                 "pause": cmd_pause, "resume": cmd_resume, "resize": cmd_resize,
                 "cluster": cmd_cluster, "demo": cmd_demo, "data": cmd_data}[a.cmd](a)
     except ClientError as exc:

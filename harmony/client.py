@@ -8,6 +8,7 @@ from typing import Any
 import zmq
 
 from harmony.comm import messages as M
+from harmony.comm import security
 from harmony.comm.zmqutil import DEFAULT_MASTER, check_endpoint, make_socket
 from harmony.store import staging
 
@@ -22,14 +23,42 @@ def master_address(explicit: str | None = None) -> str:
     return check_endpoint(explicit or os.environ.get("HARMONY_MASTER") or DEFAULT_MASTER)
 
 
+DEFAULT_KEYS = os.path.join(os.path.expanduser(os.environ.get("HARMONY_HOME", "~/.harmony")),
+                            "local", "keys")
+
+
+def client_keys(keys: "str | security.Keys | None" = None) -> "security.Keys | None":
+    """The user's keys: ``keys`` (a dir or Keys), else ``$HARMONY_KEYS``, else
+    the default local cluster's; the client key ``$HARMONY_KEY_NAME``
+    (default ``admin``), or the read-only ``reader`` key if that is all
+    there is. None: no key set found (plain text: only an --insecure master
+    answers)."""
+    if isinstance(keys, security.Keys):
+        return keys
+    d = security.resolve_dir(keys, DEFAULT_KEYS)
+    if d is None:
+        return None
+    name = os.environ.get("HARMONY_KEY_NAME", "admin")
+    if os.path.isfile(os.path.join(d, "clients", f"{name}.key_secret")):
+        return security.Keys.load(d, "client", name)
+    if os.path.isfile(os.path.join(d, "readers", f"{name}.key_secret")):
+        return security.Keys.load(d, "reader", name)
+    return security.Keys.load(d, "reader", "reader")
+
+
 class Client:
-    def __init__(self, master: str | None = None, timeout_s: float | None = None) -> None:
+    def __init__(self, master: str | None = None, timeout_s: float | None = None,
+                 keys: "str | security.Keys | None" = None) -> None:
         if timeout_s is None:
             timeout_s = float(os.environ.get("HARMONY_CLIENT_TIMEOUT", "10"))
         self.master = master_address(master)
         self.timeout_ms = int(timeout_s * 1000)
+        try:
+            self.keys = client_keys(keys)
+        except security.SecurityError as exc:
+            raise ClientError(str(exc), "keys") from None
         self.ctx = zmq.Context()
-        self.sock = make_socket(self.ctx, zmq.DEALER)
+        self.sock = make_socket(self.ctx, zmq.DEALER, keys=self.keys)
         self.sock.connect(self.master)
 
     def close(self) -> None:
@@ -47,10 +76,13 @@ class Client:
         if not self.sock.poll(self.timeout_ms):
             # a fresh socket: never read a late reply as the answer to the next request
             self.sock.close(linger=0)
-            self.sock = make_socket(self.ctx, zmq.DEALER)
+            self.sock = make_socket(self.ctx, zmq.DEALER, keys=self.keys)
             self.sock.connect(self.master)
+            hint = (" (is it running?)" if self.keys is not None else
+                    " (is it running? no key set found: a master with keys ignores "
+                    "unauthenticated clients; pass --keys DIR or set HARMONY_KEYS)")
             raise ClientError(f"no answer from the master at {self.master} within "
-                              f"{self.timeout_ms / 1000:.0f}s (is it running?)", "unreachable")
+                              f"{self.timeout_ms / 1000:.0f}s{hint}", "unreachable")
         msg = M.decode(self.sock.recv_multipart())
         if msg.type == "error":
             raise ClientError(msg["message"], msg["code"])
@@ -95,7 +127,7 @@ class Client:
                                chunks=len(meta))["holders"]
         for (i, first, data), hs in zip(staging.split_lines(path, cb), holders):
             for _, endpoint in hs:
-                staging.push_chunks(self.ctx, endpoint, name, [(i, data)])
+                staging.push_chunks(self.ctx, endpoint, name, [(i, data)], keys=self.keys)
             if progress is not None:
                 progress(i + 1, len(meta))
         chunks = [{"i": i, "first_line": first, "sha": sha, "size": n,

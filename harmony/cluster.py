@@ -13,6 +13,7 @@ import time
 import psutil
 
 from harmony.client import Client, ClientError
+from harmony.comm.security import init_keys
 from harmony.worker.netem import NetEm, parse_rate
 
 DEFAULT_HOME = os.path.expanduser(os.environ.get("HARMONY_HOME", "~/.harmony"))
@@ -58,7 +59,8 @@ class LocalCluster:
                  net_bandwidth: str | float | None = None, policy: str | None = None,
                  memory_per_machine: int | None = None, store_max: int | None = None,
                  preempt: bool = True, max_jobs_per_machine: int = 0,
-                 isolate: bool = False, hide: list[str] | None = None) -> None:
+                 isolate: bool = False, hide: list[str] | None = None,
+                 keys: str | None = None, insecure: bool = False) -> None:
         if machines < 1:
             raise ClusterError("--machines must be >= 1")
         self.mode = mode
@@ -88,6 +90,11 @@ class LocalCluster:
         self.heartbeat_timeout = heartbeat_timeout
         self.procs: list[subprocess.Popen] = []
         self.endpoint: str | None = None
+        # CurveZMQ keys: a key set given (or $HARMONY_KEYS), else one made in
+        # the state dir; --insecure (plain text) only when asked for
+        self.insecure = insecure
+        self.keys: str | None = None if insecure else os.path.abspath(
+            keys or os.environ.get("HARMONY_KEYS") or os.path.join(self.state_dir, "keys"))
         # shared nothing, emulated: each worker daemon in its own mount
         # namespace, where the master's state dir, every other worker's state
         # dir and the ``hide`` paths are covered by an empty tmpfs
@@ -129,6 +136,10 @@ class LocalCluster:
             os.unlink(self.info_path)
         mdir = os.path.join(self.state_dir, "master")
         mjson = os.path.join(mdir, "master.json")
+        names = [f"m{i}" for i in range(self.machines)]
+        sec = ["--insecure"] if self.insecure else ["--keys", self.keys]
+        if self.keys:
+            init_keys(self.keys, workers=names)
         if os.path.exists(mjson):
             os.unlink(mjson)
         master = self._spawn(["harmony.master", "start", "--host", self.host, "--port",
@@ -136,7 +147,8 @@ class LocalCluster:
                               "--mode", self.mode,
                               *(["--policy", self.policy] if self.policy else []),
                               "--max-jobs-per-machine", str(self.max_jobs_per_machine),
-                              "--heartbeat-timeout", str(self.heartbeat_timeout)], "master.log")
+                              "--heartbeat-timeout", str(self.heartbeat_timeout), *sec],
+                             "master.log")
         self.procs.append(master)
         deadline = time.time() + timeout
         while not os.path.exists(mjson):
@@ -149,7 +161,6 @@ class LocalCluster:
                 raise ClusterError("master did not come up in time")
             time.sleep(0.05)
         self.endpoint = json.load(open(mjson))["endpoint"]
-        names = [f"m{i}" for i in range(self.machines)]
         netem = None
         if self.rate:
             netem = os.path.join(self.state_dir, "netem.bin")
@@ -174,9 +185,10 @@ class LocalCluster:
             self.procs.append(self._spawn(
                 ["harmony.worker", "start", "--master", self.endpoint, "--name", name,
                  "--host", self.host, "--state-dir", os.path.join(self.state_dir, "workers", name),
-                 "--log-level", self.log_level, *extra], f"worker-{name}.log", hide=hide))
+                 "--log-level", self.log_level, *sec, *extra], f"worker-{name}.log",
+                hide=hide))
         self._write_info()
-        with Client(self.endpoint, timeout_s=5) as c:
+        with Client(self.endpoint, timeout_s=5, keys=self.keys) as c:
             while True:
                 try:
                     alive = [w for w in c.cluster()["workers"] if w["alive"]]
@@ -194,7 +206,8 @@ class LocalCluster:
     def _write_info(self) -> None:
         # start times guard 'cluster down' against pids reused by other programs
         with open(self.info_path, "w") as fh:
-            json.dump({"endpoint": self.endpoint, "pids": [p.pid for p in self.procs],
+            json.dump({"endpoint": self.endpoint, "keys": self.keys,
+                       "pids": [p.pid for p in self.procs],
                        "started": [_start_time(p.pid) for p in self.procs],
                        "machines": self.machines, "mode": self.mode}, fh)
 

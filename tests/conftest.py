@@ -4,16 +4,25 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from harmony.client import Client
+from harmony.comm.security import init_keys
 from harmony.cluster import LocalCluster, isolation_unavailable
 from harmony.datagen import gen_nmf
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Every test cluster runs with CurveZMQ keys (as every cluster does by
+# default): one key set for the session, found by clients through the
+# environment, as a user's shell would.
+_KEYS = tempfile.mkdtemp(prefix="harmony-test-keys-")
+init_keys(_KEYS, workers=[f"m{i}" for i in range(8)])
+os.environ["HARMONY_KEYS"] = _KEYS
 NMF_APP = ROOT / "apps" / "nmf.py"
 
 

@@ -104,24 +104,33 @@ def test_cancel_stops_executors(client, cluster, toy_app):
 
 
 def test_malformed_messages_get_error_replies(cluster, client):
+    from harmony.comm import messages as M
+    from harmony.comm.zmqutil import make_socket
     ctx = zmq.Context()
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
+    s = make_socket(ctx, zmq.DEALER, keys=client.keys)     # an authenticated user
+    plain = ctx.socket(zmq.DEALER)                         # a stranger without keys
+    plain.setsockopt(zmq.LINGER, 0)
     s.connect(cluster.endpoint)
+    plain.connect(cluster.endpoint)
     try:
         for payload in (b"\xc1\xc1", b"\x93\x01\x02\x03",
                         b"\x81\xa1t\xa7no_such", b"\x81\xa1t\xa6cancel"):
             s.send(payload)
             assert s.poll(5000), "master did not answer"
             reply = s.recv_multipart()
-            from harmony.comm import messages as M
             msg = M.decode(reply)
             assert msg.type == "error" and msg["code"] == "bad_message", msg.fields
-        # an executor-only message from a stranger is refused, not obeyed
+        # an executor-only message from a user's key is refused, not obeyed
         s.send(M.encode("barrier", job="job-9999", index=0, epoch=0, iter=0))
-        assert s.poll(5000) and M.decode(s.recv_multipart()).type == "abort"
+        assert s.poll(5000)
+        msg = M.decode(s.recv_multipart())
+        assert msg.type == "error" and msg["code"] == "forbidden"
+        # a stranger is refused before anything is read: no answer at all
+        plain.send(M.encode("list_jobs"))
+        assert not plain.poll(1000)
     finally:
         s.close()
+        plain.close()
         ctx.term()
     assert client.cluster()["master"]["bad_messages"] >= 4
     assert isinstance(client.jobs(), list)  # still serving

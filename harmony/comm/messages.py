@@ -58,7 +58,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "launch": {"job": str, "index": int, "count": int, "app_name": str,
                "app_source": str, "args": list, "attempt": int,
                "resume": (dict, _OPT), "join": (bool, _OPT),
-               "datasets": (dict, _OPT)},   # harmony://NAME in args: NAME -> catalog entry
+               "datasets": (dict, _OPT),    # harmony://NAME in args: NAME -> catalog entry
+               "secret": (str, _OPT)},      # the job attempt's PS secret
     "kill": {"job": str},
     # drop a job's checkpoints on this machine, all but epoch ``keep``
     "ckpt_gc": {"job": str, "keep": (int, _OPT)},

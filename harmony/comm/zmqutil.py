@@ -3,11 +3,18 @@ from __future__ import annotations
 
 import zmq
 
+from harmony.comm import security
+
 DEFAULT_MASTER = "tcp://127.0.0.1:5760"
 
 
-def make_socket(ctx: zmq.Context, kind: int, identity: bytes | None = None) -> zmq.Socket:
+def make_socket(ctx: zmq.Context, kind: int, identity: bytes | None = None,
+                keys: "security.Keys | None" = None) -> zmq.Socket:
+    """A socket with Harmony's options; with keys (``keys``, or the
+    process's, :func:`harmony.comm.security.use`) a ROUTER is a CURVE server
+    behind the ZAP handler and any other kind a CURVE client."""
     sock = ctx.socket(kind)
+    security.secure_socket(ctx, sock, kind, keys)
     sock.setsockopt(zmq.LINGER, 0)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)

@@ -11,6 +11,7 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import signal
 import time
 from collections import deque
@@ -20,6 +21,7 @@ from typing import Any
 import zmq
 
 from harmony.comm import messages as M
+from harmony.comm import security
 from harmony.comm.zmqutil import make_socket
 from harmony.master import policy as P
 from harmony.master.jobdb import JobDB
@@ -94,6 +96,8 @@ class Run:
     ckpt_parts: dict[int, tuple] = field(default_factory=dict)   # a periodic checkpoint
     ckpt_epoch: int | None = None        # the periodic checkpoint being written
     last_ckpt: tuple[int, float] = (0, 0.0)   # (first epoch after it, time) of the last
+    # the attempt's PS secret: shards serve only requests that carry it
+    secret: str = field(default_factory=lambda: secrets.token_hex(16))
 
 
 class StateDirLocked(RuntimeError):
@@ -104,7 +108,13 @@ class Master:
     def __init__(self, state_dir: str, host: str = "127.0.0.1", port: int = 5760,
                  heartbeat_timeout: float = 5.0, launch_timeout: float = 300.0,
                  policy: str | None = None, mode: str = "naive",
-                 max_jobs_per_machine: int = 0) -> None:
+                 max_jobs_per_machine: int = 0, keys: security.Keys | None = None) -> None:
+        # who may send what: with keys, every peer is authenticated (CURVE)
+        # and each message type is accepted only from its role
+        self.keys = keys
+        self._peer: tuple[str, str] = ("", "")
+        if keys is not None:
+            security.use(keys)
         if mode not in P.MODES:
             raise ValueError(f"unknown mode {mode!r}; choose from {sorted(P.MODES)}")
         self.mode = mode
@@ -194,7 +204,7 @@ class Master:
                 if events:
                     for _ in range(1000):
                         try:
-                            frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
                         self._dispatch(frames)
@@ -211,6 +221,7 @@ class Master:
     def close(self) -> None:
         try:
             self.sock.close(linger=0)
+            security.stop_authenticator(self.ctx)
             self.ctx.term()
         finally:
             for job in self.jobs.values():
@@ -240,10 +251,19 @@ class Master:
             log.warning("send to %r failed: %s", ident, exc)
             return False
 
-    def _dispatch(self, frames: list[bytes]) -> None:
+    # message type -> the roles that may send it (with keys)
+    CLIENT_ONLY = {"submit", "cancel", "pause", "resume", "resize", "data_plan",
+                   "data_commit", "data_rm"}
+    READ_ONLY = {"list_jobs", "job_status", "cluster_info", "data_list"}
+    DAEMON = {"register", "heartbeat", "exec_exited", "data_copied"}
+
+    def _dispatch(self, frames: list) -> None:
         if len(frames) < 2:
             self.bad_messages += 1
             return
+        user = frames[1].get("User-Id") if self.keys is not None and \
+            hasattr(frames[1], "get") else None
+        frames = [f.bytes if hasattr(f, "bytes") else f for f in frames]
         ident, body = frames[0], frames[1:]
         try:
             msg = M.decode(body)
@@ -257,6 +277,20 @@ class Master:
             self.bad_messages += 1
             self._send(ident, M.error("unexpected", f"the master does not accept {msg.type!r}"))
             return
+        self._peer = ("", "")
+        if self.keys is not None:
+            self._peer = role, name = self.keys.peer(user)
+            allowed = (role == "client" if msg.type in self.CLIENT_ONLY else
+                       role in ("client", "reader") if msg.type in self.READ_ONLY else
+                       role == "worker")     # daemons and their executors
+            if msg.type == "register" and name != msg["name"]:
+                allowed = False
+            if not allowed:
+                self.bad_messages += 1
+                log.warning("%s refused from %s %r", msg.type, role or "an unknown key", name)
+                self._send(ident, M.error("forbidden", f"{msg.type!r} is not allowed for "
+                                                       f"this key"))
+                return
         try:
             handler(ident, msg)
         except Exception as exc:  # a handler bug must not kill the master
@@ -471,6 +505,8 @@ class Master:
                 self._retry_or_fail(job, f"its executor on worker {w.name} is gone")
 
     def _on_exec_exited(self, ident: bytes, msg: M.Message) -> None:
+        if ident not in self.by_ident:
+            return      # only a registered daemon reports its executors
         name = self.by_ident.get(ident, "?")
         job = self.jobs.get(msg["job"])
         run = self.runs.get(msg["job"]) if job is not None else None
@@ -666,7 +702,8 @@ class Master:
             ok = self._send(self.workers[name].ident, M.encode(
                 "launch", job=job.id, index=idx, count=len(machines), app_name=job.app_name,
                 app_source=job.app_source, args=job.args, attempt=job.attempt,
-                resume=resume, datasets=self._datasets_for(job)))
+                resume=resume, datasets=self._datasets_for(job),
+                secret=self.runs[job.id].secret))
             if not ok:
                 self.workers[name].alive = False
                 self._retry_or_fail(job, f"worker {name} unreachable at launch")
@@ -883,12 +920,28 @@ class Master:
         log.warning("%s requeued: %s", job.id, reason)
 
     # -- job executors ----------------------------------------------------------------------
+    def _machine_ok(self, job: Job, run: Run | None, index: int) -> bool:
+        """With keys: the sender is the worker the executor ``index`` runs
+        on (or joins, during a resize)."""
+        if self.keys is None:
+            return True
+        role, name = self._peer
+        if role != "worker":
+            return False
+        machines = list(job.workers)
+        if run is not None and run.reconfig:
+            machines += run.reconfig.join
+            if 0 <= index < len(run.reconfig.to) and run.reconfig.to[index] == name:
+                return True
+        return 0 <= index < len(job.workers) and job.workers[index] == name
+
     def _exec_run(self, ident: bytes, msg: M.Message) -> tuple[Job, Run] | None:
         key = self.exec_ident.get(ident)
         job = self.jobs.get(msg["job"])
         run = self.runs.get(msg["job"])
         if key is None or job is None or run is None or key[:2] != (msg["job"], msg["index"]) \
-                or key[2] != run.attempt or not job.state.active:
+                or key[2] != run.attempt or not job.state.active \
+                or (self.keys is not None and self._peer[0] != "worker"):
             self._send(ident, M.encode("abort", reason=f"job {msg['job']} is not running here"))
             return None
         return job, run
@@ -899,6 +952,8 @@ class Master:
     def _on_exec_ready(self, ident: bytes, msg: M.Message) -> None:
         job = self.jobs.get(msg["job"])
         run = self.runs.get(msg["job"])
+        if job is not None and not self._machine_ok(job, run, msg["index"]):
+            return self._send(ident, M.encode("abort", reason="not an executor of that job"))
         if msg.get("join"):
             rc = run.reconfig if run is not None else None
             name = self.by_ident.get(ident)
@@ -1068,7 +1123,7 @@ class Master:
             ok = self._send(self.workers[n].ident, M.encode(
                 "launch", job=job.id, index=to.index(n), count=len(to), app_name=job.app_name,
                 app_source=job.app_source, args=job.args, attempt=run.attempt, join=True,
-                datasets=self._datasets_for(job)))
+                datasets=self._datasets_for(job), secret=run.secret))
             if not ok:
                 self._retry_or_fail(job, f"worker {n} unreachable when resizing")
                 return True
@@ -1265,6 +1320,8 @@ class Master:
 
     def _on_exec_failed(self, ident: bytes, msg: M.Message) -> None:
         job, run = self.jobs.get(msg["job"]), self.runs.get(msg["job"])
+        if job is not None and not self._machine_ok(job, run, msg["index"]):
+            return
         if ident not in self.exec_ident and job is not None and run is not None \
                 and job.state.active and msg.get("attempt") == run.attempt \
                 and 0 <= msg["index"] < len(job.workers):

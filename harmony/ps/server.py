@@ -8,6 +8,7 @@ applied to each key atomically.
 """
 from __future__ import annotations
 
+import hmac
 import logging
 import threading
 import time
@@ -397,9 +398,8 @@ class ShardServer:
         t = self.table
         if msg.type not in ("pull", "push"):
             raise M.ProtocolError(f"unexpected {msg.type!r} on a PS shard")
-        if self.tag and msg["tag"] != self.tag:
-            raise ValueError(f"request for job attempt {msg['tag']!r}; this shard serves "
-                             f"{self.tag!r}")
+        if self.tag and not hmac.compare_digest(str(msg["tag"]), self.tag):
+            raise ValueError("request for another job attempt (or without its secret)")
         if not t.ready:
             raise ValueError("shard not initialized yet")
         n = msg["n"]

@@ -115,11 +115,11 @@ class ChunkStore:
 
 
 def push_chunks(ctx: zmq.Context, endpoint: str, name: str,
-                chunks: list[tuple[int, bytes]]) -> None:
+                chunks: list[tuple[int, bytes]], keys=None) -> None:
     """Send chunks of data set ``name`` to one holder's data service, which
-    stores them and acknowledges each after checking its SHA-256."""
+    stores them and acknowledges each after checking its digest."""
     mid = f"stage:{name}:{uuid.uuid4().hex[:8]}"
-    sock = make_socket(ctx, zmq.DEALER)
+    sock = make_socket(ctx, zmq.DEALER, keys=keys)
     sock.setsockopt(zmq.SNDTIMEO, int(TIMEOUT_S * 1000))
     try:
         sock.connect(endpoint)

@@ -28,6 +28,7 @@ import psutil
 import zmq
 
 from harmony.comm import messages as M
+from harmony.comm import security
 from harmony.comm.zmqutil import bind_random, make_socket
 from harmony.store import staging
 from harmony.store.lmdb_store import sweep_stale
@@ -87,8 +88,12 @@ class Daemon:
                  cpus: int | None = None, memory: int | None = None,
                  state_dir: str | None = None, cpu_set: list[int] | None = None,
                  netem: str | None = None, oom_kill: bool = False,
-                 store_max: int | None = None, preempt: bool = True) -> None:
+                 store_max: int | None = None, preempt: bool = True,
+                 keys: security.Keys | None = None) -> None:
         self.master = master
+        self.keys = keys            # this worker's keys (CURVE); its executors use them too
+        if keys is not None:
+            security.use(keys)
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.host = host
         self.cpu_set = sorted(cpu_set) if cpu_set else None
@@ -173,10 +178,13 @@ class Daemon:
                     ready = dict(poller.poll(100))
                     while self.xsock in ready:
                         try:
-                            frames = self.xsock.recv_multipart(zmq.NOBLOCK)
+                            frames = self.xsock.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
-                        self._handle_exec(frames)
+                        if self.keys is not None and (len(frames) < 2 or self.keys.worker_name(
+                                frames[1].get("User-Id")) != self.name):
+                            continue    # only this machine's executors (its worker key)
+                        self._handle_exec([f.bytes for f in frames])
                     while self.sock in ready:
                         try:
                             frames = self.sock.recv_multipart(zmq.NOBLOCK)
@@ -226,6 +234,7 @@ class Daemon:
         self.data.stop()
         self.sock.close(linger=0)
         self.xsock.close(linger=0)
+        security.stop_authenticator(self.ctx)
         self.ctx.term()
         self._events.close()
         if self.netem is not None:
@@ -315,6 +324,8 @@ class Daemon:
                 "daemon": self.xendpoint, "netem": self.netem_path,
                 "resume": msg.get("resume"), "join": bool(msg.get("join")),
                 "datasets": msg.get("datasets"),
+                "keys": self.keys.directory if self.keys is not None else None,
+                "ps_secret": msg.get("secret"),
                 # the block store: job stores under STATE/store, the budget
                 "state_dir": self.state_dir, "memory": int(self.memory),
                 "memory_set": self.memory_set, "daemon_pid": os.getpid(),

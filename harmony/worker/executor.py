@@ -34,6 +34,7 @@ import zmq
 from harmony.app import (App, AppError, InputPart, ModelSpec, Step, disk_ratio, load_app,
                          parse_app_args, should_stop)
 from harmony.comm import messages as M
+from harmony.comm import security
 from harmony.comm.zmqutil import make_socket
 from harmony.ps.client import PSClient, PSError
 from harmony.ps.keymap import block_of
@@ -181,6 +182,10 @@ def _plain(d: dict) -> dict:
 class Executor:
     def __init__(self, spec: dict) -> None:
         self.spec = spec
+        if spec.get("keys"):
+            # the machine's worker key: the master, the daemon and the other
+            # machines' sockets know this executor by it
+            security.use(security.Keys.load(spec["keys"], "worker", spec["worker"]))
         self.job, self.index, self.attempt = spec["job"], spec["index"], spec["attempt"]
         self.count = spec["count"]
         self.ctx = zmq.Context()
@@ -288,7 +293,9 @@ class Executor:
             update = None if type(app).update is App.update else app.update
             table = self.table = ShardTable(spec.dim, spec.dtype, update)
             table.attach_spill(self.storage.model)
-            tag = f"{self.job}:{self.attempt}"
+            # the PS tag names the job attempt and carries the master's secret
+            # for this launch: a shard serves only requests that know it
+            tag = f"{self.job}:{self.attempt}:{s.get('ps_secret') or ''}"
             self.tag = tag
             self.server = ShardServer(self.ctx, s["host"], table, tag=tag)
             self.server.start()
@@ -915,6 +922,7 @@ class Executor:
         if self.server is not None:
             self.server.stop()
         self.ctl.close(linger=200)  # let the final report leave
+        security.stop_authenticator(self.ctx)
         self.ctx.term()
 
 
