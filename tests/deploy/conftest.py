@@ -1,2 +1,2 @@
 """Fixtures of the deploy/ tests (defined in deploytools.py)."""
-from deploytools import aws  # noqa: F401  (a pytest fixture)
+from deploytools import aws, offline  # noqa: F401  (pytest fixtures)

@@ -60,6 +60,9 @@ def ansible_env(extra: dict | None = None) -> dict:
     credentials or config, no instance-metadata lookups (169.254.169.254)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AWS_", "ANSIBLE_", "BOTO"))}
+    # The venv's bin first: ansible-* find each other (and ansible-lint does
+    # not warn) even when the venv is not activated.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update({
         "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_RETRY_FILES_ENABLED": "0",
         "ANSIBLE_DEPRECATION_WARNINGS": "0", "PY_COLORS": "0",
@@ -145,6 +148,44 @@ def _netns_unavailable() -> str:
     return ""
 
 
+def _make_netns(tag: str) -> tuple[str | None, str]:
+    """A fresh network namespace with only `lo` up: (name, "") or (None, why not)."""
+    reason = _netns_unavailable()
+    if reason:
+        return None, reason
+    name = f"harmony-{tag}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    add = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if add.returncode != 0:
+        return None, f"`ip netns add` failed: {add.stderr.strip()}"
+    subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+    return name, ""
+
+
+@dataclass
+class Offline:
+    """Where to run an ansible-playbook that must contact no host."""
+    netns: str | None
+    reason: str
+
+    @property
+    def prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.netns] if self.netns else []
+
+
+@pytest.fixture(scope="module")
+def offline():
+    """A network namespace with only loopback (as root), for playbook runs
+    against the example inventory: its documentation addresses are never
+    contacted. The tests also point every host at 127.0.0.1:1 (ansible_host,
+    ansible_port), so a run that got past the checks would only be refused."""
+    netns, reason = _make_netns("t0")
+    try:
+        yield Offline(netns, reason)
+    finally:
+        if netns:
+            subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+
+
 @pytest.fixture(scope="module")
 def aws(tmp_path_factory):
     """A moto server on 127.0.0.1 (free port). As root it runs in a fresh
@@ -155,34 +196,26 @@ def aws(tmp_path_factory):
     require_module("moto")
     require_module("boto3")
     tmp = tmp_path_factory.mktemp("aws")
-    reason = _netns_unavailable()
-    netns = None
-    if not reason:
-        name = f"harmony-t1-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        add = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
-        if add.returncode != 0:
-            reason = f"`ip netns add` failed: {add.stderr.strip()}"
-        else:
-            netns = name
-            subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+    netns, reason = _make_netns("t1")
     prefix = ["ip", "netns", "exec", netns] if netns else []
     env = ansible_env({"MOTO_AMIS_PATH": str(HERE / "moto_amis.json")})
-    proc = subprocess.Popen([*prefix, sys.executable, str(HERE / "moto_endpoint.py")],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=open(tmp / "moto.log", "w"), text=True, env=env)
+    proc = None
     try:
+        # `ip netns exec` execs the program: proc is the moto server itself.
+        proc = subprocess.Popen([*prefix, sys.executable, str(HERE / "moto_endpoint.py")],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=open(tmp / "moto.log", "w"), text=True, env=env)
         line = proc.stdout.readline()
         if not line.startswith("PORT "):
-            proc.kill()
             pytest.fail(f"moto server did not start: {line!r}\n{(tmp / 'moto.log').read_text()}")
-        ep = AwsEndpoint(f"http://127.0.0.1:{int(line.split()[1])}", netns, reason, tmp, proc=proc)
-        yield ep
+        yield AwsEndpoint(f"http://127.0.0.1:{int(line.split()[1])}", netns, reason, tmp, proc=proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         if netns:
             subprocess.run(["ip", "netns", "del", netns], capture_output=True)
