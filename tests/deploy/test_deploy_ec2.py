@@ -20,12 +20,12 @@ NEWEST_CANONICAL_NOBLE = "ami-0c0ffee0000000002"  # see moto_amis.json
 WORKERS = 2
 
 
-def provision(aws, cluster: str = "harmony", *extra: str):
+def provision(aws, cluster: str = "harmony", workers: int = WORKERS):
     return aws.playbook("provision.yml", f"harmony_cluster={cluster}",
                         "harmony_ec2_key_name=harmony-test-key",
                         f"harmony_ec2_ssh_cidr={OPERATOR_CIDR}",
-                        f"harmony_ec2_worker_count={WORKERS}",
-                        "harmony_ec2_wait_for_ssh=false", *extra)
+                        f"harmony_ec2_worker_count={workers}",
+                        "harmony_ec2_wait_for_ssh=false")
 
 
 def instances_of(state: dict, cluster: str, states=("pending", "running")) -> list[dict]:
@@ -130,17 +130,24 @@ def test_ec2_inventory_groups_the_fleet_by_role(aws, fleet):
     assert hv["harmony_firewall"] is False
 
 
-def test_teardown_terminates_only_when_confirmed_and_only_its_cluster(aws, fleet):
-    cluster = "t1-teardown"
-    cp = provision(aws, cluster)
-    assert cp.returncode == 0, output(cp)
-    assert len(instances_of(aws.dump(), cluster)) == 1 + WORKERS
-
-    cp = aws.playbook("teardown.yml", f"harmony_cluster={cluster}")
+def test_teardown_without_confirmation_terminates_nothing(aws, fleet):
+    cp = aws.playbook("teardown.yml")          # harmony_cluster=harmony, not confirmed
     assert cp.returncode == 0, output(cp)
     assert recap(cp.stdout)["localhost"]["changed"] == 0, output(cp)
     assert "No instances terminated" in cp.stdout
-    assert len(instances_of(aws.dump(), cluster)) == 1 + WORKERS
+    cp = aws.playbook("teardown.yml", "harmony_confirm_teardown=yes")   # not the cluster's name
+    assert cp.returncode == 0, output(cp)
+    assert recap(cp.stdout)["localhost"]["changed"] == 0, output(cp)
+    state = aws.dump()
+    assert len(instances_of(state, "harmony")) == 1 + WORKERS
+    assert "harmony-sg" in {g["GroupName"] for g in state["security_groups"]}
+
+
+def test_confirmed_teardown_terminates_its_cluster_only(aws, fleet):
+    cluster = "t1-teardown"
+    cp = provision(aws, cluster, workers=1)
+    assert cp.returncode == 0, output(cp)
+    assert len(instances_of(aws.dump(), cluster)) == 2
 
     cp = aws.playbook("teardown.yml", f"harmony_cluster={cluster}",
                       f"harmony_confirm_teardown={cluster}")
@@ -151,8 +158,3 @@ def test_teardown_terminates_only_when_confirmed_and_only_its_cluster(aws, fleet
     # The other cluster is untouched.
     assert len(instances_of(state, "harmony")) == 1 + WORKERS
     assert "harmony-sg" in {g["GroupName"] for g in state["security_groups"]}
-
-    cp = aws.playbook("teardown.yml", f"harmony_cluster={cluster}",
-                      f"harmony_confirm_teardown={cluster}")
-    assert cp.returncode == 0, output(cp)
-    assert recap(cp.stdout)["localhost"]["changed"] == 0, output(cp)
