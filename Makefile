@@ -13,7 +13,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,torch]'
+	$(PY) -m pip install --quiet -e '.[test,torch,deploy]'
 	touch $(STAMP)
 
 demo: $(STAMP)
