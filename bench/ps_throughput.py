@@ -8,9 +8,12 @@ with the server in its own process:
   raw push : DEALER sends keys + payload, ROUTER answers a small ack
   PS  push : PSClient.push(keys, deltas); the shard applies ``rows += deltas``
 
-and prints MB/s and the ratio PS/raw (goal: >= 0.8 from 16 MB up).
+and prints MB/s and the ratio PS/raw (goal: >= 0.8 from 16 MB up). With
+``--curve`` it also runs the PS with CurveZMQ (authenticated, encrypted, as
+every cluster runs by default) against the same PS in plain text, and prints
+what encryption costs.
 
-    python bench/ps_throughput.py [--sizes 1,16,64] [--dim 256] [--reps 20]
+    python bench/ps_throughput.py [--sizes 1,16,64] [--dim 256] [--reps 20] [--curve]
 """
 from __future__ import annotations
 
@@ -46,8 +49,11 @@ def raw_server(port_q, n_bytes_list):
     ctx.term()
 
 
-def ps_server(port_q, rows_total, dim):
+def ps_server(port_q, rows_total, dim, keys_dir=None):
     from harmony.ps.server import ShardServer, ShardTable
+    if keys_dir:
+        from harmony.comm import security
+        security.use(security.Keys.load(keys_dir, "worker", "w0"))
     ctx = zmq.Context()
     table = ShardTable(dim, "float32", None)  # None: the default add, in place
     keys = np.arange(rows_total, dtype=np.int64)
@@ -57,6 +63,8 @@ def ps_server(port_q, rows_total, dim):
     port_q.put(srv.endpoint)
     port_q.get()  # wait for stop
     srv.stop()
+    from harmony.comm import security
+    security.stop_authenticator(ctx)
     ctx.term()
 
 
@@ -78,7 +86,14 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,16,64", help="payload sizes in MB")
     ap.add_argument("--dim", type=int, default=DIM)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--curve", action="store_true", help="also measure the PS with CurveZMQ")
     a = ap.parse_args()
+    keys_dir = None
+    if a.curve:
+        import tempfile
+        from harmony.comm import security
+        keys_dir = security.init_keys(tempfile.mkdtemp(), workers=["w0"])
+        curve_keys = security.Keys.load(keys_dir, "worker", "w0")
     sizes = [int(float(x) * 2**20) for x in a.sizes.split(",")]
     ctx = mp.get_context("spawn")
 
@@ -93,7 +108,7 @@ def main() -> None:
     raw.setsockopt(zmq.LINGER, 0)
     raw.connect(f"tcp://127.0.0.1:{raw_port}")
 
-    results = []
+    results, curve_rows = [], []
     for nbytes in sizes:
         nrows = nbytes // (4 * a.dim)
         keys = np.arange(nrows, dtype=np.int64)
@@ -103,6 +118,14 @@ def main() -> None:
         pp.start()
         ep = pq.get(timeout=60)
         client = PSClient(zctx, [ep], np.zeros(1, dtype=np.int64), a.dim)
+        if a.curve:
+            cq = ctx.Queue()
+            cp = ctx.Process(target=ps_server, args=(cq, nrows, a.dim, keys_dir), daemon=True)
+            cp.start()
+            cep = cq.get(timeout=60)
+            security.use(curve_keys)
+            cclient = PSClient(zctx, [cep], np.zeros(1, dtype=np.int64), a.dim)
+            security.use(None)
 
         def raw_pull():
             raw.send_multipart([b"pull%d" % nbytes, keys], copy=False)
@@ -124,6 +147,16 @@ def main() -> None:
         rs_, ps_ = timed_pair(raw_push, ps_push, a.reps)
         mb = nbytes / 2**20
         results.append((mb, mb / rp_, mb / pp_, rp_ / pp_, mb / rs_, mb / ps_, rs_ / ps_))
+        if a.curve:
+            def c_pull():
+                assert cclient.pull(keys).nbytes == nbytes
+            t_plain, t_curve = timed_pair(ps_pull, c_pull, a.reps)
+            u_plain, u_curve = timed_pair(ps_push, lambda: cclient.push(keys, deltas), a.reps)
+            curve_rows.append((mb, mb / t_plain, mb / t_curve, t_plain / t_curve,
+                               mb / u_plain, mb / u_curve, u_plain / u_curve))
+            cclient.close()
+            cq.put("stop")
+            cp.join(timeout=10)
         client.close()
         pq.put("stop")
         pp.join(timeout=10)
@@ -139,6 +172,13 @@ def main() -> None:
     for mb, rpl, ppl, r1, rps, pps, r2 in results:
         print(f"{mb:5.0f}M | {rpl:7.0f}MB/s {ppl:7.0f}MB/s {r1:6.2f} | "
               f"{rps:7.0f}MB/s {pps:7.0f}MB/s {r2:6.2f}")
+    if curve_rows:
+        print("\nPS with CurveZMQ vs the same PS in plain text (ratio = CURVE / plain)")
+        print(f"{'size':>6} | {'pull':>9} {'CURVE':>9} {'ratio':>6} | "
+              f"{'push':>9} {'CURVE':>9} {'ratio':>6}")
+        for mb, a1, b1, r1, a2, b2, r2 in curve_rows:
+            print(f"{mb:5.0f}M | {a1:7.0f}MB/s {b1:7.0f}MB/s {r1:6.2f} | "
+                  f"{a2:7.0f}MB/s {b2:7.0f}MB/s {r2:6.2f}")
 
 
 if __name__ == "__main__":

@@ -206,7 +206,7 @@ def cmd_submit(a: argparse.Namespace, app_args: list[str]) -> int:
         return _die(str(exc), 2)
     if a.machines < 1:
         return _die("--machines must be >= 1", 2)
-    with Client(a.master, keys=a.keys) as c:
+    with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
         job = c.submit(name, src, app_args, a.machines, a.name, a.group,
                        checkpoint_every=a.checkpoint_every,
                        checkpoint_seconds=a.checkpoint_seconds)
@@ -223,7 +223,7 @@ def _dur(s: float) -> str:
 
 
 def cmd_jobs(a: argparse.Namespace) -> int:
-    with Client(a.master, keys=a.keys) as c:
+    with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
         jobs = c.jobs()
     if a.json:
         print(json.dumps(jobs, indent=2))
@@ -243,7 +243,7 @@ def cmd_jobs(a: argparse.Namespace) -> int:
 
 
 def cmd_status(a: argparse.Namespace) -> int:
-    with Client(a.master, keys=a.keys) as c:
+    with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
         st = c.status(a.job)
     if a.json:
         print(json.dumps(st, indent=2))
@@ -299,14 +299,14 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def cmd_cancel(a: argparse.Namespace) -> int:
-    with Client(a.master, keys=a.keys) as c:
+    with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
         info = c.cancel(a.job)
     print(f"{a.job} {info.get('state', 'cancelled')}")
     return 0
 
 
 def cmd_pause(a: argparse.Namespace) -> int:
-    with Client(a.master, keys=a.keys) as c:
+    with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
         c.pause(a.job)
     print(f"{a.job} pausing: it checkpoints at the end of its current epoch "
           f"('harmony resume {a.job}' continues it)")
@@ -314,7 +314,7 @@ def cmd_pause(a: argparse.Namespace) -> int:
 
 
 def cmd_resize(a: argparse.Namespace) -> int:
-    with Client(a.master, keys=a.keys) as c:
+    with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
         info = c.resize(a.job, a.machines)
     if info.get("state") == "unchanged":
         print(f"{a.job} already runs on {', '.join(info['machines'])}")
@@ -325,7 +325,7 @@ def cmd_resize(a: argparse.Namespace) -> int:
 
 
 def cmd_resume(a: argparse.Namespace) -> int:
-    with Client(a.master, keys=a.keys) as c:
+    with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
         info = c.resume(a.job, a.machines)
     print(f"{a.job} {info.get('state', 'waiting')}: resumes from its checkpoint when placed")
     return 0
@@ -338,7 +338,7 @@ def cmd_cluster(a: argparse.Namespace) -> int:
             return 0
         return _die(f"no local cluster recorded in {a.state_dir or default_state_dir()}")
     if a.action == "status":
-        with Client(a.master, keys=a.keys) as c:
+        with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
             info = c.cluster()
         print(json.dumps(info, indent=2))
         return 0
@@ -404,7 +404,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
             name, src = _read_app(app)
             args = ["--input", data, "--rank", "8", "--max-epochs", str(a.epochs),
                     "--iters-per-epoch", "2"]
-            with Client(ep, keys=cl.keys) as c:
+            with Client(ep, keys=cl.keys, insecure=cl.insecure) as c:
                 job = c.submit(name, src, args, a.machines)
                 print(f"submitted {job}: harmony submit apps/nmf.py --machines {a.machines} "
                       + " ".join(args), flush=True)
@@ -433,7 +433,7 @@ def cmd_keys(a: argparse.Namespace) -> int:
 
 
 def cmd_data_staged(a: argparse.Namespace) -> int:
-    with Client(a.master, keys=a.keys) as c:
+    with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
         if a.action == "put":
             name = a.name or os.path.basename(a.file)
             if not os.path.isfile(a.file):
@@ -485,6 +485,9 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--keys", default=None,
                         help="key set dir (default $HARMONY_KEYS, else the default local "
                              "cluster's); the client key is $HARMONY_KEY_NAME (default admin)")
+        sp.add_argument("--insecure", action="store_true",
+                        help="talk plain text to a master started with --insecure "
+                             "(or HARMONY_INSECURE=1)")
         return sp
 
     s = with_master(sub.add_parser("submit", allow_abbrev=False, add_help=False,
@@ -541,8 +544,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="harmony mode: never stop a long COMP while a much shorter one runs")
     s.add_argument("--max-jobs-per-machine", type=int, default=0,
                    help="colocate policy: at most this many jobs share a machine (0: no limit)")
-    s.add_argument("--insecure", action="store_true",
-                   help="no CurveZMQ keys (plain text on loopback; loudly not for real use)")
     s.add_argument("--isolate", action="store_true",
                    help="shared nothing, emulated: each worker in its own mount namespace, "
                         "unable to see the master's or other workers' state dirs (root)")

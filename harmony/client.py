@@ -48,13 +48,15 @@ def client_keys(keys: "str | security.Keys | None" = None) -> "security.Keys | N
 
 class Client:
     def __init__(self, master: str | None = None, timeout_s: float | None = None,
-                 keys: "str | security.Keys | None" = None) -> None:
+                 keys: "str | security.Keys | None" = None, insecure: bool = False) -> None:
         if timeout_s is None:
             timeout_s = float(os.environ.get("HARMONY_CLIENT_TIMEOUT", "10"))
         self.master = master_address(master)
         self.timeout_ms = int(timeout_s * 1000)
         try:
-            self.keys = client_keys(keys)
+            # insecure: plain text, for a master started with --insecure
+            self.keys = None if insecure or os.environ.get("HARMONY_INSECURE") == "1" \
+                else client_keys(keys)
         except security.SecurityError as exc:
             raise ClientError(str(exc), "keys") from None
         self.ctx = zmq.Context()

@@ -188,7 +188,7 @@ class LocalCluster:
                  "--log-level", self.log_level, *sec, *extra], f"worker-{name}.log",
                 hide=hide))
         self._write_info()
-        with Client(self.endpoint, timeout_s=5, keys=self.keys) as c:
+        with Client(self.endpoint, timeout_s=5, keys=self.keys, insecure=self.insecure) as c:
             while True:
                 try:
                     alive = [w for w in c.cluster()["workers"] if w["alive"]]

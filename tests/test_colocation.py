@@ -125,9 +125,9 @@ def test_a_short_comp_preempts_a_long_one(pcluster):
     # jobs.jsonl holds one record per epoch: each timing is the largest over
     # the machines, so the epochs' sum lies between half and all of both logs
     assert 0 < 0.9 * logged / 2 <= stood <= 1.1 * logged
-    # 0.2 s of CPU time a COMP, more wall time on a loaded machine (0.33 s
-    # with a busy loop beside the test)
-    assert 0.18 <= sts[0]["profile"]["t_cpu"] <= 0.4
+    # 0.2 s of CPU time a COMP: at least that much wall time (a loaded
+    # machine adds more, so there is no upper bound here)
+    assert sts[0]["profile"]["t_cpu"] >= 0.18
 
 
 def test_cancelling_a_preempted_job_does_not_hang(pcluster):

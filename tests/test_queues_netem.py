@@ -145,7 +145,9 @@ def test_bandwidth_cap_holds_on_a_bulk_ps_transfer(netem):
         client.push(np.arange(n), payload)
         elapsed = time.perf_counter() - t
         rate = (payload.nbytes + 8 * n) / elapsed
-        assert rate == pytest.approx(20e6, rel=0.10)
+        # the cap is a hard upper bound; how close a loaded machine gets to it
+        # is not this test's business (bench/migration.py measures that)
+        assert 0.3 * 20e6 <= rate <= 1.02 * 20e6
         assert table.rows[0, 0] == 1.0
         eg, _, _ = netem.counters("m1")
         _, ing, _ = netem.counters("m0")

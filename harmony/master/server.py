@@ -530,9 +530,13 @@ class Master:
             return self._finish_index(job, run, msg["index"])
         how = f"signal {-code}" if code < 0 else f"code {code}"
         tail = msg["log_tail"].strip()
-        self._end(job, JobState.FAILED,
-                  f"executor {msg['index']} on worker {name} exited with {how}"
-                  + (f"; its log ends with:\n{tail}" if tail else ""))
+        what = f"executor {msg['index']} on worker {name} exited with {how}"
+        if code in (-signal.SIGKILL, -signal.SIGTERM) and "out of memory" not in tail:
+            # killed from outside (not by the app, not by the OOM guard): a
+            # fault of the machine, not of the job; it resumes from its last
+            # checkpoint, and this counts as a failed attempt
+            return self._retry_or_fail(job, what)
+        self._end(job, JobState.FAILED, what + (f"; its log ends with:\n{tail}" if tail else ""))
 
     def _check_liveness(self, now: float) -> None:
         for w in self.workers.values():

@@ -20,6 +20,7 @@ import threading
 import zmq
 
 from harmony.comm import messages as M
+from harmony.comm import security
 from harmony.comm.zmqutil import bind_random, make_socket
 from harmony.store.checkpoint import CheckpointError, CheckpointStore
 from harmony.store.staging import ChunkStore, StagingError
@@ -67,6 +68,12 @@ class DataService:
                     return
                 raise
             ident = frames[0].bytes
+            keys = security.current()
+            if keys is not None and len(frames) > 1 and \
+                    keys.peer(frames[1].get("User-Id"))[0] not in ("worker", "client"):
+                self._reply(ident, M.error("forbidden", "the data service serves workers and "
+                                                        "clients, not read-only keys"))
+                continue
             try:
                 msg = M.decode(frames[1:])
             except M.ProtocolError as exc:

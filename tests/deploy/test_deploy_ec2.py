@@ -13,6 +13,7 @@ import re
 
 import pytest
 
+from deploytools import aws, offline  # noqa: F401  (fixtures; no conftest.py here: it would shadow tests/conftest.py)
 from deploytools import EC2_INVENTORY, output, recap, run, tool
 
 OPERATOR_CIDR = "198.51.100.7/32"  # TEST-NET-2: never routed

@@ -20,6 +20,7 @@ import sys
 
 import pytest
 
+from deploytools import aws, offline  # noqa: F401  (fixtures; no conftest.py here: it would shadow tests/conftest.py)
 from deploytools import (DEPLOY, HERE, PLAYBOOKS, STATIC_INVENTORY, ansible_env, output, recap,
                          run, tool)
 
