@@ -55,7 +55,6 @@ import logging
 import os
 import threading
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -63,7 +62,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from harmony.store.blocks import Block, BlockStore
-from harmony.store.lmdb_store import LmdbBlockStore, StoreError, release_scratch
+from harmony.store.lmdb_store import LmdbBlockStore, StoreError, crc32, release_scratch
 from harmony.store.reload import ReloadPipeline, ReloadStats, choose_disk_blocks
 
 log = logging.getLogger("harmony.store.local")
@@ -159,8 +158,13 @@ class MemoryWatch:
 
 
 def _crc(a: np.ndarray) -> int:
-    a = np.ascontiguousarray(a)
-    return zlib.crc32(a.view(np.uint8).reshape(-1)) if a.nbytes else 0
+    """CRC-32 of an array's bytes (ISA-L's, see lmdb_store: this runs over
+    every non-pinned array of every dropped disk-block)."""
+    if not a.nbytes:
+        return 0
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    return crc32(a.reshape(-1).view(np.uint8))
 
 
 def digests(arrays: dict[str, np.ndarray], skip: Iterable[str] = ()) -> dict[str, tuple]:
