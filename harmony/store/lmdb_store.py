@@ -104,7 +104,7 @@ _JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _KEY = struct.Struct(">Q")        # big-endian: cursor order == block id order
 _TRAILER = struct.Struct("<4sIQ")  # magic, crc32(payload), len(payload)
 _TMAGIC = b"HSC1"
-_CHUNK = 256 << 10                # copy + CRC granularity: the chunk stays in L2
+_CHUNK = 512 << 10                # copy + CRC granularity: the chunk stays in L2
 
 T = TypeVar("T")
 
