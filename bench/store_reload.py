@@ -5,21 +5,36 @@ outside the repo) it measures, interleaved, REPS times each:
 
   raw      : one read txn, cursor scan, each value copied out (``bytes(v)``):
              the least any reader must do to get the bytes into memory
-  pipeline : ReloadPipeline over all blocks as disk-blocks (α = 1), consumer
+  reload   : ReloadPipeline over all blocks as disk-blocks (α = 1), consumer
              doing nothing: background thread, CRC-32 check, Block objects
-  no-crc   : the same without the CRC-32 check (what the check costs)
-  pipe+wb  : the pipeline with write-back of every block after use (mutable
-             input, as NMF's L), counted as bytes reloaded per second
+  no-check : reload without the integrity check (what the check costs)
+  mutable  : the executor's path for input that the app changes (LocalInput,
+             α = 1): the consumer changes one array (``i``, 11% of a block)
+             of every block in every pass; after the first pass it is pinned
+             in memory, and each dropped block's other arrays are hashed to
+             detect new changes (the write-back of mutable blocks as the
+             executor does it: nothing is rewritten in steady state)
+  rewrite  : ReloadPipeline with ``writeback`` into LMDB: every block written
+             back whole after use (no executor path does this since mutated
+             arrays are pinned; kept as the upper bound of write-back cost)
 
 each with a warm page cache and a cold one (the data file is evicted with
-posix_fadvise(DONTNEED) after closing the env, so only this file is dropped),
-and prints median MB/s and the ratio pipeline/raw.
+posix_fadvise(DONTNEED) after closing the env, so only this file is dropped).
+Each measurement is paired with a raw scan just before it (same cache state),
+and the ratio kind/raw is taken per pair: the VM is shared and its speed
+drifts, so the median of paired ratios is the figure to read. It prints
+median MB/s (bytes handed to the consumer per second) and median ratios, and
+the process CPU seconds per GB (all threads) of each kind.
 
 A last section checks overlap: α = 0.5 over 32 blocks with a consumer that
 spends Tbproc per block (sleep: a COMP that releases the GIL, like numpy) so
 that the bound holds, and reports the stall as a fraction of COMP time.
 
     python bench/store_reload.py [--blocks 64] [--block-mb 4] [--reps 7]
+        [--kinds raw,reload,...]
+
+(It uses only interfaces that older versions of the store also have, so it
+measures them too: run it with PYTHONPATH at an older checkout.)
 """
 from __future__ import annotations
 
@@ -35,10 +50,11 @@ import numpy as np
 from harmony.store.alpha import max_disk_blocks
 from harmony.store.blocks import Block, BlockStore
 from harmony.store.lmdb_store import LmdbBlockStore, LmdbEnv
+from harmony.store.local import LocalInput
 from harmony.store.reload import ReloadPipeline, choose_disk_blocks
 
 
-KINDS = ("raw", "pipeline", "no-crc", "pipe+wb")
+KINDS = ("raw", "reload", "no-check", "mutable", "rewrite")
 
 
 def make_blocks(n: int, mb: float) -> list[Block]:
@@ -56,11 +72,20 @@ class Bench:
         self.env.sync_now()
         self.ids = [b.id for b in blocks]
         self.nbytes = self.store.total_bytes()
+        # the executor's owner of input blocks, every block a disk-block
+        # (stored once more under its own db: the same bytes)
+        self.local = LocalInput(LmdbBlockStore(self.env, "local"))
+        for blk in blocks:
+            self.local.add(blk, to_disk=True)
+        self.env.sync_now()
+        self.mutable(passes=1)           # first pass: `i` is found to change and pinned
 
     def open(self) -> None:
         self.env = LmdbEnv(self.path, job="bench", sync=False, map_size=4 << 30)
         self.store = LmdbBlockStore(self.env, "input")
         self.unverified = LmdbBlockStore(self.env, "input", verify=False)
+        if hasattr(self, "local"):
+            self.local.disk = LmdbBlockStore(self.env, "local")
 
     def evict(self) -> None:
         """Drop this file's pages from the page cache (unmapped first)."""
@@ -73,24 +98,60 @@ class Bench:
             os.close(fd)
         self.open()
 
-    def raw(self) -> float:
+    def warm(self) -> None:
+        for name in ("input", "local"):
+            db = self.env.db(name)
+            with self.env.env.begin(buffers=True) as txn:
+                for _, v in txn.cursor(db=db):
+                    bytes(v)
+
+    def raw(self) -> int:
         db = self.env.db("input")
-        t0 = time.perf_counter()
         n = 0
         with self.env.env.begin(buffers=True) as txn:
             for _, v in txn.cursor(db=db):
                 n += len(bytes(v))
-        return n / (time.perf_counter() - t0)
+        return n
 
-    def pipeline(self, writeback: bool, verify: bool = True) -> float:
-        t0 = time.perf_counter()
+    def pipeline(self, writeback: bool, verify: bool = True) -> int:
         n = 0
         with ReloadPipeline(self.ids, self.ids, BlockStore(),
                             self.store if verify else self.unverified,
                             writeback=writeback) as pipe:
             for blk in pipe:
                 n += blk.nbytes
-        return n / (time.perf_counter() - t0)
+        return n
+
+    def mutable(self, passes: int = 1) -> int:
+        n = 0
+        for _ in range(passes):
+            seq = self.local.view(self.ids)
+            try:
+                for blk in seq:
+                    blk["i"][0] += 1
+                    n += blk.nbytes
+            finally:
+                seq.close()
+        return n
+
+    def run(self, kind: str) -> int:
+        if kind == "raw":
+            return self.raw()
+        if kind == "mutable":
+            return self.mutable()
+        return self.pipeline(kind == "rewrite", verify=kind != "no-check")
+
+
+def measure(b: Bench, kind: str, cache: str) -> tuple[float, float]:
+    """(bytes/s, CPU seconds per byte) of one run of ``kind``."""
+    if cache == "cold":
+        b.evict()
+    else:
+        b.warm()
+    c0, t0 = time.process_time(), time.perf_counter()
+    n = b.run(kind)
+    dt, dc = time.perf_counter() - t0, time.process_time() - c0
+    return n / dt, dc / n
 
 
 def overlap(store_blocks: list[Block], path: str) -> None:
@@ -129,37 +190,48 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=64)
     ap.add_argument("--block-mb", type=float, default=4.0)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--kinds", default=",".join(KINDS[1:]),
+                    help="comma-separated, from: " + ", ".join(KINDS[1:]))
     a = ap.parse_args()
+    kinds = [k for k in a.kinds.split(",") if k]
+    for k in kinds:
+        if k not in KINDS[1:]:
+            ap.error(f"unknown kind {k!r}")
     tmp = tempfile.mkdtemp(prefix="harmony-bench-reload-")
     try:
         blocks = make_blocks(a.blocks, a.block_mb)
         b = Bench(os.path.join(tmp, "spill"), blocks)
+        del blocks
         print(f"{a.blocks} blocks x {a.block_mb} MB = {b.nbytes / 1e6:.0f} MB in LMDB, "
-              f"{a.reps} interleaved reps, median MB/s")
-        res: dict[str, list[float]] = {}
+              f"{a.reps} interleaved reps; median MB/s, median of ratios to the raw scan "
+              f"just before (min - max)")
+        rate: dict[tuple[str, str], list[float]] = {}
+        cpu: dict[tuple[str, str], list[float]] = {}
+        ratio: dict[tuple[str, str], list[float]] = {}
         for _ in range(a.reps):
             for cache in ("warm", "cold"):
-                for kind in KINDS:
-                    if cache == "cold":
-                        b.evict()
-                    else:
-                        b.raw()   # make sure it is all cached
-                    rate = (b.raw() if kind == "raw" else
-                            b.pipeline(kind == "pipe+wb", verify=kind != "no-crc"))
-                    res.setdefault(f"{cache} {kind}", []).append(rate)
-        med = {k: statistics.median(v) / 1e6 for k, v in res.items()}
-        print(f"{'':6}" + "".join(f"{k:>10}" for k in KINDS)
-              + "".join(f"{k + '/raw':>13}" for k in KINDS[1:]))
+                for kind in kinds:
+                    r0, c0 = measure(b, "raw", cache)
+                    r1, c1 = measure(b, kind, cache)
+                    rate.setdefault((cache, "raw"), []).append(r0)
+                    cpu.setdefault((cache, "raw"), []).append(c0)
+                    rate.setdefault((cache, kind), []).append(r1)
+                    cpu.setdefault((cache, kind), []).append(c1)
+                    ratio.setdefault((cache, kind), []).append(r1 / r0)
+        med = statistics.median
+        print(f"{'':6}{'kind':>10}{'MB/s':>8}{'/raw':>7}{'min - max':>13}{'CPU s/GB':>10}")
         for cache in ("warm", "cold"):
-            r = [med[f"{cache} {k}"] for k in KINDS]
-            print(f"{cache:6}" + "".join(f"{x:10.0f}" for x in r)
-                  + "".join(f"{x / r[0]:13.2f}" for x in r[1:]))
-            lo = min(x / y for x, y in zip(res[f"{cache} pipeline"], res[f"{cache} raw"]))
-            hi = max(x / y for x, y in zip(res[f"{cache} pipeline"], res[f"{cache} raw"]))
-            print(f"{'':6}pipeline/raw per rep: {lo:.2f} - {hi:.2f}")
+            for kind in ("raw", *kinds):
+                line = (f"{cache:6}{kind:>10}{med(rate[cache, kind]) / 1e6:8.0f}")
+                if kind == "raw":
+                    line += f"{'':7}{'':13}"
+                else:
+                    rs = ratio[cache, kind]
+                    line += f"{med(rs):7.2f}{min(rs):6.2f} - {max(rs):4.2f}"
+                print(line + f"{med(cpu[cache, kind]) * 1e9:10.3f}")
         b.env.close()
         del b
-        overlap(blocks, os.path.join(tmp, "overlap"))
+        overlap(make_blocks(32, a.block_mb), os.path.join(tmp, "overlap"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -316,3 +316,99 @@ def test_each_colocated_job_closes_only_its_part_of_the_gap():
         moves.append(c.n)
     assert moves[0] == pytest.approx(need * 0.25, abs=1)
     assert moves[1] == pytest.approx(need * 0.75, abs=1)
+
+
+# -- settling: no probing for ever once a probe failed ---------------------------------
+
+EXEC_TH = Thresholds(0.75, 0.85, 0.92, 0.97)     # the executor's thresholds
+BUDGET = 1_000_000
+BLOCK = 0.02 * BUDGET
+
+
+def narrow_band(n: int) -> float:
+    """Memory (fraction of the budget) at ``n`` of 16 disk-blocks: at 11 it is
+    below target, one block fewer is over spill (the projection, 2% per
+    block, is wrong by 13%): the position the hill-climber used to probe
+    every ``cooldown + 2`` observations for ever."""
+    if n >= 11:
+        return 0.72 - 0.03 * (n - 11)
+    return 0.87 + 0.05 * (10 - n)
+
+
+def obs_at(frac: float, stall: float = 0.0) -> Observation:
+    return Observation(int(frac * BUDGET), BUDGET, stall_s=stall, comp_s=1.0, tbproc=0.05,
+                       tbload=0.01, blocks_total=16, block_bytes=BLOCK)
+
+
+def drive(ctl: AlphaController, steps: int, mem=narrow_band, stall=lambda i: 0.0,
+          shift=lambda i: 0.0, start: int = 0) -> list[int]:
+    """Feed ``steps`` observations: memory from the position (plus a shift
+    by step index), stall by step index. Returns the disk-blocks after each."""
+    ns = []
+    for i in range(start, start + steps):
+        ctl.step(obs_at(mem(ctl.n) + shift(i), stall(i)))
+        ns.append(ctl.n)
+    return ns
+
+
+@pytest.mark.parametrize("settle_after", [1, 2])
+def test_settles_after_failed_probes_and_stops_probing(settle_after):
+    ctl = AlphaController(16, 11 / 16, block_bytes=BLOCK, thresholds=EXEC_TH,
+                          settle_after=settle_after)
+    ns = drive(ctl, 60)
+    assert ns.count(10) == settle_after, ns           # each probe of 10 failed, then no more
+    assert ns[-40:] == [11] * 40, ns
+    assert ctl.settled and ctl.failed == {11: settle_after}
+    assert ctl.history[-1].direction == 0 and ctl.history[-1].reason.startswith("settled")
+    # what it replaces: without settling, a probe every cooldown + 2 observations
+    never = AlphaController(16, 11 / 16, block_bytes=BLOCK, thresholds=EXEC_TH,
+                            settle_after=10**9)
+    assert drive(never, 60).count(10) >= 7
+
+
+def test_one_outlier_does_not_end_the_settled_state():
+    ctl = AlphaController(16, 11 / 16, block_bytes=BLOCK, thresholds=EXEC_TH)
+    drive(ctl, 10)
+    assert ctl.settled
+    # one observation 10% lower (another job's peak missed), then back
+    ns = drive(ctl, 20, shift=lambda i: -0.10 if i == 12 else 0.0, start=10)
+    assert ns == [11] * 20 and ctl.settled
+
+
+def test_probes_again_when_memory_frees_materially():
+    ctl = AlphaController(16, 11 / 16, block_bytes=BLOCK, thresholds=EXEC_TH)
+    drive(ctl, 10)
+    assert ctl.settled and ctl.n == 11
+    # a co-located job ended: 30% of the budget freed from observation 10 on
+    ns = drive(ctl, 30, shift=lambda i: -0.30 if i >= 10 else 0.0, start=10)
+    assert ns[0] == 11                                  # one observation is not enough
+    assert not ctl.settled and ctl.failed == {}
+    assert min(ns) < 11                                 # fewer disk-blocks now that it fits
+    assert any(d.reason == "memory below target" for d in ctl.history[-30:])
+
+
+def test_probes_again_when_stalls_change():
+    ctl = AlphaController(16, 11 / 16, block_bytes=BLOCK, thresholds=EXEC_TH)
+    drive(ctl, 10)
+    assert ctl.settled
+    # COMP starts waiting on reloads (20% of its time) and memory frees a bit
+    drive(ctl, 3, stall=lambda i: 0.2, shift=lambda i: -0.04, start=10)
+    assert not ctl.settled
+    assert any(d.reason == "reload stalls COMP" for d in ctl.history[-3:])
+
+
+def test_memory_pressure_moves_a_settled_controller_at_once():
+    ctl = AlphaController(16, 11 / 16, block_bytes=BLOCK, thresholds=EXEC_TH)
+    drive(ctl, 10)
+    assert ctl.settled
+    d = ctl.step(obs_at(0.90))                           # pressure: no waiting
+    assert d.direction == +1 and d.reason == "memory above spill threshold"
+    assert not ctl.settled and ctl.n > 11
+    # the spike passes: back down, but not below the position that failed
+    ns = drive(ctl, 30, start=11)
+    assert min(ns) == 11 and ns[-20:] == [11] * 20 and ctl.settled
+
+
+def test_settle_after_must_be_positive():
+    with pytest.raises(ValueError):
+        AlphaController(10, settle_after=0)

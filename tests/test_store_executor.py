@@ -99,9 +99,13 @@ def test_job_over_the_memory_budget_completes_by_spilling(small):
     assert _metrics(st) == ref.history
     alphas = [e["timings"]["alpha"] for e in st["epochs"]]
     assert min(alphas) > 0.5                       # most of the input stayed on disk
-    # and α settled: the hill-climber may still probe one step (1/16) down
-    # and back off, e.g. [.., 0.6875, 0.625, 0.75, 0.75, 0.75, 0.75] (the
-    # stricter "no change in the last 4 epochs" failed about 1 run in 2 alone)
+    # and α settled: within 2 steps (1/16 each) over the last 4 epochs. The
+    # hill-climber no longer probes a position whose probe failed (it used to
+    # after every cool-down, e.g. [.., 0.6875, 0.625, 0.75, 0.75, ..]; the
+    # pure tests in test_store_alpha.py check that), but memory pressure
+    # still moves α at once: on a loaded machine this executor's peak at one
+    # α varies by 10-20% of the budget between epochs (48 to 60 MiB of 60
+    # measured), so "no change in the last 4 epochs" would test the load
     assert max(alphas[-4:]) - min(alphas[-4:]) <= 2 / 16 + 1e-9, alphas
     (ms,) = st["store"].values()
     assert ms["machine_mb"] * MiB <= small.budget

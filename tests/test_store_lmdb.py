@@ -95,6 +95,28 @@ def test_fast_framing_matches_export_block_format():
         assert export_block(back) == export_block(blk)
 
 
+def test_crc_is_zlibs_so_blocks_stored_before_isal_still_read(tmp_path):
+    """The check is zlib's CRC-32 computed by ISA-L: the stored format did
+    not change, and a value framed with zlib.crc32 (as every earlier version
+    wrote it) decodes, also with arrays spanning several copy chunks."""
+    import struct
+    import zlib
+
+    from harmony.store import lmdb_store
+    blk = make_block(7, n=3 * lmdb_store._CHUNK // 32 + 5)     # "L" spans 3+ chunks
+    payload = export_block(blk)
+    old = payload + struct.pack("<4sIQ", b"HSC1", zlib.crc32(payload), len(payload))
+    assert frame(payload) == old == bytes(frame_block(blk))
+    assert_same(blk, decode_block(old))
+    bad = bytearray(old)
+    bad[len(payload) - 5] ^= 0x10                          # last chunk of the last array
+    with pytest.raises(ValueError, match="checksum"):
+        decode_block(bytes(bad))
+    with JobStorage(str(tmp_path), "job-z") as st:
+        _raw_put(st, "input", (7).to_bytes(8, "big"), old)
+        assert_same(blk, st.input.get(7))
+
+
 def test_unverified_store_reads_without_the_crc(tmp_path):
     with JobStorage(str(tmp_path), "job-v") as st:
         fast = LmdbBlockStore(st.spill_env, "input", verify=False)

@@ -70,6 +70,12 @@ def test_changed_arrays_are_pinned_in_memory_and_never_lost(inp, storage):
             run_pass(inp.view(g, prefetch=True), lambda b: b["L"].__iadd__(1.0))
     assert inp.pinned == {"L"}
     assert inp.residue_bytes() == 8 * 10 * 2 * 4          # only L stays in memory
+    # each block was written again once, without L: reloads read only x
+    t = inp.take_totals()
+    assert t.rewrites == 8 and "L" not in storage.input.get(0).arrays
+    for g in inp.groups:
+        run_pass(inp.view(g), lambda b: b["L"].__iadd__(0.0))
+    assert inp.take_totals().rewrites == 0
     for b in inp.iter_blocks():
         assert (b["L"] == b.id + 3).all() and b["x"][0] == b.id
     # LMDB holds only the immutable part after a new spill

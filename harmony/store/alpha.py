@@ -42,6 +42,22 @@ memory pressure can move α. Down moves are checked against a projection of
 memory use, and up moves stop at the target, so a steady job ends inside the
 [target, spill) band or at a bound and stays there instead of oscillating.
 Timings (Tbproc, Tbload) are smoothed with an EWMA.
+
+Settling: a band narrower than the projection's error (or than one block)
+leaves a position below target whose next block down is above spill, and
+after each cool-down the controller would probe it again (one step down,
+memory over spill, back up: every ``cooldown + 2`` observations, for ever).
+So a *failed probe* (a move down that memory pressure reverses at the very
+next observation) is counted against the position it left, and a position
+with ``settle_after`` failed probes becomes a floor: no move down goes below
+it, and at it the controller is **settled**: it makes no move of its own
+(down for room or stalls, up for a co-located job) until the observations
+there change materially: memory use by more than ``resume_mem`` of the
+budget, or the stall by more than ``resume_stall`` of COMP time, against the
+first observation at that position, in two observations in a row (one
+outlier does not count), or a co-located job starts or stops starving. Then
+it forgets the failures and probes again. Memory pressure (≥ spill) moves α
+up as always, settled or not; the floors stay.
 """
 from __future__ import annotations
 
@@ -136,9 +152,13 @@ class AlphaController:
                  block_bytes: float | None = None, model_bytes: int | None = None,
                  thresholds: Thresholds = Thresholds(), stall_tolerance: float = 0.02,
                  initial_step: float | None = None, max_step: float | None = None,
-                 cooldown: int = 6, smoothing: float = 0.5, spill_model: bool = False) -> None:
+                 cooldown: int = 6, smoothing: float = 0.5, spill_model: bool = False,
+                 settle_after: int = 1, resume_mem: float = 0.10,
+                 resume_stall: float = 0.10) -> None:
         if num_blocks < 1:
             raise ValueError("num_blocks must be >= 1")
+        if settle_after < 1:
+            raise ValueError("settle_after must be >= 1")
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         self.num_blocks = num_blocks
@@ -159,6 +179,14 @@ class AlphaController:
         self.history: list[Decision] = []
         #: the last step found reload stalling COMP and no memory to go down
         self.starved = False
+        self.settle_after, self.resume_mem, self.resume_stall = (settle_after, resume_mem,
+                                                                 resume_stall)
+        #: failed probes down, by the position (disk-blocks) they left from
+        self.failed: dict[int, int] = {}
+        self._settled_ref: tuple[int, float, float, bool] | None = None
+        self._changed_in_a_row = 0
+        self._probe_from: int | None = None   # where the last move down started
+        self._probe_obs = 0                    # observations since that move
 
     @classmethod
     def from_estimate(cls, num_blocks: int, input_bytes: int, model_bytes: int,
@@ -207,6 +235,48 @@ class AlphaController:
                 self.cooldown_left = self.cooldown
         self.step_blocks = step
         self.last_dir = direction
+        self._probe_from, self._probe_obs = (self.n, 0) if direction < 0 else (None, 0)
+
+    def _pressure_up(self) -> None:
+        """Memory pressure moves α up now: a move down at the observation
+        just before was a failed probe of the position it left."""
+        p = self._probe_from
+        self._probe_from = None
+        if self.last_dir < 0 and p is not None and self._probe_obs <= 1:
+            self.failed[p] = self.failed.get(p, 0) + 1
+
+    def _floor(self) -> int:
+        """The highest position at or below this one whose probes down
+        failed ``settle_after`` times: no move down goes below it."""
+        return max((p for p, k in self.failed.items()
+                    if k >= self.settle_after and p <= self.n), default=0)
+
+    @property
+    def settled(self) -> bool:
+        """At a floor: no moves of its own until the observations change."""
+        return self.failed.get(self.n, 0) >= self.settle_after
+
+    def _still_settled(self, frac: float, stall_frac: float, others_starved: bool) -> bool:
+        """While settled: have the observations at this position changed
+        materially since the first one here (twice in a row)? If so the
+        failures are forgotten."""
+        ref = self._settled_ref
+        if ref is None or ref[0] != self.n:
+            self._settled_ref = (self.n, frac, stall_frac, others_starved)
+            self._changed_in_a_row = 0
+            return True
+        _, f0, s0, o0 = ref
+        if (abs(frac - f0) > self.resume_mem or abs(stall_frac - s0) > self.resume_stall
+                or others_starved != o0):
+            self._changed_in_a_row += 1
+        else:
+            self._changed_in_a_row = 0
+        if self._changed_in_a_row < 2:
+            return True
+        self._settled_ref, self._changed_in_a_row = None, 0
+        self.failed.clear()
+        self.cooldown_left = 0
+        return False
 
     def _decide(self, direction: int, reason: str, pause: bool = False) -> Decision:
         d = Decision(self.alpha, self.n, self.spill_model, pause, direction, reason)
@@ -219,6 +289,7 @@ class AlphaController:
         self.starved = False
         if obs.mem_budget <= 0:
             raise ValueError("mem_budget must be > 0")
+        self._probe_obs += 1
         budget, used = float(obs.mem_budget), float(obs.mem_used)
         frac = used / budget
         share = min(1.0, max(0.0, obs.share))
@@ -236,6 +307,8 @@ class AlphaController:
         # -- critical: everything to disk now, and ask for a pause
         if frac >= th.terminate:
             changed = self.n < N
+            if changed:
+                self._pressure_up()
             self.n, self.spill_model = N, True
             return self._decide(+1 if changed else 0, "terminate threshold", pause=True)
 
@@ -256,6 +329,7 @@ class AlphaController:
                 # this job's part of the gap (co-located jobs close theirs)
                 need = int(math.ceil((used - th.target * budget) * share / per_block - 1e-9))
                 move = min(move, max(1, need))
+            self._pressure_up()
             self._commit(+1, step)
             self.n = min(limit, self.n + move)
             return self._decide(+1, "memory above spill threshold")
@@ -270,6 +344,10 @@ class AlphaController:
                 self.spill_model = False
                 return self._decide(0, "memory well below target: model back in memory")
 
+        stall_frac = obs.stall_s / comp if comp > 0 else 0.0
+        if self.settled and self._still_settled(frac, stall_frac, obs.others_starved):
+            return self._decide(0, f"settled: {self.failed[self.n]} failed probe(s) of fewer "
+                                   "disk-blocks; probing again when memory or stalls change")
         if self.cooldown_left > 0:
             self.cooldown_left -= 1
             return self._decide(0, "cool-down after a reversal")
@@ -297,7 +375,7 @@ class AlphaController:
     def _down(self, used: float, budget: float, per_block: float | None, ceiling: float,
               why: str, at_least: int = 0, share: float = 1.0) -> Decision:
         move, step = self._planned_move(-1)
-        move = min(self.n, max(move, at_least))
+        move = min(self.n - self._floor(), max(move, at_least))
         if per_block:
             fits = int(math.floor((ceiling * budget - used) * share / per_block - 1e-9))
             move = min(move, fits)
@@ -314,5 +392,5 @@ class AlphaController:
     def state(self) -> dict:
         return {"alpha": self.alpha, "disk_blocks": self.n, "step": self.step_blocks,
                 "spill_model": self.spill_model, "reversals": self.reversals,
-                "starved": self.starved,
+                "starved": self.starved, "settled": self.settled,
                 "tbproc": self.tbproc, "tbload": self.tbload}

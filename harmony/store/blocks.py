@@ -49,7 +49,10 @@ def export_block(block: Block) -> bytes:
     return b"".join([_MAGIC, struct.pack("<I", len(head)), head, *bufs])
 
 
-def import_block(data: bytes | memoryview) -> Block:
+def parse_header(data: bytes | memoryview) -> tuple[int, list, int]:
+    """(block id, array list ``[name, dtype, shape, nbytes]``, offset of the
+    first array's bytes) of an exported block; ``BlockFormatError`` if the
+    magic or the header is damaged."""
     mv = memoryview(data)
     if len(mv) < 8 or bytes(mv[:4]) != _MAGIC:
         raise BlockFormatError("not a Harmony block (bad magic)")
@@ -62,7 +65,12 @@ def import_block(data: bytes | memoryview) -> Block:
         bid = int(head["id"])
     except Exception as exc:
         raise BlockFormatError(f"corrupt block header: {exc}") from None
-    off = 8 + hlen
+    return bid, meta, 8 + hlen
+
+
+def import_block(data: bytes | memoryview) -> Block:
+    mv = memoryview(data)
+    bid, meta, off = parse_header(mv)
     arrays = {}
     for name, dtype, shape, nbytes in meta:
         if off + nbytes > len(mv):

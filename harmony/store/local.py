@@ -27,7 +27,8 @@ whole blocks back after every use:
   detected on the very use that changed it, so no change is ever lost (up to
   a CRC-32 collision, 2^-32 per changed array);
 * blocks are written to LMDB without their pinned arrays; a block whose set of
-  arrays shrank is written again.
+  arrays shrank, or that LMDB still holds with arrays pinned since, is
+  written again (once: its later reloads read only the immutable part).
 
 Writing mutated blocks back instead would rewrite over 10x more bytes than
 NMF changes, on every pass; the price of pinning is that mutable state never
@@ -55,7 +56,6 @@ import logging
 import os
 import threading
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -63,7 +63,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from harmony.store.blocks import Block, BlockStore
-from harmony.store.lmdb_store import LmdbBlockStore, StoreError, release_scratch
+from harmony.store.lmdb_store import LmdbBlockStore, StoreError, crc32, release_scratch
 from harmony.store.reload import ReloadPipeline, ReloadStats, choose_disk_blocks
 
 log = logging.getLogger("harmony.store.local")
@@ -159,8 +159,13 @@ class MemoryWatch:
 
 
 def _crc(a: np.ndarray) -> int:
-    a = np.ascontiguousarray(a)
-    return zlib.crc32(a.view(np.uint8).reshape(-1)) if a.nbytes else 0
+    """CRC-32 of an array's bytes (ISA-L's, see lmdb_store: this runs over
+    every non-pinned array of every dropped disk-block)."""
+    if not a.nbytes:
+        return 0
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    return crc32(a.reshape(-1).view(np.uint8))
 
 
 def digests(arrays: dict[str, np.ndarray], skip: Iterable[str] = ()) -> dict[str, tuple]:
@@ -450,7 +455,9 @@ class LocalInput:
 
     def _release(self, blk: Block) -> None:
         """A used disk-block is being dropped: pin the arrays that changed;
-        write the block again if arrays were removed."""
+        write the block again if arrays were removed, or if LMDB still holds
+        arrays that are pinned now (once per block: later reloads then read
+        only the immutable part)."""
         bid = blk.id
         with self._lock:
             pinned = set(self.pinned)
@@ -472,11 +479,16 @@ class LocalInput:
                 self._residue[bid] = keep
             else:
                 self._residue.pop(bid, None)
-        if removed:
+        stale = {n for n in stored if n in keep}
+        if removed or stale:
             rest = {n: a for n, a in blk.arrays.items() if n not in keep}
             self.disk.put(Block(bid, rest))
+            # unchanged since ``now`` was taken (changed arrays are in keep)
+            rest_digests = {n: now[n] for n in rest if n in now}
+            if len(rest_digests) < len(rest):
+                rest_digests = digests(rest)
             with self._lock:
-                self._stored[bid] = digests(rest)
+                self._stored[bid] = rest_digests
                 self.totals.rewrites += 1
 
     # -- passes ----------------------------------------------------------------------------
