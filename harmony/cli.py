@@ -127,6 +127,9 @@ def worker_main(argv: list[str] | None = None) -> int:
     s.add_argument("--no-preempt", dest="preempt", action="store_false",
                    help="harmony mode: never stop a long COMP while a much shorter one "
                         "runs (the paper's non-preemptive CPU queue)")
+    s.add_argument("--revision-file", default=None,
+                   help="file holding the deployed code revision, reported to the master "
+                        "(default $HARMONY_REVISION, else /opt/harmony/REVISION if it exists)")
     _security_args(s)
     s.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
@@ -136,6 +139,9 @@ def worker_main(argv: list[str] | None = None) -> int:
         cpu_set = [int(c) for c in a.cpu_set.split(",")] if a.cpu_set else None
         name = a.name or f"{__import__('socket').gethostname()}-{os.getpid()}"
         keys = _process_keys(a, "worker", name, a.host)
+        revision = _revision(a.revision_file)
+        if revision:    # the daemon reports it when it registers
+            os.environ["HARMONY_REVISION"] = revision
         d = Daemon(master_address(a.master), name, a.host, a.cpus, a.memory, a.state_dir,
                    cpu_set=cpu_set, netem=a.netem, oom_kill=a.oom_kill, store_max=a.store_max,
                    preempt=a.preempt, keys=keys)
@@ -143,6 +149,21 @@ def worker_main(argv: list[str] | None = None) -> int:
         return _die(str(exc))
     d.serve_forever()
     return 0
+
+
+def _revision(path: str | None) -> str:
+    """The code revision a worker reports: --revision-file, else
+    $HARMONY_REVISION, else /opt/harmony/REVISION; "" if none (a missing
+    file is ignored)."""
+    if path is None and os.environ.get("HARMONY_REVISION"):
+        return os.environ["HARMONY_REVISION"].strip()[:128]
+    try:
+        with open(path or "/opt/harmony/REVISION", encoding="utf-8", errors="replace") as fh:
+            return fh.readline().strip()[:128]
+    except OSError as exc:
+        if path is not None:
+            logging.getLogger("harmony.worker").warning("no revision: %s", exc)
+        return ""
 
 
 # ---------------------------------------------------------------------------- harmony

@@ -48,6 +48,7 @@ class Worker:
     alive: bool = True
     stats: deque = field(default_factory=lambda: deque(maxlen=3600))
     data_endpoint: str = ""      # its data service: checkpoint parts on its disk
+    revision: str = ""           # the code it runs (deployed git revision), if it said
 
 
 @dataclass
@@ -448,13 +449,13 @@ class Master:
 
     def _on_cluster_info(self, ident: bytes, msg: M.Message) -> None:
         ws = [{"name": w.name, "host": w.host, "cpus": w.cpus, "memory": w.memory,
-               "alive": w.alive, "last_seen": w.last_seen,
+               "alive": w.alive, "last_seen": w.last_seen, "revision": w.revision or None,
                "jobs": [j.id for j in self._jobs_on(w.name)],
                "utilization": w.stats[-1] if w.stats else {}}
               for w in sorted(self.workers.values(), key=lambda w: w.name)]
         self._send(ident, M.encode("cluster", workers=ws, master={
             "endpoint": self.endpoint, "pid": os.getpid(), "bad_messages": self.bad_messages,
-            "mode": self.mode}))
+            "mode": self.mode, "revision": os.environ.get("HARMONY_REVISION") or None}))
 
     # -- worker daemons --------------------------------------------------------------
     def _on_register(self, ident: bytes, msg: M.Message) -> None:
@@ -463,7 +464,7 @@ class Master:
         if old is not None and old.ident != ident:
             self.by_ident.pop(old.ident, None)
         w = Worker(name, ident, msg["host"], msg["cpus"], msg["memory"], msg["pid"], time.time(),
-                   data_endpoint=msg.get("data_endpoint") or "")
+                   data_endpoint=msg.get("data_endpoint") or "", revision=msg.get("revision") or "")
         self.workers[name] = w
         self.by_ident[ident] = name
         log.info("worker %s registered (%s, %d cpus, %.1f GiB)", name, w.host, w.cpus,

@@ -211,7 +211,8 @@ class Daemon:
                         self._send("register", name=self.name, host=self.host, cpus=self.cpus,
                                    memory=self.memory, pid=os.getpid(),
                                    executors=sorted(self.execs),
-                                   data_endpoint=self.data.endpoint)
+                                   data_endpoint=self.data.endpoint,
+                                   revision=os.environ.get("HARMONY_REVISION") or None)
                 if self.memory_set and now - self._mem_at >= MEM_CHECK_S:
                     self._mem_at = now
                     self._check_memory()

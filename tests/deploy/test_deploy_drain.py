@@ -20,6 +20,7 @@ import pytest
 from deploytools import DEPLOY, HERE, ansible_env, output, run, tool
 from harmony.client import Client
 from harmony.cluster import LocalCluster
+from harmony.comm.security import init_keys
 
 ROOT = HERE.parent.parent
 NMF = ROOT / "apps" / "nmf.py"
@@ -28,7 +29,11 @@ LONG = ["--rank", "6", "--blocks", "8", "--max-epochs", "100000"]
 
 @pytest.fixture
 def local_cluster(tmp_path):
-    cl = LocalCluster(2, str(tmp_path / "cluster"), port=0, heartbeat_timeout=3.0, mode="naive")
+    # Its own key set, with the playbooks' client key (harmony_deploy_key,
+    # default "deploy") besides the admin's: the task files must use that one.
+    keys = init_keys(str(tmp_path / "keys"), workers=["m0", "m1"], clients=["admin", "deploy"])
+    cl = LocalCluster(2, str(tmp_path / "cluster"), port=0, heartbeat_timeout=3.0, mode="naive",
+                      keys=keys)
     cl.start()
     try:
         yield cl
@@ -52,7 +57,7 @@ def notes(st: dict) -> list[str]:
 
 def test_drain_pauses_only_the_jobs_on_the_restarting_worker_and_resumes_them(
         local_cluster, ratings, tmp_path):
-    with Client(local_cluster.endpoint, timeout_s=10) as c:
+    with Client(local_cluster.endpoint, timeout_s=10, keys=local_cluster.keys) as c:
         both = c.submit("nmf.py", NMF.read_text(), ["--input", ratings, *LONG], machines=2)
         wait_for(c, both, lambda s: s["state"] == "running" and s["epochs_total"] >= 1, "running")
         one = c.submit("nmf.py", NMF.read_text(), ["--input", ratings, *LONG], machines=1)
@@ -68,6 +73,8 @@ def test_drain_pauses_only_the_jobs_on_the_restarting_worker_and_resumes_them(
         cp = run([tool("ansible-playbook"), "-i", str(inv), str(HERE / "drain_local.yml"),
                   "-e", f"harmony_venv={Path(sys.executable).parent.parent}",
                   "-e", f"harmony_master_endpoint={local_cluster.endpoint}",
+                  # where the hosts keep the playbooks' client key (a key set)
+                  "-e", f"harmony_deploy_keys_dir={local_cluster.keys}",
                   "-e", json.dumps({"drain_machines": [restarting]})],
                  env=ansible_env({"ANSIBLE_ROLES_PATH": str(DEPLOY / "roles")}), timeout=180)
         assert cp.returncode == 0, output(cp)

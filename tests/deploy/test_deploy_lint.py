@@ -6,7 +6,9 @@
 - site.yml fails on a bad setting before any host is contacted, and passes
   its check play on good ones;
 - the unit files and firewall rules render from the roles' defaults, and
-  inventory group/host vars override those defaults.
+  inventory group/host vars override those defaults; both units run with
+  the key set (--keys), the worker reports the deployed revision
+  (--revision-file). The key tasks themselves: test_deploy_keys.py.
 
 No host is contacted: runs against the example inventory happen in a
 network namespace with only loopback (as root), with every host pointed at
@@ -21,8 +23,8 @@ import sys
 import pytest
 
 from deploytools import aws, offline  # noqa: F401  (fixtures; no conftest.py here: it would shadow tests/conftest.py)
-from deploytools import (DEPLOY, HERE, PLAYBOOKS, STATIC_INVENTORY, ansible_env, output, recap,
-                         run, tool)
+from deploytools import (DEPLOY, HERE, PLAYBOOKS, ROOT, STATIC_INVENTORY, ansible_env, output,
+                         recap, run, tool)
 
 # Every host at a closed loopback port: a run that got past the checks is refused.
 NOWHERE = ["-e", "ansible_host=127.0.0.1", "-e", "ansible_port=1"]
@@ -61,6 +63,8 @@ def site(offline, *extra: str) -> subprocess.CompletedProcess:
     ("harmony_source=svn", "harmony_source must be 'rsync' or 'git'"),
     ('{"harmony_operator_cidrs": []}', "set harmony_operator_cidrs"),
     ('{"harmony_operator_cidrs": ["everywhere"]}', "set harmony_operator_cidrs"),
+    (f"harmony_keys_local_dir={ROOT}/keys", "must be outside the checkout"),
+    ('{"harmony_keys_readers": ["../escape"]}', "harmony_keys_clients and harmony_keys_readers"),
 ])
 def test_a_bad_setting_fails_site_yml_before_any_host_is_touched(offline, setting, message):
     cp = site(offline, setting)
@@ -106,12 +110,17 @@ def execstart(unit: str) -> str:
 def test_units_and_firewall_render_from_the_defaults(tmp_path):
     r = render(tmp_path)
     # The master binds its private (default-route) address, not every interface.
+    # Both run with the CurveZMQ key set (a service without --keys refuses to
+    # start); the worker reports the deployed revision, the master reads it
+    # from its environment file.
     assert execstart(r["harmony-master.service"]) == (
         "/opt/harmony/venv/bin/harmony-master start --host 203.0.113.10 --port 5760 "
-        "--state-dir /var/lib/harmony/master")
+        "--state-dir /var/lib/harmony/master --keys /etc/harmony/keys")
+    assert "\nEnvironmentFile=-/opt/harmony/REVISION.env\n" in r["harmony-master.service"]
     assert execstart(r["harmony-worker-1.service"]) == (
         "/opt/harmony/venv/bin/harmony-worker start --master tcp://203.0.113.10:5760 "
-        "--name harmony-worker-1 --host 203.0.113.11 --state-dir /var/lib/harmony/worker")
+        "--name harmony-worker-1 --host 203.0.113.11 --state-dir /var/lib/harmony/worker "
+        "--keys /etc/harmony/keys --revision-file /opt/harmony/REVISION")
     # A host var of the inventory overrides the default advertise address.
     assert "--host 10.0.0.14 " in execstart(r["harmony-worker-4.service"])
     assert "--cpus" not in r["harmony-worker-1.service"]
@@ -139,9 +148,12 @@ def test_inventory_group_and_host_vars_override_the_defaults(tmp_path):
     text = text.replace("harmony-worker-1 ansible_host=203.0.113.11",
                         "harmony-worker-1 ansible_host=203.0.113.11 harmony_worker_cpus=6 "
                         "harmony_worker_memory=20G")
-    text += "harmony_master_bind=10.0.0.99\nharmony_master_port=6000\nharmony_worker_cpus=4\n"
+    text += ("harmony_master_bind=10.0.0.99\nharmony_master_port=6000\nharmony_worker_cpus=4\n"
+             "harmony_keys_dir=/srv/harmony-keys\n")
     r = render(tmp_path, text)
     assert "--host 10.0.0.99 --port 6000 " in execstart(r["harmony-master.service"])
+    assert execstart(r["harmony-master.service"]).endswith(" --keys /srv/harmony-keys")
+    assert " --keys /srv/harmony-keys " in execstart(r["harmony-worker-3.service"])
     w1, w2 = execstart(r["harmony-worker-1.service"]), execstart(r["harmony-worker-2.service"])
     assert w1.endswith(" --cpus 6 --memory 20G"), w1
     assert w2.endswith(" --cpus 4"), w2
