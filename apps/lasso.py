@@ -330,6 +330,29 @@ class Lasso(App):
             fh.writelines(f"{j + self.base} {float(x[j])!r}\n" for j in nz.tolist())
         os.replace(tmp, path)
 
+    # -- export (harmony model get) -------------------------------------------------
+    def export_meta(self) -> dict:
+        return {"index_base": int(self.base)}
+
+    def export(self, keys: np.ndarray, rows: np.ndarray, meta: dict) -> dict:
+        """``coef`` (features): the iterate of the last epoch, whose
+        objective was reported; ``coef[j]`` is the input's feature index
+        ``j + index_base``. ``intercept`` (0 without ``--intercept``)."""
+        x = self._latest_x(rows)
+        F = len(rows) - 2
+        out = {"coef": np.array(x[:F]), "intercept": np.float64(x[F])}
+        if "index_base" in meta:
+            out["index_base"] = np.int64(meta["index_base"])
+        return out
+
+    def export_text(self, arrays: dict) -> str:
+        """Like ``--model-out``: ``index weight`` lines of the nonzeros in the
+        input's index base, ``intercept b`` first with ``--intercept``."""
+        coef, base = arrays["coef"], int(arrays.get("index_base", 0))
+        lines = [f"intercept {float(arrays['intercept'])!r}\n"] if self.opts.intercept else []
+        lines += [f"{j + base} {float(coef[j])!r}\n" for j in np.flatnonzero(coef).tolist()]
+        return "".join(lines)
+
     def model_objective(self, keys: np.ndarray, rows: np.ndarray) -> dict:
         w = self._latest_x(rows)[keys < self.F]
         return {"l1": float(np.abs(w).sum()), "nnz": float(np.count_nonzero(w))}

@@ -589,6 +589,41 @@ class LDA(App):
     def model_objective(self, keys: np.ndarray, rows: np.ndarray) -> dict:
         return {"lw": self._lgamma(self.opts.beta)(rows[keys < self.W])}
 
+    # -- export (harmony model get) -------------------------------------------------
+    def export_meta(self) -> dict:
+        return {"vocab": list(self.vocab)} if self.vocab else {}
+
+    def export(self, keys: np.ndarray, rows: np.ndarray, meta: dict) -> dict:
+        """``word_topic`` (words x topics) counts, row ``w`` for UCI word id
+        ``w + 1``; ``topic_totals``; ``alpha``, ``beta``; per topic its
+        ``--top-words`` most probable words: ``top_word_ids`` (rows of
+        ``word_topic``) and, when the job had ``--vocab``, ``top_words``.
+        phi = (word_topic + beta) / (topic_totals + W beta), column-wise."""
+        o = self.opts
+        W = len(rows) - min(TOTAL_ROWS, o.blocks)
+        nwk = np.rint(rows[:W]).astype(np.int32)
+        out = {"word_topic": nwk, "topic_totals": nwk.sum(axis=0, dtype=np.int64),
+               "alpha": np.float64(o.alpha), "beta": np.float64(o.beta)}
+        n = min(o.top_words, W)
+        if n > 0:
+            phi = phi_from_counts(rows, o.beta, W)
+            ids = np.argsort(-phi, axis=1, kind="stable")[:, :n]
+            out["top_word_ids"] = ids
+            vocab = meta.get("vocab")
+            if vocab and len(vocab) >= W:
+                out["top_words"] = np.array([[vocab[i] for i in r] for r in ids.tolist()])
+        return out
+
+    def export_text(self, arrays: dict) -> str:
+        """The top words per topic, one line per topic."""
+        if "top_word_ids" not in arrays:
+            raise AppError("no top words (the job ran with --top-words 0)")
+        words = arrays.get("top_words")
+        if words is None:
+            words = arrays["top_word_ids"] + 1            # UCI word ids
+        return "".join(f"topic {k:3d}: " + " ".join(str(w) for w in r) + "\n"
+                       for k, r in enumerate(words.tolist()))
+
     def metrics(self, s: dict) -> dict:
         o = self.opts
         n = s.get("n", 0.0)

@@ -38,3 +38,6 @@ class LeastSquares(App):
     def objective(self, blocks, keys, rows):  # summed over machines
         r = [b["X"] @ rows[:, 0] - b["y"] for b in blocks]
         return {"objective": 0.5 * sum(float(v @ v) for v in r) / self.opts.samples}
+
+    def export(self, keys, rows, meta):       # harmony model get: the model as named arrays
+        return {"w": rows[:, 0].copy()}

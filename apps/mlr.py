@@ -211,6 +211,7 @@ class MLR(App):
         self.classes = len(info.labels)
         self.F = info.num_features
         self.n_train, self.n_test = info.n_train, info.n_test
+        self.index_base = info.index_base          # for the export (export_meta)
         self._keys_cache: dict[tuple, np.ndarray] = {}
         for b, a in blocks:
             # sample order within a block: a seeded shuffle (files are often sorted by class)
@@ -340,6 +341,24 @@ class MLR(App):
     def model_objective(self, keys: np.ndarray, rows: np.ndarray) -> dict:
         w = rows[keys < self.F].astype(np.float64)
         return {"w2": float(np.einsum("ij,ij->", w, w))}
+
+    # -- export (harmony model get) -------------------------------------------------
+    def export_meta(self) -> dict:
+        return {"labels": [float(v) for v in self.labels], "index_base": int(self.index_base)}
+
+    def export(self, keys: np.ndarray, rows: np.ndarray, meta: dict) -> dict:
+        """``W`` (classes x features) and ``bias`` (classes): the logits of a
+        sample ``x`` are ``W @ x + bias``. Class ``c`` is ``classes[c]`` (the
+        input's labels, in increasing order); column ``j`` of ``W`` is the
+        input's feature index ``j + index_base``."""
+        F = len(rows) - 1
+        out = {"W": np.ascontiguousarray(rows[:F].T), "bias": np.array(rows[F])}
+        if "labels" in meta:
+            lab = np.asarray(meta["labels"], dtype=np.float64)
+            out["classes"] = lab.astype(np.int64) if (lab == np.round(lab)).all() else lab
+        if "index_base" in meta:
+            out["index_base"] = np.int64(meta["index_base"])
+        return out
 
     def metrics(self, s: dict) -> dict:
         n = s.get("n", 0.0)

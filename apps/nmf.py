@@ -287,6 +287,24 @@ class NMF(App):
         R = rows[:, :self.opts.rank]
         return {"l2_R": float(np.vdot(R, R))}
 
+    # -- export (harmony model get) -------------------------------------------------
+    export_input_arrays = ("uid", "L")    # a final checkpoint keeps only these of a block
+
+    def export(self, keys: np.ndarray, rows: np.ndarray, meta: dict) -> dict:
+        """Item factors ``R`` (items x rank): row ``i`` is item ``i``, and a
+        rating is predicted as ``L[u] @ R[i]`` (the AdaGrad column is left
+        out)."""
+        return {"R": np.ascontiguousarray(rows[:, :self.opts.rank]), "item_ids": keys}
+
+    def export_inputs(self, blocks: list[Block], meta: dict) -> dict:
+        """User factors ``L`` (users x rank), row ``j`` for user
+        ``user_ids[j]`` (sorted): they live in the input blocks."""
+        k = self.opts.rank
+        uid = np.concatenate([b["uid"] for b in blocks] + [np.zeros(0, np.int64)])
+        L = np.concatenate([b["L"] for b in blocks] + [np.zeros((0, k), np.float32)])
+        order = np.argsort(uid, kind="stable")
+        return {"user_ids": uid[order], "L": L[order]}
+
     def metrics(self, s: dict) -> dict:
         lam = self.opts.lam
         out = {"objective": s.get("sse", 0.0) + lam * (s.get("l2_L", 0.0) + s.get("l2_R", 0.0)),

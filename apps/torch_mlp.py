@@ -161,6 +161,24 @@ class TorchMLP(App):
                     out[pre + "n"] += len(y)
         return out
 
+    # -- export (harmony model get) -------------------------------------------------
+    def export_meta(self) -> dict:
+        return {"params": [[name, list(p.shape)] for name, p in self.net.named_parameters()
+                           if p.requires_grad]}
+
+    def export(self, keys: np.ndarray, rows: np.ndarray, meta: dict) -> dict:
+        """The module's parameters by ``state_dict`` name (``0.weight``,
+        ``0.bias``, ...): ``make_mlp(...).load_state_dict({k: torch.from_numpy(v)})``
+        loads them."""
+        if "params" not in meta:
+            raise AppError("the checkpoint holds no parameter layout (export_meta)")
+        flat, out, at = rows.reshape(-1), {}, 0
+        for name, shape in meta["params"]:
+            n = int(np.prod(shape, dtype=np.int64))
+            out[name] = flat[at:at + n].reshape(shape).copy()
+            at += n
+        return out
+
     def metrics(self, s: dict) -> dict:
         n, tn = s.get("n", 0.0), s.get("test_n", 0.0)
         out = {"objective": s["ce"] / n if n else math.nan,

@@ -224,6 +224,43 @@ class App:
         """Turn summed partials into metrics; must contain ``objective``."""
         return {"objective": float(sums.get("objective", math.nan))}
 
+    # -- export (``harmony model get``; see harmony/export.py) ----------------------
+    #: the arrays of an input block that ``export_inputs`` reads: a job's final
+    #: checkpoint keeps only these of its input blocks (None: whole blocks).
+    #: Only used by an app that overrides ``export_inputs``.
+    export_input_arrays: tuple[str, ...] | None = None
+
+    def export_meta(self) -> dict:
+        """Facts the export needs that only the input knows (MLR's class
+        labels, Lasso's index base, LDA's vocabulary): a small dict of
+        msgpack-able values (str, numbers, lists). Called on every executor
+        (after ``read_input``) at every checkpoint and stored with its part;
+        ``export`` gets the parts' dicts merged (part 0 first). Default:
+        nothing."""
+        return {}
+
+    def export(self, keys: np.ndarray, rows: np.ndarray, meta: dict) -> dict[str, np.ndarray]:
+        """The model as named arrays (``harmony model get`` writes them as
+        NPZ). Runs on the client, on an app built from the job's options
+        only (``read_input`` was not called: what the input alone knows
+        comes in ``meta``, see ``export_meta``). ``keys`` is every model key
+        in order (``0 .. num_keys - 1``) and ``rows`` their rows, exactly
+        the model :func:`run_local` returns. Default: both, as they are."""
+        return {"keys": keys, "rows": rows}
+
+    def export_inputs(self, blocks: list[Block], meta: dict) -> dict[str, np.ndarray]:
+        """Optional: state the app keeps in its input blocks (NMF's user
+        factors), as named arrays merged into the export. ``blocks`` are
+        every input block of the checkpoint, in id order (a final
+        checkpoint keeps only ``export_input_arrays`` of them). Not called
+        unless overridden."""
+        return {}
+
+    def export_text(self, arrays: dict[str, np.ndarray]) -> str:
+        """Optional: a text form of the export (``harmony model get --out
+        FILE.txt``). Not defined by default."""
+        raise AppError(f"app {self.name} has no text form of its model (write .npz)")
+
 
 # ---------------------------------------------------------------------------
 # Loading app files and parsing their options

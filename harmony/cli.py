@@ -86,6 +86,10 @@ def master_main(argv: list[str] | None = None) -> int:
                    help="colocate policy: at most this many jobs share a machine "
                         "(default 0: no limit)")
     _security_args(s)
+    s.add_argument("--keep-models", type=int, default=None, metavar="N",
+                   help="finished jobs whose final checkpoint (their model, for 'harmony "
+                        "model get') is kept, the most recent first (default "
+                        "$HARMONY_KEEP_MODELS or 20)")
     s.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     _setup_logging(a.log_level)
@@ -94,7 +98,7 @@ def master_main(argv: list[str] | None = None) -> int:
         keys = _process_keys(a, "master", "", a.host)
         m = Master(a.state_dir, a.host, a.port, heartbeat_timeout=a.heartbeat_timeout,
                    policy=a.policy, mode=a.mode, max_jobs_per_machine=a.max_jobs_per_machine,
-                   keys=keys)
+                   keys=keys, keep_models=a.keep_models)
     except (StateDirLocked, ValueError, security.SecurityError) as exc:
         return _die(str(exc))
     except Exception as exc:  # e.g. address in use
@@ -233,9 +237,38 @@ def cmd_submit(a: argparse.Namespace, app_args: list[str]) -> int:
                        checkpoint_seconds=a.checkpoint_seconds)
         print(job, flush=True)
         a._following = job
-        if a.wait:
-            return follow(c, job)
+        if a.wait or a.save_model:
+            rc = follow(c, job)
+            if rc == 0 and a.save_model:
+                return save_model(c, job, a.save_model, fresh=False)
+            return rc
     return 0
+
+
+def save_model(c: Client, job: str, out: str, fresh: bool | None = None,
+               inputs: bool = True, wait_s: float = 3600.0) -> int:
+    """Fetch a job's model, export it with its app, write ``out``."""
+    from harmony.export import ExportError, describe, export_arrays, write
+    try:
+        model = c.model(job, fresh=fresh, inputs=inputs, wait_s=wait_s)
+        arrays = export_arrays(model)
+        fmt = write(out, model, arrays)
+    except ExportError as exc:
+        return _die(str(exc))
+    except OSError as exc:
+        return _die(f"cannot write {out}: {exc}")
+    src = model.source
+    what = ("final checkpoint" if src.final else
+            f"{src.state} job's checkpoint")
+    print(f"wrote {out} ({fmt}): {job} ({src.app_name}) after epoch {src.epoch + 1}, "
+          f"{what}; {describe(arrays)}", flush=True)
+    return 0
+
+
+def cmd_model(a: argparse.Namespace) -> int:
+    with Client(a.master) as c:
+        return save_model(c, a.job, a.out, fresh=False if a.latest else None,
+                          inputs=a.inputs, wait_s=a.timeout)
 
 
 def _dur(s: float) -> str:
@@ -263,10 +296,35 @@ def cmd_jobs(a: argparse.Namespace) -> int:
     return 0
 
 
+def top_words_lines(c: Client, job: str) -> list[str]:
+    """The top words per topic of a job's latest checkpoint (an app whose
+    export has ``top_words`` or ``top_word_ids``, i.e. LDA)."""
+    from harmony.export import ExportError, export_arrays
+    try:
+        model = c.model(job, fresh=False, inputs=False)
+        arrays = export_arrays(model)
+    except ExportError as exc:
+        raise ClientError(str(exc)) from None
+    words = arrays.get("top_words")
+    note = ""
+    if words is None:
+        if "top_word_ids" not in arrays:
+            raise ClientError(f"{job} ({model.source.app_name}) exports no top words")
+        words, note = arrays["top_word_ids"] + 1, " (word ids: the job ran without --vocab)"
+    src = model.source
+    head = (f"top words after epoch {src.epoch + 1} "
+            f"({'final' if src.final else 'latest'} checkpoint){note}:")
+    return [head] + [f"  topic {k:3d}: " + " ".join(str(w) for w in row)
+                     for k, row in enumerate(words.tolist())]
+
+
 def cmd_status(a: argparse.Namespace) -> int:
     with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
         st = c.status(a.job)
+        tops = top_words_lines(c, a.job) if a.top_words else []
     if a.json:
+        if a.top_words:
+            st["top_words"] = tops[1:]
         print(json.dumps(st, indent=2))
         return 0
     print(f"job        {st['id']} ({st['app']})")
@@ -290,9 +348,12 @@ def cmd_status(a: argparse.Namespace) -> int:
         print(line)
     ck = st.get("checkpoint")
     if ck:
-        print(f"checkpoint after epoch {ck['epoch'] + 1}, {_dur(ck['age'])} ago: {ck['parts']} "
+        print(f"checkpoint {'final, ' if ck.get('final') else ''}after epoch {ck['epoch'] + 1}, "
+              f"{_dur(ck['age'])} ago: {ck['parts']} "
               f"part(s), {ck['replicas']} replicated, {ck['bytes'] / 2**20:.1f} MiB on "
-              f"{', '.join(ck.get('holders', []))}")
+              f"{', '.join(ck.get('holders', []))}"
+              + (f"  (the model: 'harmony model get {st['id']} --out FILE')"
+                 if ck.get("final") else ""))
     mv = st.get("move")
     if mv:
         print(f"move       {', '.join(mv['from'])} -> {', '.join(mv['to'])}: {mv['state']}"
@@ -309,6 +370,8 @@ def cmd_status(a: argparse.Namespace) -> int:
               + ("  model spilled" if ms.get("model_spilled") else "")
               + f"  [epoch {ms.get('epoch', 0) + 1}; next alpha "
               f"{ms.get('next_alpha', ms.get('alpha', 0)):.2f}: {ms.get('reason', '')}]")
+    for line in tops:
+        print(line)
     if st["epochs"]:
         print("epochs:")
         for ep in st["epochs"]:
@@ -526,12 +589,33 @@ def main(argv: list[str] | None = None) -> int:
                         "(default 10; 0: only on pause)")
     s.add_argument("--checkpoint-seconds", type=float, default=None, metavar="S",
                    help="... or once S seconds passed since the last one (default 300; 0: off)")
+    s.add_argument("--save-model", default=None, metavar="FILE",
+                   help="follow the job (as --wait), then write its model to FILE (NPZ; "
+                        ".txt: the app's text form), as 'harmony model get' does")
     submit_help = s.format_help()
     s = with_master(sub.add_parser("jobs", help="list jobs"))
     s.add_argument("--json", action="store_true")
     s = with_master(sub.add_parser("status", help="show one job"))
     s.add_argument("job")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--top-words", action="store_true",
+                   help="LDA: the top words per topic of the job's latest checkpoint "
+                        "(fetched from the workers and exported here)")
+    s = sub.add_parser("model", help="export a job's model")
+    msub = s.add_subparsers(dest="action", required=True)
+    g = with_master(msub.add_parser(
+        "get", help="write a job's model as named arrays: a finished job's final "
+                    "checkpoint, a running job's snapshot at its next epoch end"))
+    g.add_argument("job")
+    g.add_argument("--out", required=True, metavar="FILE",
+                   help="output file: NPZ, or .txt for the app's text form (Lasso, LDA)")
+    g.add_argument("--latest", action="store_true",
+                   help="a running job: its latest checkpoint now, not a fresh snapshot")
+    g.add_argument("--no-inputs", dest="inputs", action="store_false",
+                   help="leave out state kept in input blocks (NMF's user factors), which "
+                        "on a running job means fetching its whole input")
+    g.add_argument("--timeout", type=float, default=3600.0, metavar="S",
+                   help="wait at most S seconds for a running job's snapshot (default 3600)")
     s = with_master(sub.add_parser("cancel", help="cancel a job"))
     s.add_argument("job")
     s = with_master(sub.add_parser("pause", help="pause a job at its next epoch end "
@@ -617,7 +701,8 @@ def main(argv: list[str] | None = None) -> int:
             return _die(f"unrecognized arguments: {' '.join(rest)}", 2)
         return {"jobs": cmd_jobs, "status": cmd_status, "cancel": cmd_cancel, "keys": cmd_keys,
                 "pause": cmd_pause, "resume": cmd_resume, "resize": cmd_resize,
-                "cluster": cmd_cluster, "demo": cmd_demo, "data": cmd_data}[a.cmd](a)
+                "cluster": cmd_cluster, "demo": cmd_demo, "data": cmd_data,
+                "model": cmd_model}[a.cmd](a)
     except ClientError as exc:
         return _die(str(exc), 3 if exc.code == "unreachable" else 1)
     except KeyboardInterrupt:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from typing import Any
 
 import zmq
@@ -150,3 +151,46 @@ class Client:
     def cluster(self) -> dict:
         m = self.request("cluster_info", "cluster")
         return {"workers": m["workers"], "master": m["master"]}
+
+    # -- model export (harmony model get; see harmony/export.py) ----------------------
+    def model_source(self, job: str, fresh: bool = False):
+        """Where ``job``'s model is (:class:`harmony.export.Source`)."""
+        from harmony.export import Source
+        return Source.of(self.request("model_parts", "model_source", job=job,
+                                      fresh=fresh or None))
+
+    def model(self, job: str, fresh: bool | None = None, inputs: bool = True,
+              wait_s: float = 3600.0, poll_s: float = 0.2):
+        """Fetch ``job``'s model (:class:`harmony.export.Model`): a finished
+        job's final checkpoint; a paused one's pause checkpoint; a running
+        one's ``fresh`` snapshot (default for a running job: it checkpoints
+        at its next epoch end, and this waits up to ``wait_s`` for it), or
+        with ``fresh=False`` its latest complete checkpoint. ``inputs``:
+        also the input blocks, for an app that exports input state."""
+        from harmony import export as X
+        src = self.model_source(job, fresh=fresh is not False)
+        if src.pending and fresh is not False:
+            after, deadline = src.epoch, time.monotonic() + wait_s
+            while src.epoch <= after and src.state in X.ACTIVE + ("waiting",):
+                if time.monotonic() > deadline:
+                    raise ClientError(f"{job} wrote no new checkpoint within {wait_s:.0f}s "
+                                      f"(it is {src.state}); 'harmony model get {job} "
+                                      f"--latest' takes its last one", "timeout")
+                time.sleep(poll_s)
+                src = self.model_source(job)
+        for attempt in range(3):
+            if src.epoch < 0 or not src.parts:
+                hint = (f"; it checkpoints every few epochs, or ask for a fresh snapshot "
+                        f"(without --latest)" if src.state in X.ACTIVE else "")
+                raise ClientError(f"{job} has no checkpoint yet (it is {src.state}){hint}",
+                                  "no_checkpoint")
+            try:
+                cls, _ = X.app_of(src)
+                return X.fetch(self.ctx, src, inputs=inputs and X.wants_inputs(cls),
+                               keys=self.keys)
+            except X.ExportError as exc:
+                # a running job may have replaced that checkpoint meanwhile
+                if attempt == 2 or src.state not in X.ACTIVE:
+                    raise ClientError(str(exc), "no_model") from None
+                src = self.model_source(job)
+        raise AssertionError("unreachable")

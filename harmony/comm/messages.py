@@ -44,6 +44,13 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "resize": {"job": str, "machines": int},
     "resume": {"job": str, "machines": (int, _OPT)},
     "cluster_info": {},
+    # model export (harmony model get): the checkpoint to read a job's model
+    # from; fresh: a running job writes a new one at its next epoch end
+    "model_parts": {"job": str, "fresh": (bool, _OPT)},
+    # parts: [{"index", "epoch", "sources": [[machine, data endpoint]]}];
+    # epoch -1: none yet; pending: a fresh one is on the way
+    "model_source": {"job": str, "state": str, "epoch": int, "parts": list, "final": bool,
+                     "pending": bool, "app_name": str, "app_source": str, "args": list},
     "cluster": {"workers": list, "master": dict},
     # worker daemon -> master
     "register": {"name": str, "host": str, "cpus": int, "memory": int, "pid": int,
@@ -87,6 +94,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     # a periodic checkpoint part is written here and on ``replica`` (verified)
     "ckpt_part": {"job": str, "index": int, "epoch": int, "version": int,
                   "replica": (str, _OPT), "bytes": int},
+    # the job's final checkpoint part (at its stop epoch, for the model
+    # export), or why it could not be written
+    "ckpt_final": {"job": str, "index": int, "epoch": int, "version": (int, _OPT),
+                   "replica": (str, _OPT), "bytes": (int, _OPT), "error": (str, _OPT)},
     # live resize: an executor stopped at the epoch boundary; its input blocks
     "at_boundary": {"job": str, "index": int, "epoch": int, "seq": int, "inputs": list},
     "migrated": {"job": str, "index": int, "bytes_out": int, "bytes_in": int,

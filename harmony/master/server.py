@@ -34,6 +34,9 @@ HEARTBEAT_INTERVAL = 1.0
 LAUNCH_GRACE = 3.0          # s: a launched executor shows up in heartbeats by then
 MAX_STATUS_EPOCHS = 1000    # epochs returned by a status request
 MAX_APP_SOURCE = 4 * 1024 * 1024
+# finished jobs whose final checkpoint (their model, for harmony model get) is
+# kept, the most recently finished first; older ones are dropped
+KEEP_MODELS = 20
 
 
 @dataclass
@@ -99,6 +102,9 @@ class Run:
     last_ckpt: tuple[int, float] = (0, 0.0)   # (first epoch after it, time) of the last
     # the attempt's PS secret: shards serve only requests that carry it
     secret: str = field(default_factory=lambda: secrets.token_hex(16))
+    # the final checkpoint (at the stop epoch): index -> (machine, replica,
+    # bytes, epoch, error)
+    final: dict[int, tuple] = field(default_factory=dict)
 
 
 class StateDirLocked(RuntimeError):
@@ -109,7 +115,8 @@ class Master:
     def __init__(self, state_dir: str, host: str = "127.0.0.1", port: int = 5760,
                  heartbeat_timeout: float = 5.0, launch_timeout: float = 300.0,
                  policy: str | None = None, mode: str = "naive",
-                 max_jobs_per_machine: int = 0, keys: security.Keys | None = None) -> None:
+                 max_jobs_per_machine: int = 0, keys: security.Keys | None = None,
+                 keep_models: int | None = None) -> None:
         # who may send what: with keys, every peer is authenticated (CURVE)
         # and each message type is accepted only from its role
         self.keys = keys
@@ -122,6 +129,12 @@ class Master:
         if max_jobs_per_machine < 0:
             raise ValueError("--max-jobs-per-machine must be >= 0 (0: no limit)")
         self.max_jobs = max_jobs_per_machine
+        if keep_models is None:
+            keep_models = int(os.environ.get("HARMONY_KEEP_MODELS", KEEP_MODELS))
+        if keep_models < 0:
+            raise ValueError("--keep-models must be >= 0")
+        self.keep_models = keep_models
+        self.snapshots: set[str] = set()   # jobs a fresh model export waits for
         policy = policy or P.MODES[mode][0]
         self.queued = P.MODES[mode][1]
         self.state_dir = os.path.abspath(state_dir)
@@ -254,7 +267,7 @@ class Master:
 
     # message type -> the roles that may send it (with keys)
     CLIENT_ONLY = {"submit", "cancel", "pause", "resume", "resize", "data_plan",
-                   "data_commit", "data_rm"}
+                   "data_commit", "data_rm", "model_parts"}
     READ_ONLY = {"list_jobs", "job_status", "cluster_info", "data_list"}
     DAEMON = {"register", "heartbeat", "exec_exited", "data_copied"}
 
@@ -875,6 +888,7 @@ class Master:
                                              for h in (m, r) if h})}
         self.db.save(job)
         self._gc_checkpoints(job.id, epoch)
+        self.snapshots.discard(job.id)      # a fresh model export has its checkpoint
 
     def _gc_checkpoints(self, job_id: str, keep: int | None) -> None:
         """Tell every live machine to drop the job's parts older than
@@ -907,6 +921,7 @@ class Master:
         job.transition(state, note)
         job.resume = None
         self._gc_checkpoints(job.id, None)
+        self.snapshots.discard(job.id)
         self.db.save(job)
         self._dirty = True
         log.info("%s %s: %s", job.id, state.value, note.splitlines()[0] if note else "")
@@ -1076,7 +1091,7 @@ class Master:
         if reconfig:
             rc.stood_since = time.time()
         ckpt = (not run.pausing and not reconfig and run.ckpt_epoch is None
-                and self._checkpoint_due(job, run, ep))
+                and (self._checkpoint_due(job, run, ep) or job.id in self.snapshots))
         if ckpt:
             run.ckpt_epoch, run.ckpt_parts = ep, {}
         out = M.encode("epoch_sums", epoch=ep, sums=total, pause=run.pausing or None,
@@ -1360,10 +1375,107 @@ class Master:
             self._note_ended(job)
             job.transition(JobState.FINISHED, f"{len(job.epochs)} epoch(s)")
             job.resume = None
-            self._gc_checkpoints(job.id, None)
+            self.snapshots.discard(job.id)
+            why = self._keep_final(job, run)
+            if why is not None:
+                self._gc_checkpoints(job.id, None)
+                job.events.append([time.time(), job.state.value, f"no model kept: {why}"])
+                log.warning("%s: no model kept: %s", job.id, why)
             self.db.save(job)
+            self._retain_models()
             self._dirty = True
             log.info("%s finished after %d epochs", job.id, len(job.epochs))
+
+    # -- model export (harmony model get) ---------------------------------------------
+    def _on_ckpt_final(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        i = msg["index"]
+        run.final[i] = (job.workers[i], msg.get("replica"), msg.get("bytes") or 0,
+                        msg["epoch"], msg.get("error"))
+        if msg.get("error"):
+            log.warning("%s: final checkpoint part %d failed: %s", job.id, i, msg["error"])
+
+    def _keep_final(self, job: Job, run: Run) -> str | None:
+        """A finished job keeps its final checkpoint (every part written at
+        its stop epoch) as ``job.checkpoint`` with ``final`` and ``model``
+        (the parts and their holders); its older checkpoints go. Returns why
+        not, when it cannot."""
+        parts = run.final
+        errors = [f"part {i}: {p[4]}" for i, p in sorted(parts.items()) if p[4]]
+        epochs = {p[3] for p in parts.values()}
+        if errors or len(parts) < len(job.workers) or len(epochs) != 1:
+            job.checkpoint = None
+            return "; ".join(errors) or (f"final checkpoint incomplete: {len(parts)} of "
+                                         f"{len(job.workers)} part(s) at epochs {sorted(epochs)}")
+        ep = epochs.pop()
+        job.checkpoint = {
+            "epoch": ep, "time": time.time(), "parts": len(parts),
+            "replicas": sum(1 for p in parts.values() if p[1]),
+            "bytes": int(sum(p[2] for p in parts.values())),
+            "holders": sorted({h for p in parts.values() for h in p[:2] if h}),
+            "final": True,
+            "model": [{"index": i, "epoch": ep, "holders": [m] + ([r] if r else [])}
+                      for i, (m, r, _, _, _) in sorted(parts.items())]}
+        self._gc_checkpoints(job.id, ep)
+        return None
+
+    def _retain_models(self) -> None:
+        """Only the ``keep_models`` most recently finished jobs keep their
+        final checkpoint; older ones are dropped from the machines."""
+        kept = sorted((j for j in self.jobs.values() if j.state == JobState.FINISHED
+                       and (j.checkpoint or {}).get("final")),
+                      key=lambda j: j.ended or 0.0, reverse=True)
+        for job in kept[self.keep_models:]:
+            job.checkpoint = None
+            self._gc_checkpoints(job.id, None)
+            job.events.append([time.time(), job.state.value,
+                               f"model dropped: only the {self.keep_models} most recently "
+                               f"finished job(s) keep their final checkpoint"])
+            self.db.save(job)
+            log.info("%s: final checkpoint dropped (retention)", job.id)
+
+    def _on_model_parts(self, ident: bytes, msg: M.Message) -> None:
+        """Where a job's model is: its final checkpoint once finished, else
+        its latest complete checkpoint. ``fresh`` on a running job: it also
+        writes a new checkpoint at its next epoch end (the client waits for
+        an epoch newer than the one answered now)."""
+        job = self.jobs.get(msg["job"])
+        if job is None:
+            return self._send(ident, M.error("unknown_job", f"no job {msg['job']!r}"))
+        if job.state in (JobState.FAILED, JobState.CANCELLED):
+            return self._send(ident, M.error("no_model", f"{job.id} {job.state.value}: its "
+                                                         f"checkpoints were dropped, there is "
+                                                         f"no model to export"))
+        ck = job.checkpoint or {}
+        if job.state == JobState.FINISHED:
+            if not ck.get("final"):
+                why = next((e[2] for e in reversed(job.events) if str(e[2]).startswith(
+                    ("no model kept", "model dropped"))), "it keeps no final checkpoint")
+                return self._send(ident, M.error("no_model", f"{job.id} finished, but its model "
+                                                             f"is not kept ({why})"))
+            epoch, parts = ck["epoch"], ck["model"]
+        elif job.resume:
+            epoch, parts = job.resume["epoch"] - 1, job.resume["parts"]
+        else:
+            epoch, parts = -1, []
+        run = self.runs.get(job.id)
+        if msg.get("fresh") and job.state.active and job.id not in self.snapshots \
+                and (run is None or (run.ckpt_epoch is None and not run.pausing)):
+            self.snapshots.add(job.id)
+            log.info("%s: checkpoint at its next epoch end (model export)", job.id)
+        pending = job.id in self.snapshots or bool(
+            run is not None and job.state.active and (run.ckpt_epoch is not None or run.pausing))
+        srcs = [{"index": p["index"], "epoch": p["epoch"],
+                 "sources": [[h, self.workers[h].data_endpoint] for h in p["holders"]
+                             if h in self.workers and self.workers[h].alive
+                             and self.workers[h].data_endpoint]} for p in parts]
+        self._send(ident, M.encode(
+            "model_source", job=job.id, state=job.state.value, epoch=int(epoch), parts=srcs,
+            final=bool(ck.get("final")) and job.state == JobState.FINISHED, pending=pending,
+            app_name=job.app_name, app_source=job.app_source, args=list(job.args)))
 
 
 def balance(owner: list[int], n: int) -> list[int]:

@@ -25,6 +25,7 @@ import signal
 import sys
 import time
 import traceback
+from typing import Iterable
 
 import msgpack
 import numpy as np
@@ -40,6 +41,7 @@ from harmony.ps.client import PSClient, PSError
 from harmony.ps.keymap import block_of
 from harmony.ps.server import ShardServer, ShardTable
 from harmony.store import staging
+from harmony.store.blocks import Block, export_block
 from harmony.store.checkpoint import CheckpointError
 from harmony.store.transfer import Payload, TransferError, send_payloads, wait_acks
 from harmony.worker import jobckpt
@@ -852,10 +854,11 @@ class Executor:
                      store["alpha"], store["next_alpha"], tot.stall_s, store["machine_mb"],
                      store["budget_mb"], store["reason"])
             if stop:
+                self._final_checkpoint(app, inp, table, epoch, len(groups))
                 return
             if total.get("checkpoint") or total.get("pause"):
                 version, replica, nbytes, secs = self._checkpoint(inp, table, epoch,
-                                                                  len(groups))
+                                                                  len(groups), app)
                 if total.get("pause"):
                     self.ctl.send(M.encode("exec_paused", job=self.job, index=self.index,
                                            attempt=self.attempt, epoch=epoch, version=version,
@@ -868,17 +871,23 @@ class Executor:
                 groups, all_ids, keys_cache = inp.groups, inp.ids(), {}
 
     def _checkpoint(self, inp: LocalInput, table: ShardTable, epoch: int,
-                    iters: int) -> tuple[int, str | None, int, float]:
+                    iters: int, app: App | None = None,
+                    inputs=None) -> tuple[int, str | None, int, float]:
         """Write this executor's checkpoint part at the epoch boundary (every
         push of the epoch is applied and evaluated) on this machine's disk,
         and the same part on its replica machine over ZeroMQ (verified by the
-        digest of both manifests). Returns (version, replica machine, bytes,
-        seconds)."""
+        digest of both manifests). ``inputs``: the input blocks to write
+        (default: all of them, whole). With ``app``, the app's export meta
+        goes with the part (:meth:`_meta_payload`). Returns (version, replica
+        machine, bytes, seconds)."""
         t0 = time.perf_counter()
         table.restore()       # a spilled model shard comes back first
         with table.lock:
             keys, rows = table.keys.copy(), table.rows.copy()
-        payloads = jobckpt.export_part(keys, rows, self.client.nblocks, inp.iter_blocks())
+        payloads = jobckpt.export_part(keys, rows, self.client.nblocks,
+                                       inp.iter_blocks() if inputs is None else inputs)
+        if app is not None:
+            payloads += self._meta_payload(app)
         root = self.spec.get("state_dir") or os.path.join(os.getcwd(), "state")
         version, digest = jobckpt.write_payloads(
             jobckpt.part_dir(root, self.job, epoch, self.index), self.job, payloads,
@@ -900,6 +909,46 @@ class Executor:
         log.info("checkpoint after epoch %d: %.1f MiB here%s in %.2fs", epoch, nbytes / 2**20,
                  f" and on {replica[0]}" if replica else "", secs)
         return version, replica[0] if replica else None, nbytes, secs
+
+    def _meta_payload(self, app: App) -> list[Payload]:
+        """The app's export meta (``App.export_meta``, e.g. MLR's class
+        labels) as one extra model-section block with id ``model_blocks``:
+        outside the model's block range, so a resume never fetches it, and
+        replicated with the part. Nothing if the app has none."""
+        try:
+            meta = app.export_meta()
+            data = msgpack.packb(meta, use_bin_type=True) if meta else b""
+        except Exception as exc:   # an export hook must not fail training
+            log.warning("export_meta() failed: %s", exc)
+            data = msgpack.packb({"_error": f"export_meta() failed on executor {self.index}: "
+                                            f"{exc.__class__.__name__}: {exc}"})
+        if not data:
+            return []
+        nb = self.client.nblocks
+        blk = Block(nb, {"msgpack": np.frombuffer(data, dtype=np.uint8)})
+        return [Payload("model", nb, export_block(blk))]
+
+    def _final_checkpoint(self, app: App, inp: LocalInput, table: ShardTable, epoch: int,
+                          iters: int) -> None:
+        """At the stop epoch: the part of the job's final checkpoint, which
+        the master keeps after the job finished for ``harmony model get``.
+        The model rows and the app's export meta; input blocks only for an
+        app that exports input state (``App.export_inputs``), trimmed to its
+        ``export_input_arrays``. Never resumed from. A failure is reported,
+        not fatal: the job's result stands without an exportable model."""
+        inputs: Iterable[Block] = ()
+        if type(app).export_inputs is not App.export_inputs:
+            keep = app.export_input_arrays
+            inputs = inp.iter_blocks() if keep is None else (
+                Block(b.id, {k: b[k] for k in keep if k in b.arrays}) for b in inp.iter_blocks())
+        try:
+            version, replica, nbytes, _ = self._checkpoint(inp, table, epoch, iters, app,
+                                                           inputs=inputs)
+        except (CheckpointError, TransferError, StoreError, OSError, zmq.ZMQError) as exc:
+            log.warning("final checkpoint after epoch %d failed: %s", epoch, exc)
+            self.send("ckpt_final", epoch=epoch, error=str(exc)[:2000])
+            return
+        self.send("ckpt_final", epoch=epoch, version=version, replica=replica, bytes=nbytes)
 
     def close(self) -> None:
         if self.watch is not None:

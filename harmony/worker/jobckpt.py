@@ -163,11 +163,13 @@ def replicate(ctx: zmq.Context, endpoint: str, job: str, index: int, epoch: int,
 
 def fetch_part(ctx: zmq.Context, endpoint: str, job: str, epoch: int, index: int,
                want: Callable[[str, int], bool],
-               timeout_s: float = FETCH_TIMEOUT_S) -> tuple[dict, dict[tuple[str, int], Block]]:
+               timeout_s: float = FETCH_TIMEOUT_S,
+               keys=None) -> tuple[dict, dict[tuple[str, int], Block]]:
     """From one holder's data service: the manifest of part ``index`` of the
     checkpoint after ``epoch``, and the blocks ``want(sec, bid)`` selects,
-    each checked against the manifest's SHA-256."""
-    sock = make_socket(ctx, zmq.DEALER)
+    each checked against the manifest's SHA-256. ``keys``: CurveZMQ keys
+    (default: the process's)."""
+    sock = make_socket(ctx, zmq.DEALER, keys=keys)
     try:
         sock.connect(endpoint)
 
