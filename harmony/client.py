@@ -187,7 +187,7 @@ class Client:
             try:
                 cls, _ = X.app_of(src)
                 return X.fetch(self.ctx, src, inputs=inputs and X.wants_inputs(cls),
-                               keys=self.keys)
+                               auth=self.keys)
             except X.ExportError as exc:
                 # a running job may have replaced that checkpoint meanwhile
                 if attempt == 2 or src.state not in X.ACTIVE:

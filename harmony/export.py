@@ -93,7 +93,7 @@ def wants_inputs(cls: type[App]) -> bool:
     return cls.export_inputs is not App.export_inputs
 
 
-def fetch(ctx: zmq.Context, src: Source, inputs: bool = False, keys=None) -> Model:
+def fetch(ctx: zmq.Context, src: Source, inputs: bool = False, auth=None) -> Model:
     """Fetch the checkpoint's model blocks (and input blocks with ``inputs``)
     from the parts' holders and assemble the whole model."""
     if src.epoch < 0 or not src.parts:
@@ -110,7 +110,7 @@ def fetch(ctx: zmq.Context, src: Source, inputs: bool = False, keys=None) -> Mod
         for machine, endpoint in part["sources"]:
             try:
                 info, got = fetch_part(ctx, endpoint, src.job, int(part["epoch"]),
-                                       int(part["index"]), want, keys=keys)
+                                       int(part["index"]), want, keys=auth)
             except (CheckpointError, TransferError, M.ProtocolError, zmq.ZMQError) as exc:
                 errors.append(f"{machine}: {exc}")
                 continue
