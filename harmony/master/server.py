@@ -168,6 +168,9 @@ class Master:
             if job.state.active:
                 where = (f"epoch {job.resume['epoch']} (its last checkpoint)" if job.resume
                          else "epoch 0")
+                # its run was stopped: that counts as a failed attempt, but a
+                # master restart alone never makes a job give up
+                job.failures = min(job.failures + 1, MAX_ATTEMPTS - 1)
                 job.transition(JobState.WAITING, f"master restarted; requeued (restarts from {where})")
                 job.workers = []
                 self.db.save(job)
@@ -640,32 +643,35 @@ class Master:
                     job.predicted = dec.predicted[job.sched_group]
 
     def _launch(self, job: Job, machines: list[str], state: JobState = JobState.RUNNING) -> None:
-        job.attempt += 1
+        # every launch gets a new number (it tags the executors, their
+        # messages and PS requests); only failures start a new attempt
+        job.launches += 1
+        job.attempt = job.failures + 1
         job.workers = list(machines)
         if job.resume:
             # resume: keep the epochs up to the checkpoint, drop any later
-            # ones (an attempt that failed after it)
+            # ones (an attempt that failed after it), in one transaction
             keep = job.resume["epoch"]
             if len(job.epochs) > keep:
                 job.epochs = job.epochs[:keep]
-                self.db.clear_epochs(job.id)
-                for ep in job.epochs:
-                    self.db.save_epoch(job.id, ep)
+                self.db.trim_epochs(job.id, keep)
         else:
             job.epochs = []
             self.db.clear_epochs(job.id)
         job.store = {}
         job.error = None
         how = f" (resumes at epoch {job.resume['epoch']})" if job.resume else ""
-        job.transition(state, f"attempt {job.attempt} on {', '.join(machines)}{how}")
-        self.runs[job.id] = Run(job.attempt, time.time())
+        job.transition(state, f"attempt {job.attempt} on {', '.join(machines)}{how}"
+                       + (f" (launch {job.launches})" if job.launches != job.attempt else ""))
+        self.runs[job.id] = Run(job.launches, time.time())
         self.db.save(job)
-        log.info("launching %s attempt %d on %s", job.id, job.attempt, machines)
+        log.info("launching %s attempt %d (launch %d) on %s", job.id, job.attempt,
+                 job.launches, machines)
         resume = self._resume_sources(job)
         for idx, name in enumerate(machines):
             ok = self._send(self.workers[name].ident, M.encode(
                 "launch", job=job.id, index=idx, count=len(machines), app_name=job.app_name,
-                app_source=job.app_source, args=job.args, attempt=job.attempt,
+                app_source=job.app_source, args=job.args, attempt=job.launches,
                 resume=resume, datasets=self._datasets_for(job)))
             if not ok:
                 self.workers[name].alive = False
@@ -872,8 +878,12 @@ class Master:
     def _retry_or_fail(self, job: Job, reason: str) -> None:
         if job.state.terminal:
             return
-        if job.attempt >= MAX_ATTEMPTS:
-            return self._end(job, JobState.FAILED, f"{reason}; gave up after {job.attempt} attempts")
+        # a failure: the next launch is a new attempt (pauses, moves and
+        # resumes are launches, not attempts: they never count here)
+        if job.failures + 1 >= MAX_ATTEMPTS:
+            return self._end(job, JobState.FAILED,
+                             f"{reason}; gave up after {job.failures + 1} attempts")
+        job.failures += 1
         self._kill_executors(job)
         self._note_ended(job)
         job.transition(JobState.WAITING, f"{reason}; requeued")
