@@ -56,14 +56,21 @@ def master_main(argv: list[str] | None = None) -> int:
     s.add_argument("--max-jobs-per-machine", type=int, default=0,
                    help="colocate policy: at most this many jobs share a machine "
                         "(default 0: no limit)")
+    s.add_argument("--recover", action="store_true",
+                   help="if the job table (STATE/master.lmdb) is damaged or missing, restore "
+                        "its last good copy (STATE/master.lmdb.bak) and start")
+    s.add_argument("--master-file", default=None, metavar="PATH",
+                   help="also write this master's endpoint here (JSON), for worker daemons "
+                        "started with the same --master-file")
     s.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     _setup_logging(a.log_level)
-    from harmony.master.server import Master, StateDirLocked
+    from harmony.master.server import JobTableError, Master, StateDirLocked
     try:
         m = Master(a.state_dir, a.host, a.port, heartbeat_timeout=a.heartbeat_timeout,
-                   policy=a.policy, mode=a.mode, max_jobs_per_machine=a.max_jobs_per_machine)
-    except (StateDirLocked, ValueError) as exc:
+                   policy=a.policy, mode=a.mode, max_jobs_per_machine=a.max_jobs_per_machine,
+                   recover=a.recover, master_file=a.master_file)
+    except (StateDirLocked, JobTableError, ValueError) as exc:
         return _die(str(exc))
     except Exception as exc:  # e.g. address in use
         return _die(f"cannot start master: {exc}")

@@ -22,7 +22,7 @@ import zmq
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import make_socket
 from harmony.master import policy as P
-from harmony.master.jobdb import JobDB
+from harmony.master.jobdb import JobDB, JobTableError, TableFull  # noqa: F401 (re-exported)
 from harmony.master.jobs import MAX_ATTEMPTS, Job, JobState
 from harmony.store import staging
 
@@ -31,7 +31,82 @@ log = logging.getLogger("harmony.master")
 HEARTBEAT_INTERVAL = 1.0
 LAUNCH_GRACE = 3.0          # s: a launched executor shows up in heartbeats by then
 MAX_STATUS_EPOCHS = 1000    # epochs returned by a status request
-MAX_APP_SOURCE = 4 * 1024 * 1024
+MAX_APP_SOURCE = M.MAX_APP_SOURCE
+MAX_EXECUTORS = 1024        # job executors a daemon may report in one heartbeat
+# the metrics logs (STATE/metrics/*.jsonl): rotated by size, a few files kept
+METRICS_LOG_BYTES = int(os.environ.get("HARMONY_METRICS_LOG_BYTES", 64 << 20))
+METRICS_LOG_KEEP = 3
+
+
+class RotatingLog:
+    """An append-only JSON-lines file rotated by size: PATH, then PATH.1 ..
+    PATH.KEEP, the oldest dropped. A write never raises: a line that cannot
+    be written (a full disk) is dropped, counted and logged (once a minute)."""
+
+    def __init__(self, path: str, max_bytes: int = METRICS_LOG_BYTES,
+                 keep: int = METRICS_LOG_KEEP) -> None:
+        self.path, self.max_bytes, self.keep = path, max(1, max_bytes), max(0, keep)
+        self.dropped = 0
+        self._warned = 0.0
+        self._fh = None
+        self._size = 0
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            self._fh = open(self.path, "a", buffering=1)
+            self._size = self._fh.tell()
+        except OSError as exc:
+            self._fh = None
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        now = time.time()
+        if now - self._warned >= 60.0:
+            self._warned = now
+            log.warning("cannot write %s: %s (%d line(s) dropped so far)", self.path,
+                        exc.strerror or exc, self.dropped)
+
+    def _rotate(self) -> None:
+        self._fh.close()
+        self._fh = None
+        if self.keep:
+            for i in range(self.keep - 1, 0, -1):
+                if os.path.exists(f"{self.path}.{i}"):
+                    os.replace(f"{self.path}.{i}", f"{self.path}.{i + 1}")
+            os.replace(self.path, f"{self.path}.1")
+        else:
+            os.unlink(self.path)
+        self._open()
+
+    def write(self, line: str) -> None:
+        try:
+            if self._fh is None:
+                self._open()
+                if self._fh is None:
+                    self.dropped += 1
+                    return
+            if self._size and self._size + len(line) > self.max_bytes:
+                self._rotate()
+            self._fh.write(line)
+            self._size += len(line)
+        except OSError as exc:
+            self.dropped += 1
+            self._fail(exc)
+            try:
+                if self._fh is not None:
+                    self._fh.close()
+            except OSError:
+                pass
+            self._fh = None
+
+    def close(self) -> None:
+        try:
+            if self._fh is not None:
+                self._fh.close()
+        except OSError:
+            pass
+        self._fh = None
 
 
 @dataclass
@@ -104,7 +179,8 @@ class Master:
     def __init__(self, state_dir: str, host: str = "127.0.0.1", port: int = 5760,
                  heartbeat_timeout: float = 5.0, launch_timeout: float = 300.0,
                  policy: str | None = None, mode: str = "naive",
-                 max_jobs_per_machine: int = 0) -> None:
+                 max_jobs_per_machine: int = 0, recover: bool = False,
+                 master_file: str | None = None) -> None:
         if mode not in P.MODES:
             raise ValueError(f"unknown mode {mode!r}; choose from {sorted(P.MODES)}")
         self.mode = mode
@@ -126,7 +202,9 @@ class Master:
         self.policy = P.POLICIES[policy]
         self.heartbeat_timeout = heartbeat_timeout
         self.launch_timeout = launch_timeout
-        self.db = JobDB(self.state_dir)
+        # checked before use: a damaged table refuses the start (JobTableError)
+        # unless ``recover`` restores its last good copy
+        self.db = JobDB(self.state_dir, recover=recover)
         self.jobs: dict[str, Job] = {j.id: j for j in self.db.load_all()}
         self.datasets: dict[str, dict] = self.db.load_datasets()
         self.workers: dict[str, Worker] = {}
@@ -138,7 +216,8 @@ class Master:
         self._recover()
         self.ctx = zmq.Context()
         self.sock = make_socket(self.ctx, zmq.ROUTER)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, 2 * M.MAX_HEADER_BYTES)
+        # a larger frame than any legitimate message never reaches the process
+        self.sock.setsockopt(zmq.MAXMSGSIZE, M.MASTER_MAX_BYTES)
         if port == 0:
             port = self.sock.bind_to_random_port(f"tcp://{host}")
         else:
@@ -147,16 +226,23 @@ class Master:
         self._stop = False
         self._dirty = True
         self.bad_messages = 0
+        self._said: dict[str, list] = {}    # rate-limited log lines: key -> [t0, n]
         os.makedirs(os.path.join(self.state_dir, "metrics"), exist_ok=True)
         # the run record: per-machine utilization and per-job profiles over time
-        self._machines_log = open(os.path.join(self.state_dir, "metrics", "machines.jsonl"),
-                                  "a", buffering=1)
-        self._jobs_log = open(os.path.join(self.state_dir, "metrics", "jobs.jsonl"), "a",
-                              buffering=1)
-        self._decisions_log = open(os.path.join(self.state_dir, "metrics", "decisions.jsonl"),
-                                   "a", buffering=1)
-        with open(os.path.join(self.state_dir, "master.json"), "w") as fh:
-            json.dump({"endpoint": self.endpoint, "pid": os.getpid(), "mode": self.mode}, fh)
+        metrics = os.path.join(self.state_dir, "metrics")
+        self._machines_log = RotatingLog(os.path.join(metrics, "machines.jsonl"))
+        self._jobs_log = RotatingLog(os.path.join(metrics, "jobs.jsonl"))
+        self._decisions_log = RotatingLog(os.path.join(metrics, "decisions.jsonl"))
+        # where daemons find this master (also at ``master_file``: e.g. a
+        # local cluster's daemons, which cannot see this state dir)
+        self.master_files = [os.path.join(self.state_dir, "master.json")] + (
+            [os.path.abspath(master_file)] if master_file else [])
+        info = {"endpoint": self.endpoint, "pid": os.getpid(), "mode": self.mode}
+        for path in self.master_files:
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as fh:
+                json.dump(info, fh)
+            os.replace(tmp, path)
 
     # -- lifecycle -------------------------------------------------------------
     def _recover(self) -> None:
@@ -218,14 +304,18 @@ class Master:
         finally:
             for job in self.jobs.values():
                 self.db.save(job)
-            self.db.close()
+            self.db.close()         # and its last good copy
             self._machines_log.close()
             self._jobs_log.close()
             self._decisions_log.close()
-            try:
-                os.unlink(os.path.join(self.state_dir, "master.json"))
-            except FileNotFoundError:
-                pass
+            for path in self.master_files:
+                try:
+                    with open(path) as fh:
+                        mine = json.load(fh).get("endpoint") == self.endpoint
+                    if mine:
+                        os.unlink(path)
+                except (OSError, ValueError, AttributeError):
+                    pass
             self._lock_fh.close()
             log.info("master stopped")
 
@@ -237,7 +327,7 @@ class Master:
             self.sock.send_multipart([ident, payload], zmq.NOBLOCK)
             return True
         except zmq.Again:
-            log.warning("peer %r is not reading; reply dropped", ident)
+            self._say("not_reading", "peer %r is not reading; reply dropped", ident[:64])
             return False
         except zmq.ZMQError as exc:
             log.warning("send to %r failed: %s", ident, exc)
@@ -249,10 +339,10 @@ class Master:
             return
         ident, body = frames[0], frames[1:]
         try:
-            msg = M.decode(body)
+            msg = M.decode(body, M.MASTER_LIMITS)
         except M.ProtocolError as exc:
             self.bad_messages += 1
-            log.warning("malformed message from %r: %s", ident, exc)
+            self._say("malformed", "malformed message from %r: %s", ident[:64], exc)
             self._send(ident, M.error("bad_message", str(exc)))
             return
         handler = getattr(self, "_on_" + msg.type, None)
@@ -266,16 +356,27 @@ class Master:
             log.exception("error handling %s", msg.type)
             self._send(ident, M.error("internal", f"{exc.__class__.__name__}: {exc}"))
 
+    def _say(self, key: str, fmt: str, *args: Any, every: float = 10.0, burst: int = 20) -> None:
+        """A warning that a flood could repeat: at most ``burst`` lines per
+        ``every`` seconds for ``key``, then one line with the count left out."""
+        now = time.time()
+        t0, n = self._said.get(key, (now, 0))
+        if now - t0 >= every:
+            if n > burst:
+                log.warning("(%d more %s warning(s) in %.0fs not logged)", n - burst, key,
+                            now - t0)
+            t0, n = now, 0
+        self._said[key] = [t0, n + 1]
+        if n < burst:
+            log.warning(fmt, *args)
+
     # -- clients -----------------------------------------------------------------
     def _on_submit(self, ident: bytes, msg: M.Message) -> None:
+        # The master never compiles or runs an app's source: the client checks
+        # it before sending and the executors load it. Only its size is bounded.
         src = msg["app_source"]
-        if len(src.encode()) > MAX_APP_SOURCE:
+        if len(src) > MAX_APP_SOURCE or len(src.encode("utf-8", "surrogatepass")) > MAX_APP_SOURCE:
             return self._send(ident, M.error("bad_app", "app file larger than 4 MiB"))
-        try:
-            compile(src, msg["app_name"], "exec")
-        except SyntaxError as exc:
-            return self._send(ident, M.error(
-                "bad_app", f"{msg['app_name']}:{exc.lineno}: syntax error: {exc.msg}"))
         if not 1 <= msg["machines"] <= 100_000:
             return self._send(ident, M.error("bad_request", "--machines must be in 1..100000"))
         if not all(isinstance(a, str) for a in msg["args"]):
@@ -288,16 +389,27 @@ class Master:
         every, secs = msg.get("checkpoint_every"), msg.get("checkpoint_seconds")
         if (every is not None and every < 0) or (secs is not None and secs < 0):
             return self._send(ident, M.error("bad_request", "checkpoint intervals must be >= 0"))
-        job = Job(id=f"job-{self.db.next_seq():04d}", app_name=msg["app_name"],
-                  app_source=src, args=list(msg["args"]), machines=msg["machines"],
-                  name=msg.get("name") or "", group=msg.get("group") or "")
-        if every is not None:
-            job.ckpt_every = int(every)
-        if secs is not None:
-            job.ckpt_seconds = float(secs)
-        job.events.append([job.submitted, "waiting", "submitted"])
+        # a job is accepted only once its record is on disk; while the table
+        # cannot be written (a full disk) new jobs are refused, never half kept
+        try:
+            if not self.db.flush():
+                raise TableFull(f"cannot write the job table {self.db.path}: "
+                                f"{self.db.write_error}")
+            job = Job(id=f"job-{self.db.next_seq():04d}", app_name=msg["app_name"],
+                      app_source=src, args=list(msg["args"]), machines=msg["machines"],
+                      name=msg.get("name") or "", group=msg.get("group") or "")
+            if every is not None:
+                job.ckpt_every = int(every)
+            if secs is not None:
+                job.ckpt_seconds = float(secs)
+            job.events.append([job.submitted, "waiting", "submitted"])
+            self.db.save(job, strict=True)
+        except TableFull as exc:
+            self._say("table_full", "submission refused: %s", exc)
+            return self._send(ident, M.error(
+                "table_full", f"{exc}; the job was not submitted (free space in "
+                              f"{self.state_dir} and submit again)"))
         self.jobs[job.id] = job
-        self.db.save(job)
         self._dirty = True
         log.info("submitted %s (%s, %d machine(s))", job.id, job.app_name, job.machines)
         self._send(ident, M.encode("submitted", job=job.id))
@@ -449,10 +561,22 @@ class Master:
         w.last_seen = time.time()
         self._send(ident, M.encode("hb_ack"))
         st = msg.get("stats")
-        if st and "dt" in st:
-            w.stats.append(st)
-            self._machines_log.write(json.dumps({"machine": w.name, **st}) + "\n")
-        self._reconcile(w, msg["executors"])
+        if st is not None:
+            # known keys with finite numbers only (M.clean_stats): what is kept
+            # per worker and logged is bounded whatever a daemon sends
+            clean = M.clean_stats(st)
+            if clean is None:
+                self._say("stats", "worker %s: heartbeat stats refused (not a map of at most "
+                          "%d known numbers)", w.name, M.MAX_STATS_ENTRIES)
+            elif "dt" in clean:
+                w.stats.append(clean)
+                self._machines_log.write(json.dumps({"machine": w.name, **clean}) + "\n")
+        executors = msg["executors"]
+        if len(executors) > MAX_EXECUTORS:
+            self._say("executors", "worker %s reports %d executors; only the first %d are "
+                      "reconciled", w.name, len(executors), MAX_EXECUTORS)
+            executors = executors[:MAX_EXECUTORS]
+        self._reconcile(w, executors)
 
     def _reconcile(self, w: Worker, executors: list) -> None:
         """Kill executors a daemon runs for jobs that are not running there,
