@@ -102,6 +102,10 @@ def worker_main(argv: list[str] | None = None) -> int:
     s.add_argument("--no-preempt", dest="preempt", action="store_false",
                    help="harmony mode: never stop a long COMP while a much shorter one "
                         "runs (the paper's non-preemptive CPU queue)")
+    s.add_argument("--master-file", default=None, metavar="PATH",
+                   help="a file where the master writes its endpoint (harmony-master start "
+                        "--master-file): read again when the master stops answering, so a "
+                        "master restarted on another port is found")
     s.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     _setup_logging(a.log_level)
@@ -110,7 +114,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         cpu_set = [int(c) for c in a.cpu_set.split(",")] if a.cpu_set else None
         d = Daemon(master_address(a.master), a.name, a.host, a.cpus, a.memory, a.state_dir,
                    cpu_set=cpu_set, netem=a.netem, oom_kill=a.oom_kill, store_max=a.store_max,
-                   preempt=a.preempt)
+                   preempt=a.preempt, master_file=a.master_file)
     except ValueError as exc:
         return _die(str(exc))
     d.serve_forever()
