@@ -34,6 +34,10 @@ class Limits:
     max_array: int = 1 << 20
     max_map: int = 1 << 16
     max_depth: int = 32
+    #: containers and the values in them, all together: what a header may
+    #: decode into is bounded by this, not by its bytes (an 8 MiB header of
+    #: empty maps would be 8 million dicts, ~0.5 GiB)
+    max_objects: int = 4 << 20
 
 
 # Hard limits on what a receiver accepts, by default: replies and commands
@@ -49,8 +53,14 @@ DEFAULT_LIMITS = Limits(max_bytes=MAX_HEADER_BYTES + 16 * MiB, max_header=MAX_HE
 # MASTER_MAX_BYTES too, so a larger frame never reaches the process.
 MAX_APP_SOURCE = 4 * MiB
 MASTER_MAX_BYTES = 2 * MAX_APP_SOURCE
+#: a staged data set's catalog record ("data_commit") holds 9 values per
+#: chunk (its map, 5 fields, the holders list and 2 holders): a data set has at
+#: most this many chunks (64 GiB at 4 MiB chunks, a record of ~1.4 MiB)
+MAX_DATA_CHUNKS = 1 << 14
 MASTER_LIMITS = Limits(max_bytes=MASTER_MAX_BYTES, max_header=MASTER_MAX_BYTES,
-                       max_frames=MAX_FRAMES, max_str=MASTER_MAX_BYTES, max_bin=64 * KiB)
+                       max_frames=MAX_FRAMES, max_str=MASTER_MAX_BYTES, max_bin=64 * KiB,
+                       max_array=MAX_DATA_CHUNKS, max_map=4096,
+                       max_objects=12 * MAX_DATA_CHUNKS)
 #: strings in a field are at most this long unless the field is named below
 MAX_FIELD_STR = 64 * KiB
 _STR_CAPS = {"app_source": None,            # bounded by the header (and MAX_APP_SOURCE)
@@ -247,20 +257,51 @@ def _nbytes(frame: Any) -> int:
         raise ProtocolError(f"a frame of type {type(frame).__name__} is not a buffer") from None
 
 
+# msgpack's container type bytes (fixmap, fixarray, array 16/32, map 16/32):
+# a header with at most max_depth of these bytes cannot nest deeper
+_NOT_CONTAINER = bytes(b for b in range(256) if not (0x80 <= b <= 0x9f or 0xdc <= b <= 0xdf))
+
+
+def _containers(raw: Any) -> int:
+    """How many bytes of a header are container type bytes (C speed)."""
+    return len((raw if isinstance(raw, bytes) else bytes(raw)).translate(None, _NOT_CONTAINER))
+
+
 def _depth_ok(obj: Any, max_depth: int) -> bool:
-    """Containers nest at most ``max_depth`` deep (iterative: no recursion)."""
-    stack = [(obj, 1)]
-    while stack:
-        o, d = stack.pop()
-        if isinstance(o, dict):
-            if d > max_depth:
-                return False
-            stack.extend((v, d + 1) for v in o.values())
-        elif isinstance(o, list):
-            if d > max_depth:
-                return False
-            stack.extend((v, d + 1) for v in o)
-    return True
+    """Containers nest at most ``max_depth`` deep (level by level, no
+    recursion; linear in the values, which ``max_objects`` bounds)."""
+    level = [obj]
+    for _ in range(max_depth):
+        nxt: list = []
+        for o in level:
+            vals = o.values() if type(o) is dict else o
+            nxt += [v for v in vals if type(v) is list or type(v) is dict]
+        if not nxt:
+            return True
+        level = nxt
+    return False
+
+
+class _Budget:
+    """msgpack hooks that count every container and its values as it is
+    built and stop the decoding past ``limit``."""
+    __slots__ = ("left",)
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+
+    def _take(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise ValueError("too many values in the header")
+
+    def list_hook(self, obj: list) -> list:
+        self._take(len(obj) + 1)
+        return obj
+
+    def object_hook(self, obj: dict) -> dict:
+        self._take(len(obj) + 1)
+        return obj
 
 
 def decode(frames: list, limits: Limits = DEFAULT_LIMITS) -> Message:
@@ -279,19 +320,23 @@ def decode(frames: list, limits: Limits = DEFAULT_LIMITS) -> Message:
     if sizes[0] > limits.max_header:
         raise ProtocolError(f"header too large ({sizes[0]} bytes > {limits.max_header})")
     head = frames[0]
-    raw = head if isinstance(head, bytes) else (head.bytes if hasattr(head, "bytes")
-                                                else bytes(memoryview(head)))
+    # zmq.Frame: its buffer, not a copy (a refused header costs no copy)
+    raw = head if isinstance(head, bytes) else (head.buffer if hasattr(head, "buffer")
+                                                else memoryview(head))
+    budget = _Budget(limits.max_objects)
     try:
         obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True,
                               max_str_len=limits.max_str, max_bin_len=limits.max_bin,
                               max_array_len=limits.max_array, max_map_len=limits.max_map,
-                              max_ext_len=0)
+                              max_ext_len=0, list_hook=budget.list_hook,
+                              object_hook=budget.object_hook)
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(f"undecodable header: {exc.__class__.__name__}: "
                             f"{str(exc)[:200]}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("t"), str):
         raise ProtocolError("header is not a map with a string 't' (message type)")
-    if len(raw) > limits.max_depth and not _depth_ok(obj, limits.max_depth):
+    if sizes[0] > limits.max_depth and _containers(raw) > limits.max_depth \
+            and not _depth_ok(obj, limits.max_depth):
         raise ProtocolError(f"header nests deeper than {limits.max_depth} levels")
     mtype = obj.pop("t")
     _check(mtype, obj)

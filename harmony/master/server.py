@@ -7,6 +7,7 @@ talk to it with DEALER sockets; every message is validated by
 """
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import logging
@@ -33,9 +34,22 @@ LAUNCH_GRACE = 3.0          # s: a launched executor shows up in heartbeats by t
 MAX_STATUS_EPOCHS = 1000    # epochs returned by a status request
 MAX_APP_SOURCE = M.MAX_APP_SOURCE
 MAX_EXECUTORS = 1024        # job executors a daemon may report in one heartbeat
+MASTER_RCVHWM = 4           # messages queued per peer before TCP pushes back (a flood)
 # the metrics logs (STATE/metrics/*.jsonl): rotated by size, a few files kept
 METRICS_LOG_BYTES = int(os.environ.get("HARMONY_METRICS_LOG_BYTES", 64 << 20))
 METRICS_LOG_KEEP = 3
+
+
+def _return_large_buffers(threshold: int = 256 << 10) -> None:
+    """Buffers of at least ``threshold`` bytes (message frames) mmapped and
+    given back to the system when freed: glibc's dynamic threshold would
+    otherwise keep them in the heap after a burst of large messages, and the
+    master's memory would stay at the burst's peak. No-op off glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, threshold)      # M_MMAP_THRESHOLD (fixed: no longer dynamic)
+    except (OSError, AttributeError):
+        pass
 
 
 class RotatingLog:
@@ -214,10 +228,14 @@ class Master:
         self._ended: list[P.JobView] = []   # completions the scheduler has not seen yet
         self._last_predicted: dict[str, float] = {}
         self._recover()
+        _return_large_buffers()
         self.ctx = zmq.Context()
         self.sock = make_socket(self.ctx, zmq.ROUTER)
         # a larger frame than any legitimate message never reaches the process
         self.sock.setsockopt(zmq.MAXMSGSIZE, M.MASTER_MAX_BYTES)
+        # a peer's messages waiting for the master: a few, then TCP pushes
+        # back on that peer alone (a flood is not buffered here)
+        self.sock.setsockopt(zmq.RCVHWM, MASTER_RCVHWM)
         if port == 0:
             port = self.sock.bind_to_random_port(f"tcp://{host}")
         else:
@@ -831,8 +849,9 @@ class Master:
         if not live:
             return self._send(ident, M.error("no_workers", "no live worker to hold the data"))
         n = msg["chunks"]
-        if not 0 <= n <= 1_000_000:
-            return self._send(ident, M.error("bad_request", "chunk count out of range"))
+        if not 0 <= n <= M.MAX_DATA_CHUNKS:     # its catalog record must reach the master
+            return self._send(ident, M.error("bad_request", f"a data set has at most "
+                                                            f"{M.MAX_DATA_CHUNKS} chunks"))
         holders = []
         for i in range(n):
             hs = [live[i % len(live)]] + ([live[(i + 1) % len(live)]] if len(live) > 1 else [])
