@@ -35,7 +35,8 @@ MAX_FRAME_BYTES = 64 * MiB
 #: what a shard (and a PS client) decodes: a small header and at most two
 #: array frames (keys and values) or one block chunk
 PS_LIMITS = M.Limits(max_bytes=2 * MAX_FRAME_BYTES + MiB, max_header=MiB, max_frames=4,
-                     max_str=64 * 1024, max_bin=MiB, max_array=1 << 20, max_map=1024)
+                     max_str=64 * 1024, max_bin=MiB, max_array=1 << 17, max_map=1024,
+                     max_objects=1 << 18)
 
 
 class AppUpdateError(Exception):
@@ -464,8 +465,8 @@ class ShardServer:
             raise M.ProtocolError(f"{msg.type}: missing keys frame")
         if n * max(8, t.dim * t.dtype.itemsize) > MAX_FRAME_BYTES:
             raise ValueError(f"{msg.type} of {n} rows of {t.dim} x {t.dtype} is over the "
-                             f"shard's cap of {MAX_FRAME_BYTES // MiB} MiB per request; "
-                             f"split it (PSClient does)")
+                             f"shard's cap of {MAX_FRAME_BYTES} bytes per frame; split it "
+                             f"(PSClient does)")
         keys = _frame_array(msg.frames[0], np.dtype(np.int64), (n,))
         if msg.type == "push" and (msg["dim"] != t.dim or len(msg.frames) < 2):
             raise M.ProtocolError(f"push: dim {msg['dim']} != {t.dim} or missing values frame")

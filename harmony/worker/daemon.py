@@ -382,10 +382,14 @@ class Daemon:
                 "memory_file": self.memory_file if self.memory_set else None,
                 "store_max": self.store_max}
         spec_path = os.path.join(d, "spec.msgpack")
-        with open(spec_path, "wb") as fh:
-            fh.write(msgpack.packb(spec, use_bin_type=True))
-            fh.flush()
-            os.fsync(fh.fileno())     # a full disk shows here, not in the executor
+        try:
+            with open(spec_path, "wb") as fh:
+                fh.write(msgpack.packb(spec, use_bin_type=True))
+                fh.flush()
+                os.fsync(fh.fileno())     # a full disk shows here, not in the executor
+        except OSError as exc:
+            exc.filename = exc.filename or spec_path       # name the file it could not write
+            raise
         log_path = os.path.join(d, "executor.log")
         env = dict(os.environ)
         threads = str(self.cpus)  # numeric libraries use this machine's cores only
