@@ -110,9 +110,16 @@ def worker_main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     _setup_logging(a.log_level)
     from harmony.worker.daemon import Daemon
+    master = a.master
+    if master is None and a.master_file:        # no --master: the file names it, if there
+        try:
+            with open(a.master_file) as fh:
+                master = json.load(fh).get("endpoint")
+        except (OSError, ValueError, AttributeError):
+            master = None
     try:
         cpu_set = [int(c) for c in a.cpu_set.split(",")] if a.cpu_set else None
-        d = Daemon(master_address(a.master), a.name, a.host, a.cpus, a.memory, a.state_dir,
+        d = Daemon(master_address(master), a.name, a.host, a.cpus, a.memory, a.state_dir,
                    cpu_set=cpu_set, netem=a.netem, oom_kill=a.oom_kill, store_max=a.store_max,
                    preempt=a.preempt, master_file=a.master_file)
     except ValueError as exc:

@@ -621,3 +621,25 @@ def test_daemons_follow_a_master_restarted_on_another_port(tmp_path):
                                                         "worker-m0.log")).read()
     finally:
         cl.stop()
+
+
+def test_the_last_good_copy_is_taken_every_n_state_changes(tmp_path, monkeypatch):
+    import harmony.master.jobdb as jobdb
+    from harmony.master.jobs import Job
+    monkeypatch.setattr(jobdb, "BACKUP_EVERY", 3)
+    monkeypatch.setattr(jobdb, "BACKUP_MIN_S", 0.0)
+    db = jobdb.JobDB(str(tmp_path))
+    bak = tmp_path / "master.lmdb.bak"
+    jobs = [Job(id=f"job-{db.next_seq():04d}", app_name="a", app_source="", args=[],
+                machines=1) for _ in range(4)]
+    for j in jobs[:2]:
+        db.save(j)
+    assert not bak.exists()
+    db.save(jobs[2])                                     # the third state change
+    assert bak.exists() and jobdb.check_lmdb_file(str(bak))["size"] > 0
+    env = lmdb.open(str(bak), subdir=False, readonly=True, lock=False, max_dbs=8)
+    with env.begin() as txn:
+        assert txn.stat(env.open_db(b"jobs", txn=txn, create=False))["entries"] == 3
+    env.close()
+    db.save(jobs[3])
+    db.close(backup=False)
