@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+from zmq import Frame
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -38,6 +39,13 @@ class Limits:
     #: decode into is bounded by this, not by its bytes (an 8 MiB header of
     #: empty maps would be 8 million dicts, ~0.5 GiB)
     max_objects: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        # msgpack's options, built once (decode runs for every message)
+        object.__setattr__(self, "unpack_options", dict(
+            raw=False, strict_map_key=True, use_list=True, max_str_len=self.max_str,
+            max_bin_len=self.max_bin, max_array_len=self.max_array,
+            max_map_len=self.max_map, max_ext_len=0))
 
 
 # Hard limits on what a receiver accepts, by default: replies and commands
@@ -249,7 +257,7 @@ def encode(mtype: str, **fields: Any) -> bytes:
 
 
 def _nbytes(frame: Any) -> int:
-    if isinstance(frame, (bytes, bytearray)):
+    if isinstance(frame, (bytes, bytearray, Frame)):
         return len(frame)
     try:
         return memoryview(frame).nbytes     # zmq.Frame, memoryview, numpy: no copy
@@ -312,7 +320,7 @@ def decode(frames: list, limits: Limits = DEFAULT_LIMITS) -> Message:
         raise ProtocolError("empty message")
     if len(frames) > limits.max_frames:
         raise ProtocolError(f"too many frames ({len(frames)} > {limits.max_frames})")
-    sizes = [_nbytes(f) for f in frames]
+    sizes = [len(f) if type(f) is bytes else _nbytes(f) for f in frames]
     total = sum(sizes)
     if total > limits.max_bytes:
         raise ProtocolError(f"message too large ({total} bytes in {len(frames)} frame(s) "
@@ -320,16 +328,19 @@ def decode(frames: list, limits: Limits = DEFAULT_LIMITS) -> Message:
     if sizes[0] > limits.max_header:
         raise ProtocolError(f"header too large ({sizes[0]} bytes > {limits.max_header})")
     head = frames[0]
-    # zmq.Frame: its buffer, not a copy (a refused header costs no copy)
-    raw = head if isinstance(head, bytes) else (head.buffer if hasattr(head, "buffer")
-                                                else memoryview(head))
-    budget = _Budget(limits.max_objects)
+    # a large zmq.Frame: its buffer, not a copy (a refused header costs none)
+    raw = head if type(head) is bytes else (
+        (head.bytes if sizes[0] < 65536 else head.buffer) if isinstance(head, Frame)
+        else memoryview(head))
+    # every value takes a byte at least: a header shorter than the budget
+    # cannot exceed it, and is decoded without the counting hooks
     try:
-        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True,
-                              max_str_len=limits.max_str, max_bin_len=limits.max_bin,
-                              max_array_len=limits.max_array, max_map_len=limits.max_map,
-                              max_ext_len=0, list_hook=budget.list_hook,
-                              object_hook=budget.object_hook)
+        if sizes[0] > limits.max_objects:
+            budget = _Budget(limits.max_objects)
+            obj = msgpack.unpackb(raw, **limits.unpack_options, list_hook=budget.list_hook,
+                                  object_hook=budget.object_hook)
+        else:
+            obj = msgpack.unpackb(raw, **limits.unpack_options)
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(f"undecodable header: {exc.__class__.__name__}: "
                             f"{str(exc)[:200]}") from None
