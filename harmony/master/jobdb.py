@@ -108,13 +108,14 @@ def check_lmdb_file(path: str) -> dict[str, int]:
     return {"size": size, **meta}
 
 
-def probe_table(path: str, subdir: bool = True) -> str | None:
-    """Read every record of an LMDB table in a child process; the reason it
-    is damaged, or None. LMDB asserts (SIGABRT) or faults on some damaged
-    pages, which would kill the master: only the child dies of it. (Call it
-    before the process has threads, as the master does at its start.)"""
+def probe_table(path: str, subdir: bool = True) -> tuple[str | None, bool]:
+    """Read and decode every record of an LMDB table in a child process:
+    (the reason the table is damaged or None, whether a record is damaged).
+    LMDB asserts (SIGABRT) or faults on some damaged pages, which would kill
+    the master: only the child dies of it. (Call it before the process has
+    threads, as the master does at its start.)"""
     if not hasattr(os, "fork"):
-        return None
+        return None, True
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:                                   # the child: no cleanup, no return
@@ -125,10 +126,9 @@ def probe_table(path: str, subdir: bool = True) -> str | None:
             os.dup2(null, 2)                       # LMDB's assertion text
             env = lmdb.open(path, subdir=subdir, readonly=True, lock=False, max_dbs=MAX_DBS)
             try:
-                JobDB._scan_env(env, None)
+                code = 3 if JobDB._scan_env(env, None) else 0
             finally:
                 env.close()
-            code = 0
         except BaseException as exc:
             try:
                 os.write(w, f"{'lmdb: ' if isinstance(exc, lmdb.Error) else ''}"
@@ -146,10 +146,10 @@ def probe_table(path: str, subdir: bool = True) -> str | None:
             name = signal.Signals(os.WTERMSIG(status)).name
         except ValueError:
             name = f"signal {os.WTERMSIG(status)}"
-        return f"reading it crashed LMDB ({name})"
-    if os.WEXITSTATUS(status) != 0:
-        return out.decode("utf-8", "replace") or "it cannot be read"
-    return None
+        return f"reading it crashed LMDB ({name})", True
+    if os.WEXITSTATUS(status) not in (0, 3):
+        return out.decode("utf-8", "replace") or "it cannot be read", True
+    return None, os.WEXITSTATUS(status) == 3
 
 
 def _fsync_dir(path: str) -> None:
@@ -210,6 +210,7 @@ class JobDB:
         self.changes = 0
         self._backup_at = (0, time.time())            # (changes, time) of the last backup
         self._warned = 0.0
+        self._clean = False        # the child's probe read every record without a fault
         history = self._read_history()
         problem = self._problem(history)
         if problem is not None:
@@ -295,9 +296,10 @@ class JobDB:
             check_lmdb_file(self.data_path)
         except JobTableError as exc:
             return f"the job table {self.data_path} is damaged: {exc}"
-        why = probe_table(self.path)
+        why, bad = probe_table(self.path)
         if why is not None:
             return f"the job table {self.data_path} is damaged: {why}"
+        self._clean = not bad          # every record decodes: no scan needed here
         return None
 
     def _remedy(self) -> str:
@@ -320,7 +322,7 @@ class JobDB:
                                 f"({bak} does not exist). {self._remedy()}")
         try:
             check_lmdb_file(bak)
-            why = probe_table(bak, subdir=False)
+            why, _ = probe_table(bak, subdir=False)
             if why is not None:
                 raise JobTableError(why)
             env = lmdb.open(bak, subdir=False, readonly=True, lock=False, max_dbs=MAX_DBS)
@@ -348,6 +350,7 @@ class JobDB:
         _fsync_dir(self.path)
         taken = os.path.getmtime(bak)
         self.restored = {"from": bak, "taken": taken, "problem": problem}
+        self._clean = True         # the copy was read record by record above
         log.warning("--recover: %s; restored the copy %s taken %s", problem, bak,
                     time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(taken)))
 
@@ -392,6 +395,8 @@ class JobDB:
 
     def _scan(self) -> None:
         """Every record read and decoded; damaged ones quarantined."""
+        if self._clean:
+            return
         bad = self._scan_env(self.env, {b"jobs": self.jobs, b"epochs": self.epochs,
                                         b"datasets": self.data, b"meta": self.meta})
         if not bad:
