@@ -190,13 +190,13 @@ class Daemon:
                             frames = self.xsock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        self._handle_exec(frames)
+                        self._guarded(self._handle_exec, frames)
                     while self.sock in ready:
                         try:
                             frames = self.sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        self._handle(frames)
+                        self._guarded(self._handle, frames)
                 except zmq.ZMQError as exc:
                     if exc.errno != zmq.EINTR:
                         raise
@@ -222,9 +222,17 @@ class Daemon:
                 if self.memory_set and now - self._mem_at >= MEM_CHECK_S:
                     self._mem_at = now
                     self._check_memory()
-                self._reap()
+                self._guarded(self._reap)
         finally:
             self.shutdown()
+
+    def _guarded(self, fn, *args) -> None:
+        """Run a handler; its failure (e.g. a full disk under a store it
+        writes) is logged and never stops the daemon and its other jobs."""
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("worker %s: %s failed; going on", self.name, fn.__name__)
 
     def _follow_master(self, now: float) -> None:
         """Not registered: if the master file names another endpoint (the
