@@ -110,7 +110,7 @@ def _flood_payloads(rng: random.Random) -> list[list[bytes]]:
     lists = msgpack.packb({"t": "heartbeat", "name": "x", "executors": [["ab"] * 16000] * 20})
     dicts = msgpack.packb({"t": "heartbeat", "name": "x", "executors": [[{}] * 16000] * 20})
     return [
-        [rng.randbytes(4 * MiB)],                                 # garbage under the cap
+        [rng.randbytes(2 * MiB)],                                 # garbage under the cap
         [rng.randbytes(rng.randrange(1, 4096))],                  # small garbage
         [b"\xdd\xff\xff\xff\xff"], [b"\xdf\xff\xff\xff\xff"],     # 4G elements declared
         [b"\xdb\xff\xff\xff\xff" + b"x" * 64],                    # a 4 GB string declared
@@ -120,8 +120,9 @@ def _flood_payloads(rng: random.Random) -> list[list[bytes]]:
         [lists], [dicts],                                         # value budget bombs
         [msgpack.packb({"t": "x" * 1_000_000})],                  # unknown, long type
         [msgpack.packb({"t": "cancel", **{f"f{i}": i for i in range(5000)}})],
-        [msgpack.packb({"t": "submit", "app_name": "a.py", "app_source": "#" * (5 * MiB),
-                        "args": [], "machines": 1})],             # app source over 4 MiB
+        [msgpack.packb({"t": "submit", "app_name": "a.py",
+                        "app_source": "#" * (M.MAX_APP_SOURCE + 1024), "args": [],
+                        "machines": 1})],                         # app source over 4 MiB
         [msgpack.packb({"t": "heartbeat", "name": "m0", "executors": ["j"] * 5000,
                         "stats": {"cpu": "x" * 60000}})],         # from a stranger
         [M.encode("job_status", job="job-9999")],
