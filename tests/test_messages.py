@@ -1,12 +1,17 @@
 import logging
 import math
 import os
+import tempfile
 
-import msgpack
+# hypothesis keeps a cache of constants it found: outside the work tree
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
+                      os.path.join(tempfile.gettempdir(), "harmony-hypothesis"))
+
+import msgpack  # noqa: E402
 import numpy as np
 import pytest
 import zmq
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harmony.comm import messages as M
