@@ -166,6 +166,10 @@ class App:
     #: on a rising objective: "fail" the job, or "warn" (log once) and go on.
     #: "warn" by default: not every app's objective is a loss that must fall
     on_divergence: str = "warn"
+    #: a push whose deltas hold NaN or an infinity is refused by the server
+    #: shard and fails the job with a clear error (the model is never
+    #: changed by it). Float models only; False applies such pushes as they come.
+    finite_updates: bool = True
 
     def __init__(self, opts: argparse.Namespace) -> None:
         self.opts = opts

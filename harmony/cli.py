@@ -90,16 +90,23 @@ def master_main(argv: list[str] | None = None) -> int:
                    help="finished jobs whose final checkpoint (their model, for 'harmony "
                         "model get') is kept, the most recent first (default "
                         "$HARMONY_KEEP_MODELS or 20)")
+    s.add_argument("--recover", action="store_true",
+                   help="if the job table (STATE/master.lmdb) is damaged or missing, restore "
+                        "its last good copy (STATE/master.lmdb.bak) and start")
+    s.add_argument("--master-file", default=None, metavar="PATH",
+                   help="also write this master's endpoint here (JSON), for worker daemons "
+                        "started with the same --master-file")
     s.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     _setup_logging(a.log_level)
-    from harmony.master.server import Master, StateDirLocked
+    from harmony.master.server import JobTableError, Master, StateDirLocked
     try:
         keys = _process_keys(a, "master", "", a.host)
         m = Master(a.state_dir, a.host, a.port, heartbeat_timeout=a.heartbeat_timeout,
                    policy=a.policy, mode=a.mode, max_jobs_per_machine=a.max_jobs_per_machine,
-                   keys=keys, keep_models=a.keep_models)
-    except (StateDirLocked, ValueError, security.SecurityError) as exc:
+                   keys=keys, keep_models=a.keep_models, recover=a.recover,
+                   master_file=a.master_file)
+    except (StateDirLocked, JobTableError, ValueError, security.SecurityError) as exc:
         return _die(str(exc))
     except Exception as exc:  # e.g. address in use
         return _die(f"cannot start master: {exc}")
@@ -135,10 +142,21 @@ def worker_main(argv: list[str] | None = None) -> int:
                    help="file holding the deployed code revision, reported to the master "
                         "(default $HARMONY_REVISION, else /opt/harmony/REVISION if it exists)")
     _security_args(s)
+    s.add_argument("--master-file", default=None, metavar="PATH",
+                   help="a file where the master writes its endpoint (harmony-master start "
+                        "--master-file): read again when the master stops answering, so a "
+                        "master restarted on another port is found")
     s.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     _setup_logging(a.log_level)
     from harmony.worker.daemon import Daemon
+    master = a.master
+    if master is None and a.master_file:        # no --master: the file names it, if there
+        try:
+            with open(a.master_file) as fh:
+                master = json.load(fh).get("endpoint")
+        except (OSError, ValueError, AttributeError):
+            master = None
     try:
         cpu_set = [int(c) for c in a.cpu_set.split(",")] if a.cpu_set else None
         name = a.name or f"{__import__('socket').gethostname()}-{os.getpid()}"
@@ -146,9 +164,9 @@ def worker_main(argv: list[str] | None = None) -> int:
         revision = _revision(a.revision_file)
         if revision:    # the daemon reports it when it registers
             os.environ["HARMONY_REVISION"] = revision
-        d = Daemon(master_address(a.master), name, a.host, a.cpus, a.memory, a.state_dir,
+        d = Daemon(master_address(master), name, a.host, a.cpus, a.memory, a.state_dir,
                    cpu_set=cpu_set, netem=a.netem, oom_kill=a.oom_kill, store_max=a.store_max,
-                   preempt=a.preempt, keys=keys)
+                   preempt=a.preempt, keys=keys, master_file=a.master_file)
     except (ValueError, security.SecurityError) as exc:
         return _die(str(exc))
     d.serve_forever()

@@ -109,6 +109,14 @@ class LocalCluster:
     def info_path(self) -> str:
         return os.path.join(self.state_dir, "cluster.json")
 
+    @property
+    def master_file(self) -> str:
+        """Where the master writes its endpoint for the daemons (outside its
+        state dir, which isolated daemons cannot see): a daemon that loses
+        the master reads it again, so a master restarted on another port is
+        found (``--master-file`` of both)."""
+        return os.path.join(self.state_dir, "master.json")
+
     def _spawn(self, args: list[str], log_name: str,
                hide: list[str] | None = None) -> subprocess.Popen:
         logs = os.path.join(self.state_dir, "logs")
@@ -140,10 +148,12 @@ class LocalCluster:
         sec = ["--insecure"] if self.insecure else ["--keys", self.keys]
         if self.keys:
             init_keys(self.keys, workers=names)
-        if os.path.exists(mjson):
-            os.unlink(mjson)
+        for stale in (mjson, self.master_file):
+            if os.path.exists(stale):
+                os.unlink(stale)
         master = self._spawn(["harmony.master", "start", "--host", self.host, "--port",
                               str(self.port), "--state-dir", mdir, "--log-level", self.log_level,
+                              "--master-file", self.master_file,
                               "--mode", self.mode,
                               *(["--policy", self.policy] if self.policy else []),
                               "--max-jobs-per-machine", str(self.max_jobs_per_machine),
@@ -184,6 +194,7 @@ class LocalCluster:
                         *(os.path.join(self.state_dir, "workers", n) for n in names if n != name)]
             self.procs.append(self._spawn(
                 ["harmony.worker", "start", "--master", self.endpoint, "--name", name,
+                 "--master-file", self.master_file,
                  "--host", self.host, "--state-dir", os.path.join(self.state_dir, "workers", name),
                  "--log-level", self.log_level, *sec, *extra], f"worker-{name}.log",
                 hide=hide))

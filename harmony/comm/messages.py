@@ -2,20 +2,77 @@
 
 Wire format: a control message is one msgpack map ``{"t": TYPE, ...fields}``
 in the first frame, optionally followed by raw binary frames (numpy buffers,
-see :mod:`harmony.comm.arrays`). No pickle anywhere: msgpack is decoded with
-explicit size limits and every field is type-checked against the schema
-below before a handler sees it.
+see :mod:`harmony.comm.arrays`). No pickle anywhere: every limit of a
+:class:`Limits` (frame count, total bytes over all frames, header bytes) is
+checked before a byte is decoded; msgpack then decodes with explicit caps on
+string, binary, array and map sizes (no ext types), the nesting depth is
+bounded, and every field is type-checked against the schema below before a
+handler sees it. Strings are capped per field (64 KiB unless named in
+``_STR_CAPS``). Errors name what was wrong in bounded text: a hostile message
+never makes a reply or a log line larger than a few hundred bytes.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+from zmq import Frame
 
-# Hard limits on what a receiver accepts.
-MAX_HEADER_BYTES = 32 * 1024 * 1024      # app sources travel in headers
+KiB, MiB = 1 << 10, 1 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one receiver accepts in one message. ``max_bytes`` counts every
+    frame (header and raw frames); the container caps are per container."""
+    max_bytes: int
+    max_header: int
+    max_frames: int = 16
+    max_str: int = 32 * MiB
+    max_bin: int = 16 * MiB
+    max_array: int = 1 << 20
+    max_map: int = 1 << 16
+    max_depth: int = 32
+    #: containers and the values in them, all together: what a header may
+    #: decode into is bounded by this, not by its bytes (an 8 MiB header of
+    #: empty maps would be 8 million dicts, ~0.5 GiB)
+    max_objects: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        # msgpack's options, built once (decode runs for every message)
+        object.__setattr__(self, "unpack_options", dict(
+            raw=False, strict_map_key=True, use_list=True, max_str_len=self.max_str,
+            max_bin_len=self.max_bin, max_array_len=self.max_array,
+            max_map_len=self.max_map, max_ext_len=0))
+
+
+# Hard limits on what a receiver accepts, by default: replies and commands
+# from the master (an app source travels in "launch"; "jobs" and "status"
+# replies grow with the job table) and block chunks of at most 8 MiB.
+MAX_HEADER_BYTES = 32 * MiB
 MAX_FRAMES = 16
+DEFAULT_LIMITS = Limits(max_bytes=MAX_HEADER_BYTES + 16 * MiB, max_header=MAX_HEADER_BYTES,
+                        max_frames=MAX_FRAMES)
+# The master's socket: every message to it is one header, the largest a
+# submit with an app source of at most MAX_APP_SOURCE bytes (or a staged data
+# set's catalog record, ~90 bytes per chunk). The socket's ZMQ_MAXMSGSIZE is
+# MASTER_MAX_BYTES too, so a larger frame never reaches the process.
+MAX_APP_SOURCE = 4 * MiB
+MASTER_MAX_BYTES = 2 * MAX_APP_SOURCE
+#: a staged data set's catalog record ("data_commit") holds 9 values per
+#: chunk (its map, 5 fields, the holders list and 2 holders): a data set has at
+#: most this many chunks (64 GiB at 4 MiB chunks, a record of ~1.4 MiB)
+MAX_DATA_CHUNKS = 1 << 14
+MASTER_LIMITS = Limits(max_bytes=MASTER_MAX_BYTES, max_header=MASTER_MAX_BYTES,
+                       max_frames=MAX_FRAMES, max_str=MASTER_MAX_BYTES, max_bin=64 * KiB,
+                       max_array=MAX_DATA_CHUNKS, max_map=4096,
+                       max_objects=12 * MAX_DATA_CHUNKS)
+#: strings in a field are at most this long unless the field is named below
+MAX_FIELD_STR = 64 * KiB
+_STR_CAPS = {"app_source": None,            # bounded by the header (and MAX_APP_SOURCE)
+             "error": MiB, "log_tail": MiB, "message": MiB, "reason": MiB}
 
 _OPT = object()  # marker: optional field
 
@@ -167,10 +224,16 @@ class Message:
         return self.fields.get(key, default)
 
 
+def _short(value: Any, n: int = 60) -> str:
+    """A bounded repr for error texts (a hostile value may be megabytes)."""
+    r = repr(value)
+    return r if len(r) <= n else r[:n] + f"...({len(r)} chars)"
+
+
 def _check(mtype: str, fields: dict[str, Any]) -> None:
     schema = SCHEMAS.get(mtype)
     if schema is None:
-        raise ProtocolError(f"unknown message type {mtype!r}")
+        raise ProtocolError(f"unknown message type {_short(mtype)}")
     for name, spec in schema.items():
         optional = isinstance(spec, tuple) and len(spec) == 2 and spec[1] is _OPT
         typ = spec[0] if optional else spec
@@ -186,9 +249,16 @@ def _check(mtype: str, fields: dict[str, Any]) -> None:
             want = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
             raise ProtocolError(
                 f"{mtype}: field {name!r} must be {want}, got {type(val).__name__}")
+        if isinstance(val, str):
+            cap = _STR_CAPS.get(name, MAX_FIELD_STR)
+            if cap is not None and len(val) > cap:
+                raise ProtocolError(f"{mtype}: field {name!r} is {len(val)} characters long "
+                                    f"(at most {cap})")
     extra = set(fields) - set(schema)
     if extra:
-        raise ProtocolError(f"{mtype}: unknown field(s) {sorted(extra)}")
+        names = sorted(_short(k, 40) for k in extra)
+        more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+        raise ProtocolError(f"{mtype}: unknown field(s) {names[:5]}{more}")
 
 
 def encode(mtype: str, **fields: Any) -> bytes:
@@ -198,26 +268,129 @@ def encode(mtype: str, **fields: Any) -> bytes:
     return msgpack.packb({"t": mtype, **fields}, use_bin_type=True)
 
 
-def decode(frames: list) -> Message:
-    """Decode and validate ``[header, *raw_frames]``; raises ProtocolError."""
+def _nbytes(frame: Any) -> int:
+    if isinstance(frame, (bytes, bytearray, Frame)):
+        return len(frame)
+    try:
+        return memoryview(frame).nbytes     # zmq.Frame, memoryview, numpy: no copy
+    except TypeError:
+        raise ProtocolError(f"a frame of type {type(frame).__name__} is not a buffer") from None
+
+
+# msgpack's container type bytes (fixmap, fixarray, array 16/32, map 16/32):
+# a header with at most max_depth of these bytes cannot nest deeper
+_NOT_CONTAINER = bytes(b for b in range(256) if not (0x80 <= b <= 0x9f or 0xdc <= b <= 0xdf))
+
+
+def _containers(raw: Any) -> int:
+    """How many bytes of a header are container type bytes (C speed)."""
+    return len((raw if isinstance(raw, bytes) else bytes(raw)).translate(None, _NOT_CONTAINER))
+
+
+def _depth_ok(obj: Any, max_depth: int) -> bool:
+    """Containers nest at most ``max_depth`` deep (level by level, no
+    recursion; linear in the values, which ``max_objects`` bounds)."""
+    level = [obj]
+    for _ in range(max_depth):
+        nxt: list = []
+        for o in level:
+            vals = o.values() if type(o) is dict else o
+            nxt += [v for v in vals if type(v) is list or type(v) is dict]
+        if not nxt:
+            return True
+        level = nxt
+    return False
+
+
+class _Budget:
+    """msgpack hooks that count every container and its values as it is
+    built and stop the decoding past ``limit``."""
+    __slots__ = ("left",)
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+
+    def _take(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise ValueError("too many values in the header")
+
+    def list_hook(self, obj: list) -> list:
+        self._take(len(obj) + 1)
+        return obj
+
+    def object_hook(self, obj: dict) -> dict:
+        self._take(len(obj) + 1)
+        return obj
+
+
+def decode(frames: list, limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Decode and validate ``[header, *raw_frames]``; raises ProtocolError.
+
+    Every size limit of ``limits`` is checked before the header is decoded."""
     if not frames:
         raise ProtocolError("empty message")
-    if len(frames) > MAX_FRAMES:
-        raise ProtocolError(f"too many frames ({len(frames)} > {MAX_FRAMES})")
+    if len(frames) > limits.max_frames:
+        raise ProtocolError(f"too many frames ({len(frames)} > {limits.max_frames})")
+    sizes = [len(f) if type(f) is bytes else _nbytes(f) for f in frames]
+    total = sum(sizes)
+    if total > limits.max_bytes:
+        raise ProtocolError(f"message too large ({total} bytes in {len(frames)} frame(s) "
+                            f"> {limits.max_bytes})")
+    if sizes[0] > limits.max_header:
+        raise ProtocolError(f"header too large ({sizes[0]} bytes > {limits.max_header})")
     head = frames[0]
-    raw = head.bytes if hasattr(head, "bytes") else head
-    if len(raw) > MAX_HEADER_BYTES:
-        raise ProtocolError(f"header too large ({len(raw)} bytes > {MAX_HEADER_BYTES})")
+    # a large zmq.Frame: its buffer, not a copy (a refused header costs none)
+    raw = head if type(head) is bytes else (
+        (head.bytes if sizes[0] < 65536 else head.buffer) if isinstance(head, Frame)
+        else memoryview(head))
+    # every value takes a byte at least: a header shorter than the budget
+    # cannot exceed it, and is decoded without the counting hooks
     try:
-        # size is bounded above; nesting is bounded by msgpack's own limits
-        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        if sizes[0] > limits.max_objects:
+            budget = _Budget(limits.max_objects)
+            obj = msgpack.unpackb(raw, **limits.unpack_options, list_hook=budget.list_hook,
+                                  object_hook=budget.object_hook)
+        else:
+            obj = msgpack.unpackb(raw, **limits.unpack_options)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise ProtocolError(f"undecodable header: {exc.__class__.__name__}: {exc}") from None
+        raise ProtocolError(f"undecodable header: {exc.__class__.__name__}: "
+                            f"{str(exc)[:200]}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("t"), str):
         raise ProtocolError("header is not a map with a string 't' (message type)")
+    if sizes[0] > limits.max_depth and _containers(raw) > limits.max_depth \
+            and not _depth_ok(obj, limits.max_depth):
+        raise ProtocolError(f"header nests deeper than {limits.max_depth} levels")
     mtype = obj.pop("t")
     _check(mtype, obj)
     return Message(mtype, obj, list(frames[1:]))
+
+
+# -- heartbeat statistics -----------------------------------------------------------
+#: what a daemon reports per heartbeat (harmony.worker.daemon.Daemon._stats):
+#: time, interval, CPU / memory / queue / network utilization
+STATS_KEYS = frozenset({"t", "dt", "cpu", "mem", "q_cpu", "q_net", "net"})
+MAX_STATS_ENTRIES = 32
+
+
+def clean_stats(stats: Any) -> dict[str, float] | None:
+    """A heartbeat's ``stats`` against their schema: a map of at most
+    MAX_STATS_ENTRIES entries whose known keys (STATS_KEYS) hold finite
+    numbers; unknown keys (a newer daemon's) are dropped. None: refused (not
+    a map, too large, or a known key that is not a finite number)."""
+    if not isinstance(stats, dict) or len(stats) > MAX_STATS_ENTRIES:
+        return None
+    out: dict[str, float] = {}
+    for k, v in stats.items():
+        if k not in STATS_KEYS:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None
+        v = float(v) if isinstance(v, float) or abs(v) < 2**53 else math.nan
+        if not math.isfinite(v):
+            return None
+        out[k] = v
+    return out
 
 
 def error(code: str, message: str) -> bytes:

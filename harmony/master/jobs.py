@@ -37,6 +37,11 @@ _ALLOWED = {
     JobState.PAUSED: {JobState.RUNNING, JobState.WAITING, JobState.CANCELLED, JobState.FAILED},
 }
 
+#: a job is tried at most this many times: every failure that requeues it
+#: (a lost machine, an executor gone, a launch or resize timeout, a master
+#: restart that stopped it) starts its next attempt, and the failure after
+#: the last attempt fails it. Pauses, moves, resumes and the scheduler's
+#: relaunches (profiling, regrouping) are launches, not attempts.
 MAX_ATTEMPTS = 3
 
 
@@ -57,7 +62,11 @@ class Job:
     started: float | None = None
     ended: float | None = None
     workers: list[str] = field(default_factory=list)   # machine names, index order
-    attempt: int = 0
+    attempt: int = 0         # 1 + failures before this run (shown; at most MAX_ATTEMPTS)
+    failures: int = 0        # failures that requeued it (a lost machine, a timeout, ...)
+    # every launch (failures, pauses, moves, resumes, the scheduler's): the
+    # number that tags its executors, their messages and PS requests
+    launches: int = 0
     epochs: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     events: list[list] = field(default_factory=list)   # [time, state, note]
@@ -130,7 +139,8 @@ class Job:
         if not self.state.terminal:
             st[self.state.value] = st.get(self.state.value, 0.0) + (now - self.entered)
         shown = self.epochs if max_epochs is None else self.epochs[-max_epochs:]
-        d.update({"args": self.args, "attempt": self.attempt, "epochs": shown,
+        d.update({"args": self.args, "attempt": self.attempt, "launches": self.launches,
+                  "failures": self.failures, "epochs": shown,
                   "store": self.store,
                   "epochs_total": len(self.epochs), "reason": self.reason,
                   "checkpoint": dict(self.checkpoint, age=now - self.checkpoint["time"])
@@ -149,7 +159,29 @@ class Job:
 
     @classmethod
     def from_record(cls, d: dict[str, Any]) -> "Job":
+        """A job from its durable record; raises ValueError/TypeError on a
+        damaged one (the job table quarantines it)."""
+        if not isinstance(d, dict):
+            raise TypeError(f"a job record is a map, not {type(d).__name__}")
         d = dict(d)
         d["state"] = JobState(d["state"])
+        for name, typ in _RECORD_TYPES.items():
+            if name in d and d[name] is not None and (
+                    not isinstance(d[name], typ) or (typ is int and isinstance(d[name], bool))):
+                raise TypeError(f"job record field {name!r} is {type(d[name]).__name__}")
+        if not all(isinstance(a, str) for a in d.get("args", [])):
+            raise TypeError("job record field 'args' holds a non-string")
+        if "launches" not in d:      # a record of an older master: every launch was an attempt
+            d["launches"] = d.get("attempt", 0)
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+_RECORD_TYPES: dict[str, Any] = {
+    "id": str, "app_name": str, "app_source": str, "args": list, "machines": int,
+    "name": str, "submitted": (int, float), "started": (int, float), "ended": (int, float),
+    "workers": list, "attempt": int, "failures": int, "launches": int, "epochs": list,
+    "error": str, "events": list, "state_time": dict, "entered": (int, float), "group": str,
+    "reason": str, "profile": dict, "resume": dict, "ckpt_every": int,
+    "ckpt_seconds": (int, float), "checkpoint": dict, "move": dict, "held": bool,
+    "sched_group": str, "predicted": (int, float), "store": dict}

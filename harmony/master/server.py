@@ -7,6 +7,7 @@ talk to it with DEALER sockets; every message is validated by
 """
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import logging
@@ -24,7 +25,7 @@ from harmony.comm import messages as M
 from harmony.comm import security
 from harmony.comm.zmqutil import make_socket
 from harmony.master import policy as P
-from harmony.master.jobdb import JobDB
+from harmony.master.jobdb import JobDB, JobTableError, TableFull  # noqa: F401 (re-exported)
 from harmony.master.jobs import MAX_ATTEMPTS, Job, JobState
 from harmony.store import staging
 
@@ -33,10 +34,98 @@ log = logging.getLogger("harmony.master")
 HEARTBEAT_INTERVAL = 1.0
 LAUNCH_GRACE = 3.0          # s: a launched executor shows up in heartbeats by then
 MAX_STATUS_EPOCHS = 1000    # epochs returned by a status request
-MAX_APP_SOURCE = 4 * 1024 * 1024
 # finished jobs whose final checkpoint (their model, for harmony model get) is
 # kept, the most recently finished first; older ones are dropped
 KEEP_MODELS = 20
+MAX_APP_SOURCE = M.MAX_APP_SOURCE
+MAX_EXECUTORS = 1024        # job executors a daemon may report in one heartbeat
+MASTER_RCVHWM = 4           # messages queued per peer before TCP pushes back (a flood)
+# the metrics logs (STATE/metrics/*.jsonl): rotated by size, a few files kept
+METRICS_LOG_BYTES = int(os.environ.get("HARMONY_METRICS_LOG_BYTES", 64 << 20))
+METRICS_LOG_KEEP = 3
+
+
+def _return_large_buffers(threshold: int = 256 << 10) -> None:
+    """Buffers of at least ``threshold`` bytes (message frames) mmapped and
+    given back to the system when freed: glibc's dynamic threshold would
+    otherwise keep them in the heap after a burst of large messages, and the
+    master's memory would stay at the burst's peak. No-op off glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, threshold)      # M_MMAP_THRESHOLD (fixed: no longer dynamic)
+    except (OSError, AttributeError):
+        pass
+
+
+class RotatingLog:
+    """An append-only JSON-lines file rotated by size: PATH, then PATH.1 ..
+    PATH.KEEP, the oldest dropped. A write never raises: a line that cannot
+    be written (a full disk) is dropped, counted and logged (once a minute)."""
+
+    def __init__(self, path: str, max_bytes: int = METRICS_LOG_BYTES,
+                 keep: int = METRICS_LOG_KEEP) -> None:
+        self.path, self.max_bytes, self.keep = path, max(1, max_bytes), max(0, keep)
+        self.dropped = 0
+        self._warned = 0.0
+        self._fh = None
+        self._size = 0
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            self._fh = open(self.path, "a", buffering=1)
+            self._size = self._fh.tell()
+        except OSError as exc:
+            self._fh = None
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        now = time.time()
+        if now - self._warned >= 60.0:
+            self._warned = now
+            log.warning("cannot write %s: %s (%d line(s) dropped so far)", self.path,
+                        exc.strerror or exc, self.dropped)
+
+    def _rotate(self) -> None:
+        self._fh.close()
+        self._fh = None
+        if self.keep:
+            for i in range(self.keep - 1, 0, -1):
+                if os.path.exists(f"{self.path}.{i}"):
+                    os.replace(f"{self.path}.{i}", f"{self.path}.{i + 1}")
+            os.replace(self.path, f"{self.path}.1")
+        else:
+            os.unlink(self.path)
+        self._open()
+
+    def write(self, line: str) -> None:
+        try:
+            if self._fh is None:
+                self._open()
+                if self._fh is None:
+                    self.dropped += 1
+                    return
+            if self._size and self._size + len(line) > self.max_bytes:
+                self._rotate()
+            self._fh.write(line)
+            self._size += len(line)
+        except OSError as exc:
+            self.dropped += 1
+            self._fail(exc)
+            try:
+                if self._fh is not None:
+                    self._fh.close()
+            except OSError:
+                pass
+            self._fh = None
+
+    def close(self) -> None:
+        try:
+            if self._fh is not None:
+                self._fh.close()
+        except OSError:
+            pass
+        self._fh = None
 
 
 @dataclass
@@ -116,7 +205,8 @@ class Master:
                  heartbeat_timeout: float = 5.0, launch_timeout: float = 300.0,
                  policy: str | None = None, mode: str = "naive",
                  max_jobs_per_machine: int = 0, keys: security.Keys | None = None,
-                 keep_models: int | None = None) -> None:
+                 keep_models: int | None = None, recover: bool = False,
+                 master_file: str | None = None) -> None:
         # who may send what: with keys, every peer is authenticated (CURVE)
         # and each message type is accepted only from its role
         self.keys = keys
@@ -150,7 +240,9 @@ class Master:
         self.policy = P.POLICIES[policy]
         self.heartbeat_timeout = heartbeat_timeout
         self.launch_timeout = launch_timeout
-        self.db = JobDB(self.state_dir)
+        # checked before use: a damaged table refuses the start (JobTableError)
+        # unless ``recover`` restores its last good copy
+        self.db = JobDB(self.state_dir, recover=recover)
         self.jobs: dict[str, Job] = {j.id: j for j in self.db.load_all()}
         self.datasets: dict[str, dict] = self.db.load_datasets()
         self.workers: dict[str, Worker] = {}
@@ -160,9 +252,14 @@ class Master:
         self._ended: list[P.JobView] = []   # completions the scheduler has not seen yet
         self._last_predicted: dict[str, float] = {}
         self._recover()
+        _return_large_buffers()
         self.ctx = zmq.Context()
         self.sock = make_socket(self.ctx, zmq.ROUTER)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, 2 * M.MAX_HEADER_BYTES)
+        # a larger frame than any legitimate message never reaches the process
+        self.sock.setsockopt(zmq.MAXMSGSIZE, M.MASTER_MAX_BYTES)
+        # a peer's messages waiting for the master: a few, then TCP pushes
+        # back on that peer alone (a flood is not buffered here)
+        self.sock.setsockopt(zmq.RCVHWM, MASTER_RCVHWM)
         if port == 0:
             port = self.sock.bind_to_random_port(f"tcp://{host}")
         else:
@@ -171,16 +268,23 @@ class Master:
         self._stop = False
         self._dirty = True
         self.bad_messages = 0
+        self._said: dict[str, list] = {}    # rate-limited log lines: key -> [t0, n]
         os.makedirs(os.path.join(self.state_dir, "metrics"), exist_ok=True)
         # the run record: per-machine utilization and per-job profiles over time
-        self._machines_log = open(os.path.join(self.state_dir, "metrics", "machines.jsonl"),
-                                  "a", buffering=1)
-        self._jobs_log = open(os.path.join(self.state_dir, "metrics", "jobs.jsonl"), "a",
-                              buffering=1)
-        self._decisions_log = open(os.path.join(self.state_dir, "metrics", "decisions.jsonl"),
-                                   "a", buffering=1)
-        with open(os.path.join(self.state_dir, "master.json"), "w") as fh:
-            json.dump({"endpoint": self.endpoint, "pid": os.getpid(), "mode": self.mode}, fh)
+        metrics = os.path.join(self.state_dir, "metrics")
+        self._machines_log = RotatingLog(os.path.join(metrics, "machines.jsonl"))
+        self._jobs_log = RotatingLog(os.path.join(metrics, "jobs.jsonl"))
+        self._decisions_log = RotatingLog(os.path.join(metrics, "decisions.jsonl"))
+        # where daemons find this master (also at ``master_file``: e.g. a
+        # local cluster's daemons, which cannot see this state dir)
+        self.master_files = [os.path.join(self.state_dir, "master.json")] + (
+            [os.path.abspath(master_file)] if master_file else [])
+        info = {"endpoint": self.endpoint, "pid": os.getpid(), "mode": self.mode}
+        for path in self.master_files:
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as fh:
+                json.dump(info, fh)
+            os.replace(tmp, path)
 
     # -- lifecycle -------------------------------------------------------------
     def _recover(self) -> None:
@@ -192,6 +296,9 @@ class Master:
             if job.state.active:
                 where = (f"epoch {job.resume['epoch']} (its last checkpoint)" if job.resume
                          else "epoch 0")
+                # its run was stopped: that counts as a failed attempt, but a
+                # master restart alone never makes a job give up
+                job.failures = min(job.failures + 1, MAX_ATTEMPTS - 1)
                 job.transition(JobState.WAITING, f"master restarted; requeued (restarts from {where})")
                 job.workers = []
                 self.db.save(job)
@@ -240,14 +347,18 @@ class Master:
         finally:
             for job in self.jobs.values():
                 self.db.save(job)
-            self.db.close()
+            self.db.close()         # and its last good copy
             self._machines_log.close()
             self._jobs_log.close()
             self._decisions_log.close()
-            try:
-                os.unlink(os.path.join(self.state_dir, "master.json"))
-            except FileNotFoundError:
-                pass
+            for path in self.master_files:
+                try:
+                    with open(path) as fh:
+                        mine = json.load(fh).get("endpoint") == self.endpoint
+                    if mine:
+                        os.unlink(path)
+                except (OSError, ValueError, AttributeError):
+                    pass
             self._lock_fh.close()
             log.info("master stopped")
 
@@ -259,7 +370,7 @@ class Master:
             self.sock.send_multipart([ident, payload], zmq.NOBLOCK)
             return True
         except zmq.Again:
-            log.warning("peer %r is not reading; reply dropped", ident)
+            self._say("not_reading", "peer %r is not reading; reply dropped", ident[:64])
             return False
         except zmq.ZMQError as exc:
             log.warning("send to %r failed: %s", ident, exc)
@@ -280,10 +391,10 @@ class Master:
         frames = [f.bytes if hasattr(f, "bytes") else f for f in frames]
         ident, body = frames[0], frames[1:]
         try:
-            msg = M.decode(body)
+            msg = M.decode(body, M.MASTER_LIMITS)
         except M.ProtocolError as exc:
             self.bad_messages += 1
-            log.warning("malformed message from %r: %s", ident, exc)
+            self._say("malformed", "malformed message from %r: %s", ident[:64], exc)
             self._send(ident, M.error("bad_message", str(exc)))
             return
         handler = getattr(self, "_on_" + msg.type, None)
@@ -311,16 +422,27 @@ class Master:
             log.exception("error handling %s", msg.type)
             self._send(ident, M.error("internal", f"{exc.__class__.__name__}: {exc}"))
 
+    def _say(self, key: str, fmt: str, *args: Any, every: float = 10.0, burst: int = 20) -> None:
+        """A warning that a flood could repeat: at most ``burst`` lines per
+        ``every`` seconds for ``key``, then one line with the count left out."""
+        now = time.time()
+        t0, n = self._said.get(key, (now, 0))
+        if now - t0 >= every:
+            if n > burst:
+                log.warning("(%d more %s warning(s) in %.0fs not logged)", n - burst, key,
+                            now - t0)
+            t0, n = now, 0
+        self._said[key] = [t0, n + 1]
+        if n < burst:
+            log.warning(fmt, *args)
+
     # -- clients -----------------------------------------------------------------
     def _on_submit(self, ident: bytes, msg: M.Message) -> None:
+        # The master never compiles or runs an app's source: the client checks
+        # it before sending and the executors load it. Only its size is bounded.
         src = msg["app_source"]
-        if len(src.encode()) > MAX_APP_SOURCE:
+        if len(src) > MAX_APP_SOURCE or len(src.encode("utf-8", "surrogatepass")) > MAX_APP_SOURCE:
             return self._send(ident, M.error("bad_app", "app file larger than 4 MiB"))
-        try:
-            compile(src, msg["app_name"], "exec")
-        except SyntaxError as exc:
-            return self._send(ident, M.error(
-                "bad_app", f"{msg['app_name']}:{exc.lineno}: syntax error: {exc.msg}"))
         if not 1 <= msg["machines"] <= 100_000:
             return self._send(ident, M.error("bad_request", "--machines must be in 1..100000"))
         if not all(isinstance(a, str) for a in msg["args"]):
@@ -333,16 +455,27 @@ class Master:
         every, secs = msg.get("checkpoint_every"), msg.get("checkpoint_seconds")
         if (every is not None and every < 0) or (secs is not None and secs < 0):
             return self._send(ident, M.error("bad_request", "checkpoint intervals must be >= 0"))
-        job = Job(id=f"job-{self.db.next_seq():04d}", app_name=msg["app_name"],
-                  app_source=src, args=list(msg["args"]), machines=msg["machines"],
-                  name=msg.get("name") or "", group=msg.get("group") or "")
-        if every is not None:
-            job.ckpt_every = int(every)
-        if secs is not None:
-            job.ckpt_seconds = float(secs)
-        job.events.append([job.submitted, "waiting", "submitted"])
+        # a job is accepted only once its record is on disk; while the table
+        # cannot be written (a full disk) new jobs are refused, never half kept
+        try:
+            if not self.db.flush():
+                raise TableFull(f"cannot write the job table {self.db.path}: "
+                                f"{self.db.write_error}")
+            job = Job(id=f"job-{self.db.next_seq():04d}", app_name=msg["app_name"],
+                      app_source=src, args=list(msg["args"]), machines=msg["machines"],
+                      name=msg.get("name") or "", group=msg.get("group") or "")
+            if every is not None:
+                job.ckpt_every = int(every)
+            if secs is not None:
+                job.ckpt_seconds = float(secs)
+            job.events.append([job.submitted, "waiting", "submitted"])
+            self.db.save(job, strict=True)
+        except TableFull as exc:
+            self._say("table_full", "submission refused: %s", exc)
+            return self._send(ident, M.error(
+                "table_full", f"{exc}; the job was not submitted (free space in "
+                              f"{self.state_dir} and submit again)"))
         self.jobs[job.id] = job
-        self.db.save(job)
         self._dirty = True
         log.info("submitted %s (%s, %d machine(s))", job.id, job.app_name, job.machines)
         self._send(ident, M.encode("submitted", job=job.id))
@@ -494,10 +627,22 @@ class Master:
         w.last_seen = time.time()
         self._send(ident, M.encode("hb_ack"))
         st = msg.get("stats")
-        if st and "dt" in st:
-            w.stats.append(st)
-            self._machines_log.write(json.dumps({"machine": w.name, **st}) + "\n")
-        self._reconcile(w, msg["executors"])
+        if st is not None:
+            # known keys with finite numbers only (M.clean_stats): what is kept
+            # per worker and logged is bounded whatever a daemon sends
+            clean = M.clean_stats(st)
+            if clean is None:
+                self._say("stats", "worker %s: heartbeat stats refused (not a map of at most "
+                          "%d known numbers)", w.name, M.MAX_STATS_ENTRIES)
+            elif "dt" in clean:
+                w.stats.append(clean)
+                self._machines_log.write(json.dumps({"machine": w.name, **clean}) + "\n")
+        executors = msg["executors"]
+        if len(executors) > MAX_EXECUTORS:
+            self._say("executors", "worker %s reports %d executors; only the first %d are "
+                      "reconciled", w.name, len(executors), MAX_EXECUTORS)
+            executors = executors[:MAX_EXECUTORS]
+        self._reconcile(w, executors)
 
     def _reconcile(self, w: Worker, executors: list) -> None:
         """Kill executors a daemon runs for jobs that are not running there,
@@ -694,32 +839,35 @@ class Master:
                     job.predicted = dec.predicted[job.sched_group]
 
     def _launch(self, job: Job, machines: list[str], state: JobState = JobState.RUNNING) -> None:
-        job.attempt += 1
+        # every launch gets a new number (it tags the executors, their
+        # messages and PS requests); only failures start a new attempt
+        job.launches += 1
+        job.attempt = job.failures + 1
         job.workers = list(machines)
         if job.resume:
             # resume: keep the epochs up to the checkpoint, drop any later
-            # ones (an attempt that failed after it)
+            # ones (an attempt that failed after it), in one transaction
             keep = job.resume["epoch"]
             if len(job.epochs) > keep:
                 job.epochs = job.epochs[:keep]
-                self.db.clear_epochs(job.id)
-                for ep in job.epochs:
-                    self.db.save_epoch(job.id, ep)
+                self.db.trim_epochs(job.id, keep)
         else:
             job.epochs = []
             self.db.clear_epochs(job.id)
         job.store = {}
         job.error = None
         how = f" (resumes at epoch {job.resume['epoch']})" if job.resume else ""
-        job.transition(state, f"attempt {job.attempt} on {', '.join(machines)}{how}")
-        self.runs[job.id] = Run(job.attempt, time.time())
+        job.transition(state, f"attempt {job.attempt} on {', '.join(machines)}{how}"
+                       + (f" (launch {job.launches})" if job.launches != job.attempt else ""))
+        self.runs[job.id] = Run(job.launches, time.time())
         self.db.save(job)
-        log.info("launching %s attempt %d on %s", job.id, job.attempt, machines)
+        log.info("launching %s attempt %d (launch %d) on %s", job.id, job.attempt,
+                 job.launches, machines)
         resume = self._resume_sources(job)
         for idx, name in enumerate(machines):
             ok = self._send(self.workers[name].ident, M.encode(
                 "launch", job=job.id, index=idx, count=len(machines), app_name=job.app_name,
-                app_source=job.app_source, args=job.args, attempt=job.attempt,
+                app_source=job.app_source, args=job.args, attempt=job.launches,
                 resume=resume, datasets=self._datasets_for(job),
                 secret=self.runs[job.id].secret))
             if not ok:
@@ -756,8 +904,9 @@ class Master:
         if not live:
             return self._send(ident, M.error("no_workers", "no live worker to hold the data"))
         n = msg["chunks"]
-        if not 0 <= n <= 1_000_000:
-            return self._send(ident, M.error("bad_request", "chunk count out of range"))
+        if not 0 <= n <= M.MAX_DATA_CHUNKS:     # its catalog record must reach the master
+            return self._send(ident, M.error("bad_request", f"a data set has at most "
+                                                            f"{M.MAX_DATA_CHUNKS} chunks"))
         holders = []
         for i in range(n):
             hs = [live[i % len(live)]] + ([live[(i + 1) % len(live)]] if len(live) > 1 else [])
@@ -929,8 +1078,12 @@ class Master:
     def _retry_or_fail(self, job: Job, reason: str) -> None:
         if job.state.terminal:
             return
-        if job.attempt >= MAX_ATTEMPTS:
-            return self._end(job, JobState.FAILED, f"{reason}; gave up after {job.attempt} attempts")
+        # a failure: the next launch is a new attempt (pauses, moves and
+        # resumes are launches, not attempts: they never count here)
+        if job.failures + 1 >= MAX_ATTEMPTS:
+            return self._end(job, JobState.FAILED,
+                             f"{reason}; gave up after {job.failures + 1} attempts")
+        job.failures += 1
         self._kill_executors(job)
         self._note_ended(job)
         job.transition(JobState.WAITING, f"{reason}; requeued")

@@ -15,7 +15,7 @@ import zmq
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import make_socket
 from harmony.ps.keymap import block_of
-from harmony.ps.server import _frame_array
+from harmony.ps.server import MAX_FRAME_BYTES, PS_LIMITS, _frame_array
 
 
 class PSError(RuntimeError):
@@ -109,7 +109,7 @@ class PSClient:
             for p in pending:
                 if p in got or p in moved or self.socks[p] not in events:
                     continue
-                msg = M.decode(self.socks[p].recv_multipart(copy=False))
+                msg = M.decode(self.socks[p].recv_multipart(copy=False), PS_LIMITS)
                 if msg.get("rid") != pending[p][0]:
                     continue  # a stale reply from an earlier timed-out request
                 if msg.type == "ps_error":
@@ -147,9 +147,24 @@ class PSClient:
             sel_all = np.sort(np.concatenate(parts))
         raise PSError("keys still redirected after 8 rounds (owner map keeps changing)")
 
+    def _span(self) -> int:
+        """Keys per request: no frame of a request or reply over the shards'
+        cap (MAX_FRAME_BYTES); a larger pull or push is split."""
+        return max(1, MAX_FRAME_BYTES // max(8, self.dim * self.dtype.itemsize))
+
     def pull(self, keys: np.ndarray) -> np.ndarray:
-        """Rows for sorted unique int64 ``keys`` (read-only when zero-copy)."""
+        """Rows for sorted unique int64 ``keys`` (read-only when zero-copy).
+        A key asked twice is refused by its shard (PSError)."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
+        span = self._span()
+        if len(keys) > span:
+            out = np.empty((len(keys), self.dim), dtype=self.dtype)
+            for s in range(0, len(keys), span):
+                out[s:s + span] = self._pull(keys[s:s + span])
+            return out
+        return self._pull(keys)
+
+    def _pull(self, keys: np.ndarray) -> np.ndarray:
         if len(keys) == 0:
             return np.zeros((0, self.dim), dtype=self.dtype)
 
@@ -181,6 +196,11 @@ class PSClient:
         deltas = np.ascontiguousarray(deltas, dtype=self.dtype)
         if deltas.shape != (len(keys), self.dim):
             raise ValueError(f"deltas have shape {deltas.shape}, expected {(len(keys), self.dim)}")
+        span = self._span()
+        for s in range(0, len(keys), span):
+            self._push(keys[s:s + span], deltas[s:s + span])
+
+    def _push(self, keys: np.ndarray, deltas: np.ndarray) -> None:
         if len(keys) == 0:
             return
 

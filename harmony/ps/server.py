@@ -27,20 +27,53 @@ from harmony.store.transfer import Assembler, TransferError
 
 log = logging.getLogger(__name__)
 
+MiB = 1 << 20
+#: The largest array frame of a PS request or reply (keys, or rows): the
+#: client splits a larger pull or push into requests under it, the shard
+#: refuses a larger one, and its socket drops a larger frame before it is
+#: read (ZMQ_MAXMSGSIZE; block-transfer chunks are at most 8 MiB).
+MAX_FRAME_BYTES = 64 * MiB
+#: what a shard (and a PS client) decodes: a small header and at most two
+#: array frames (keys and values) or one block chunk
+PS_LIMITS = M.Limits(max_bytes=2 * MAX_FRAME_BYTES + MiB, max_header=MiB, max_frames=4,
+                     max_str=64 * 1024, max_bin=MiB, max_array=1 << 17, max_map=1024,
+                     max_objects=1 << 18)
+
 
 class AppUpdateError(Exception):
     """The app's update function failed on the server."""
+
+
+class NonFiniteUpdate(ValueError):
+    """A push with NaN or infinite values, refused (App.finite_updates)."""
+
+
+def first_duplicate(keys: np.ndarray) -> int | None:
+    """A key that occurs twice in ``keys`` (None if all differ); O(n) when
+    they are sorted, as clients send them."""
+    if len(keys) < 2 or (np.diff(keys) > 0).all():
+        return None
+    s = np.sort(keys)
+    dup = s[1:][s[1:] == s[:-1]]
+    return int(dup[0]) if len(dup) else None
 
 
 class ShardTable:
     """Rows for a sorted set of keys; lookups by binary search."""
 
     def __init__(self, dim: int, dtype: str,
-                 update: Callable[[np.ndarray, np.ndarray], np.ndarray] | None) -> None:
-        """``update=None`` means plain addition, applied in place."""
+                 update: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
+                 finite: bool | None = None) -> None:
+        """``update=None`` means plain addition, applied in place. ``finite``:
+        refuse pushes with NaN or infinite values (float models only);
+        None: the app's ``finite_updates`` where ``update`` is an app's
+        method, else True (App.finite_updates' default)."""
         self.dim = dim
         self.dtype = np.dtype(dtype)
         self.update = update
+        if finite is None:
+            finite = bool(getattr(getattr(update, "__self__", None), "finite_updates", True))
+        self.finite = finite and self.dtype.kind in "fc"
         self.keys = np.zeros(0, dtype=np.int64)
         self.rows = np.zeros((0, dim), dtype=self.dtype)
         self.ready = False
@@ -166,9 +199,31 @@ class ShardTable:
     def pull(self, keys: np.ndarray) -> np.ndarray:
         self._ensure()
         idx = self.index(keys)
-        return self.rows if isinstance(idx, slice) else self.rows[idx]
+        if isinstance(idx, slice):
+            return self.rows
+        dup = first_duplicate(keys)
+        if dup is not None:
+            raise ValueError(f"duplicate keys in one pull (key {dup} more than once); "
+                             f"pull each key once")
+        return self.rows[idx]
+
+    def check_finite(self, keys: np.ndarray, deltas: np.ndarray) -> None:
+        """Refuse non-finite deltas (one vectorized pass: about the cost of
+        the add it guards)."""
+        if not self.finite or deltas.size == 0:
+            return
+        bad = ~np.isfinite(deltas)
+        if not bad.any():
+            return
+        nbad = int(bad.sum())
+        row = int(np.flatnonzero(bad.reshape(len(deltas), -1).any(axis=1))[0])
+        raise NonFiniteUpdate(
+            f"push refused: {nbad} of {deltas.size} values are not finite (nan or inf; the "
+            f"first at key {int(keys[row])}): the app's updates diverged (lower its step "
+            f"size), or set App.finite_updates = False to apply such updates")
 
     def push(self, keys: np.ndarray, deltas: np.ndarray) -> None:
+        self.check_finite(keys, deltas)
         self._ensure()
         idx = self.index(keys)
         if not isinstance(idx, slice) and len(idx) > 1 and not (np.diff(idx) > 0).all() \
@@ -213,6 +268,9 @@ class ShardServer:
         self.table = table
         self.tag = tag          # the job attempt it serves; "" accepts any
         self.sock = make_socket(ctx, zmq.ROUTER)
+        # a frame larger than any legitimate request is dropped by ZeroMQ
+        # (its sender disconnected) before it takes memory here
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + MiB)
         self.endpoint = bind_random(self.sock, host)
         # the layout (for redirects) and the blocks on their way here
         self.owner: np.ndarray | None = None
@@ -383,14 +441,14 @@ class ShardServer:
             log.warning("PS request failed: %s", exc)
             rid = 0
             try:
-                rid = int(M.decode(body[:1]).get("rid", 0))
+                rid = int(M.decode(body[:1], PS_LIMITS).get("rid", 0))
             except Exception:
                 pass
             reply, live = [M.encode("ps_error", rid=rid, message=str(exc))], False
         self._send(ident, reply, live)
 
     def _handle(self, ident: bytes, body: list) -> tuple[list | None, bool]:
-        msg = M.decode(body)
+        msg = M.decode(body, PS_LIMITS)
         if msg.type == "blk":
             self._on_block(ident, msg)
             return None, False
@@ -405,6 +463,10 @@ class ShardServer:
         n = msg["n"]
         if n < 0 or len(msg.frames) < 1:
             raise M.ProtocolError(f"{msg.type}: missing keys frame")
+        if n * max(8, t.dim * t.dtype.itemsize) > MAX_FRAME_BYTES:
+            raise ValueError(f"{msg.type} of {n} rows of {t.dim} x {t.dtype} is over the "
+                             f"shard's cap of {MAX_FRAME_BYTES} bytes per frame; split it "
+                             f"(PSClient does)")
         keys = _frame_array(msg.frames[0], np.dtype(np.int64), (n,))
         if msg.type == "push" and (msg["dim"] != t.dim or len(msg.frames) < 2):
             raise M.ProtocolError(f"push: dim {msg['dim']} != {t.dim} or missing values frame")

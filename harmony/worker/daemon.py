@@ -29,7 +29,7 @@ import zmq
 
 from harmony.comm import messages as M
 from harmony.comm import security
-from harmony.comm.zmqutil import bind_random, make_socket
+from harmony.comm.zmqutil import bind_random, check_endpoint, make_socket
 from harmony.store import staging
 from harmony.store.lmdb_store import sweep_stale
 from harmony.worker import jobckpt
@@ -72,6 +72,15 @@ class ExecProc:
     oom: str = ""                 # why the emulated OOM killer stopped it
 
 
+def _launch_error(exc: BaseException) -> str:
+    """'no space left on device: /path' rather than '[Errno 28] No space ...'."""
+    if isinstance(exc, OSError) and exc.strerror:
+        text = exc.strerror[:1].lower() + exc.strerror[1:]
+        where = exc.filename if exc.filename is not None else ""
+        return f"{text}: {where}" if where else text
+    return f"{exc.__class__.__name__}: {exc}"
+
+
 def _tail(path: str, n: int = 2000) -> str:
     try:
         with open(path, "rb") as fh:
@@ -89,11 +98,15 @@ class Daemon:
                  state_dir: str | None = None, cpu_set: list[int] | None = None,
                  netem: str | None = None, oom_kill: bool = False,
                  store_max: int | None = None, preempt: bool = True,
-                 keys: security.Keys | None = None) -> None:
+                 keys: security.Keys | None = None, master_file: str | None = None) -> None:
         self.master = master
         self.keys = keys            # this worker's keys (CURVE); its executors use them too
         if keys is not None:
             security.use(keys)
+        # where the master writes its endpoint: read again when it stops
+        # answering (a master restarted on another port)
+        self.master_file = os.path.abspath(master_file) if master_file else None
+        self._master_read = 0.0
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.host = host
         self.cpu_set = sorted(cpu_set) if cpu_set else None
@@ -184,13 +197,13 @@ class Daemon:
                         if self.keys is not None and (len(frames) < 2 or self.keys.worker_name(
                                 frames[1].get("User-Id")) != self.name):
                             continue    # only this machine's executors (its worker key)
-                        self._handle_exec([f.bytes for f in frames])
+                        self._guarded(self._handle_exec, [f.bytes for f in frames])
                     while self.sock in ready:
                         try:
                             frames = self.sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        self._handle(frames)
+                        self._guarded(self._handle, frames)
                 except zmq.ZMQError as exc:
                     if exc.errno != zmq.EINTR:
                         raise
@@ -208,6 +221,7 @@ class Daemon:
                                         now - self._last_ack)
                             self.registered = False
                     else:
+                        self._follow_master(now)
                         self._send("register", name=self.name, host=self.host, cpus=self.cpus,
                                    memory=self.memory, pid=os.getpid(),
                                    executors=sorted(self.execs),
@@ -216,9 +230,41 @@ class Daemon:
                 if self.memory_set and now - self._mem_at >= MEM_CHECK_S:
                     self._mem_at = now
                     self._check_memory()
-                self._reap()
+                self._guarded(self._reap)
         finally:
             self.shutdown()
+
+    def _guarded(self, fn, *args) -> None:
+        """Run a handler; its failure (e.g. a full disk under a store it
+        writes) is logged and never stops the daemon and its other jobs."""
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("worker %s: %s failed; going on", self.name, fn.__name__)
+
+    def _follow_master(self, now: float) -> None:
+        """Not registered: if the master file names another endpoint (the
+        master restarted elsewhere), connect there instead."""
+        if self.master_file is None or now - self._master_read < max(1.0, self.hb_interval):
+            return
+        self._master_read = now
+        try:
+            with open(self.master_file) as fh:
+                endpoint = json.load(fh).get("endpoint")
+            endpoint = check_endpoint(endpoint) if isinstance(endpoint, str) else None
+        except (OSError, ValueError, AttributeError):
+            return          # not there (yet): the master is down or starting
+        if endpoint is None or endpoint == self.master:
+            return
+        log.warning("the master moved: %s -> %s (from %s); registering there", self.master,
+                    endpoint, self.master_file)
+        try:
+            self.sock.disconnect(self.master)
+        except zmq.ZMQError:
+            pass
+        self.sock.connect(endpoint)
+        self.master = endpoint
+        self._last_ack = now
 
     def shutdown(self) -> None:
         everyone = list(self.execs.values()) + self.retiring
@@ -237,7 +283,10 @@ class Daemon:
         self.xsock.close(linger=0)
         security.stop_authenticator(self.ctx)
         self.ctx.term()
-        self._events.close()
+        try:
+            self._events.close()
+        except OSError:
+            pass
         if self.netem is not None:
             self.netem.close()
         log.info("worker %s stopped", self.name)
@@ -308,6 +357,9 @@ class Daemon:
                                               to=req["to"], **out)))
 
     def _launch(self, msg: M.Message) -> None:
+        """Start an executor. Nothing that fails here (a full disk writing
+        its spec, no memory or pids to fork) stops the daemon: the job fails
+        with the cause, reported to the master like an executor that exited."""
         job = msg["job"]
         old = self.execs.pop(job, None)
         if old is not None:
@@ -317,6 +369,22 @@ class Daemon:
             self._terminate(old)
             self.retiring.append(old)
         d = os.path.join(self.state_dir, "jobs", f"{job}.{msg['index']}.{msg['attempt']}")
+        try:
+            proc, log_path = self._start_executor(msg, d)
+        except Exception as exc:
+            why = _launch_error(exc)
+            log.error("cannot start executor %d of %s: %s", msg["index"], job, why)
+            shutil.rmtree(d, ignore_errors=True)
+            self._send("exec_exited", job=job, index=msg["index"], attempt=msg["attempt"],
+                       code=127, log_tail=f"harmony-worker {self.name}: cannot start the "
+                                          f"executor: {why}"[:4000])
+            return
+        self.execs[job] = ExecProc(job, msg["index"], msg["attempt"], proc, d, log_path)
+        log.info("started executor %d of %s (attempt %d, pid %d)", msg["index"], job,
+                 msg["attempt"], proc.pid)
+
+    def _start_executor(self, msg: M.Message, d: str) -> tuple[subprocess.Popen, str]:
+        job = msg["job"]
         os.makedirs(d, exist_ok=True)
         spec = {"job": job, "index": msg["index"], "count": msg["count"],
                 "attempt": msg["attempt"], "app_name": msg["app_name"],
@@ -333,8 +401,14 @@ class Daemon:
                 "memory_file": self.memory_file if self.memory_set else None,
                 "store_max": self.store_max}
         spec_path = os.path.join(d, "spec.msgpack")
-        with open(spec_path, "wb") as fh:
-            fh.write(msgpack.packb(spec, use_bin_type=True))
+        try:
+            with open(spec_path, "wb") as fh:
+                fh.write(msgpack.packb(spec, use_bin_type=True))
+                fh.flush()
+                os.fsync(fh.fileno())     # a full disk shows here, not in the executor
+        except OSError as exc:
+            exc.filename = exc.filename or spec_path       # name the file it could not write
+            raise
         log_path = os.path.join(d, "executor.log")
         env = dict(os.environ)
         threads = str(self.cpus)  # numeric libraries use this machine's cores only
@@ -346,9 +420,7 @@ class Daemon:
                 [sys.executable, "-m", "harmony.worker.executor", spec_path],
                 stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=_die_with_parent, cwd=d, env=env)
-        self.execs[job] = ExecProc(job, msg["index"], msg["attempt"], proc, d, log_path)
-        log.info("started executor %d of %s (attempt %d, pid %d)", msg["index"], job,
-                 msg["attempt"], proc.pid)
+        return proc, log_path
 
     def _exec_memory(self) -> dict[str, int]:
         """Anonymous RSS of every executor whose input is loaded."""
@@ -472,15 +544,31 @@ class Daemon:
         """Keep the directories (logs) of the newest failed executors only."""
         root = os.path.join(self.state_dir, "jobs")
         live = {ep.dir for ep in self.execs.values()}
-        dirs = sorted((os.path.join(root, d) for d in os.listdir(root)), key=os.path.getmtime)
+
+        def mtime(path: str) -> float:
+            try:
+                return os.path.getmtime(path)
+            except OSError:        # gone meanwhile
+                return 0.0
+        try:
+            dirs = sorted((os.path.join(root, d) for d in os.listdir(root)), key=mtime)
+        except OSError as exc:
+            log.warning("cannot list %s: %s", root, exc)
+            return
         old = [d for d in dirs if d not in live]
         for d in old[:max(0, len(old) - keep)]:
             shutil.rmtree(d, ignore_errors=True)
 
     # -- subtask queues ------------------------------------------------------------
     def _log_event(self, ev: str, sub: Sub, role: str = "") -> None:
-        self._events.write(f'{{"t": {time.time():.6f}, "ev": "{ev}", "job": "{sub.job}", '
-                           f'"seq": {sub.seq}, "kind": "{sub.kind}", "role": "{role}"}}\n')
+        try:
+            self._events.write(f'{{"t": {time.time():.6f}, "ev": "{ev}", "job": "{sub.job}", '
+                               f'"seq": {sub.seq}, "kind": "{sub.kind}", "role": "{role}"}}\n')
+        except OSError as exc:        # a full disk loses queue events, never the daemon
+            now = time.time()
+            if now - getattr(self, "_events_warned", 0.0) > 60:
+                self._events_warned = now
+                log.warning("cannot write %s: %s", self.events_path, exc)
 
     def _apply(self, actions: list[tuple]) -> None:
         for act in actions:
