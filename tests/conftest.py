@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # default): one key set for the session, found by clients through the
 # environment, as a user's shell would.
 _KEYS = tempfile.mkdtemp(prefix="harmony-test-keys-")
-init_keys(_KEYS, workers=[f"m{i}" for i in range(8)])
+init_keys(_KEYS, workers=[f"m{i}" for i in range(8)] + ["w1"])
 os.environ["HARMONY_KEYS"] = _KEYS
 NMF_APP = ROOT / "apps" / "nmf.py"
 

@@ -19,6 +19,8 @@ import psutil
 import pytest
 import zmq
 
+from harmony.comm.zmqutil import make_socket
+
 import harmony.ps.client as ps_client
 import harmony.ps.server as ps_server
 from harmony.app import App
@@ -144,7 +146,9 @@ def test_a_flood_of_hostile_messages_leaves_the_master_answering(tmp_path):
             time.sleep(0.3)
             rss0 = peak = rss().rss
             for i in range(4):
-                s = ctx.socket(zmq.DEALER)
+                # authenticated users gone bad (strangers never get past the
+                # handshake: tests/test_security.py), and one stranger
+                s = make_socket(ctx, zmq.DEALER, keys=c.keys) if i < 3 else ctx.socket(zmq.DEALER)
                 s.setsockopt(zmq.LINGER, 0)
                 s.setsockopt(zmq.SNDHWM, 4)              # bounded here too
                 s.setsockopt(zmq.RCVHWM, 1)          # never reads its error replies
@@ -197,7 +201,9 @@ def test_heartbeat_stats_schema_and_metrics_logs_rotate(tmp_path):
     sd = tmp_path / "m"
     proc, ep = start_master(sd, env={"HARMONY_METRICS_LOG_BYTES": "2000"})
     ctx = zmq.Context()
-    d = ctx.socket(zmq.DEALER)
+    from harmony.comm import security
+    d = make_socket(ctx, zmq.DEALER, keys=security.Keys.load(
+        security.init_keys(os.environ["HARMONY_KEYS"], workers=["w1"]), "worker", "w1"))
     d.setsockopt(zmq.LINGER, 0)
     d.connect(ep)
 
