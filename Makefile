@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(VENV)/bin/harmony demo
 
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" -q --reruns 1 --reruns-delay 1
+	$(PY) -m pytest -m "not slow" -q
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q
