@@ -139,6 +139,9 @@ def lipschitz(sample: tuple, ncols: int, intercept: bool) -> float:
 class Lasso(App):
     """Lasso regression (squared loss + L1) by distributed proximal gradient (FISTA)."""
 
+    # the epoch tags of FISTA's slots use -inf ("never") on purpose: the
+    # runtime must apply such pushes, not refuse them as a divergence
+    finite_updates = False
     name = "lasso"
     static_keys = True    # keys(blocks) depends only on which blocks it gets
     # sum: a machine's gradient is its blocks' part of X^T r divided by the
