@@ -212,6 +212,11 @@ class ShardTable:
         the add it guards)."""
         if not self.finite or deltas.size == 0:
             return
+        # a NaN or an infinity makes the sum non-finite: one read of the
+        # deltas, no temporary; only then the full check (an overflowing sum
+        # of finite values is checked in full and passes)
+        if np.isfinite(np.add.reduce(deltas, axis=None, dtype=np.float64)):
+            return
         bad = ~np.isfinite(deltas)
         if not bad.any():
             return
