@@ -265,3 +265,23 @@ def test_staging_from_the_cli_and_errors_naming_file_and_line(fleet):
     assert r.returncode == 0, r.stderr
     r = run_cli("data", "ls", "--json", env=env)
     assert "bad" not in [d["name"] for d in __import__("json").loads(r.stdout)]
+
+
+def test_nmf_resized_mid_run_matches_the_run_that_stayed(fleet, ratings):
+    """A real app across a live resize: with its mean reducer, NMF's math does
+    not depend on the machine count, so widening it from 1 to 2 machines in
+    the middle of a run gives the quality of the run that stayed on 1."""
+    args = ["--input", ratings, "--rank", "6", "--blocks", "8", "--max-epochs", "30"]
+    with Client(fleet.endpoint) as c:
+        stay = c.submit("nmf.py", NMF_APP.read_text(), args, machines=1)
+        moved = c.submit("nmf.py", NMF_APP.read_text(), args, machines=1)
+        _wait(c, moved, lambda st: st["epochs_total"] >= 5)
+        c.resize(moved, 2)
+        a = wait_state(c, stay, ("finished", "failed"), timeout=180)
+        b = wait_state(c, moved, ("finished", "failed"), timeout=180)
+    assert a["state"] == b["state"] == "finished", (a["error"], b["error"])
+    assert len(b["workers"]) == 2 and any("now on" in e[2] for e in b["events"])
+    ra, rb = a["epochs"][-1]["metrics"]["rmse"], b["epochs"][-1]["metrics"]["rmse"]
+    assert rb <= 1.1 * ra, (ra, rb)
+    objs = [e["metrics"]["objective"] for e in b["epochs"]]
+    assert objs[-1] < objs[4]          # it kept converging after the move
