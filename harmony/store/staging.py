@@ -22,7 +22,7 @@ import zmq
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import make_socket
 from harmony.store.lmdb_store import LmdbEnv
-from harmony.store.transfer import Assembler, Payload, TransferError, send_payloads, wait_acks
+from harmony.store.transfer import Payload, TransferError, receive, send_payloads, wait_acks
 
 URL = "harmony://"
 CHUNK_BYTES = 4 << 20
@@ -145,21 +145,13 @@ def fetch_chunks(ctx: zmq.Context, endpoint: str, name: str, want: dict[int, byt
     try:
         sock.connect(endpoint)
         sock.send(M.encode("data_fetch", mid=mid, name=name, chunks=sorted(want)))
-        asm, got = Assembler(), {}
-        while True:
-            if not sock.poll(int(timeout_s * 1000)):
-                raise TransferError(f"holder {endpoint} stopped sending data set {name!r}")
-            msg = M.decode(sock.recv_multipart(copy=False))
-            if msg.type == "error":
-                raise StagingError(f"holder {endpoint}: {msg['message']}")
-            if msg.type == "blk_end":
-                break
-            if msg.type == "blk" and (done := asm.add(msg)) is not None:
-                _, _, i, data = done
-                if hashlib.sha256(data).digest() != want.get(i):
-                    raise StagingError(f"chunk {i} of data set {name!r} from {endpoint} does "
-                                       f"not match the catalog")
-                got[i] = data
+        got = {}
+        for _, i, data in receive(sock, timeout_s, f"holder {endpoint} (data set {name!r})",
+                                  StagingError):
+            if hashlib.sha256(data).digest() != want.get(i):
+                raise StagingError(f"chunk {i} of data set {name!r} from {endpoint} does "
+                                   f"not match the catalog")
+            got[i] = data
         return got
     finally:
         sock.close(linger=0)

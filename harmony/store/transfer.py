@@ -241,6 +241,24 @@ class Assembler:
             self.forget(key)
 
 
+def receive(sock: zmq.Socket, timeout_s: float, what: str,
+            error: type[Exception] = TransferError) -> Iterator[tuple[str, int, "Block | bytes"]]:
+    """``(sec, bid, payload)`` of a sender's stream on ``sock`` until its
+    ``blk_end``; an ``error`` reply raises ``error``, silence for
+    ``timeout_s`` a TransferError (``what`` names the stream in both)."""
+    asm = Assembler()
+    while True:
+        if not sock.poll(int(timeout_s * 1000)):
+            raise TransferError(f"{what}: the sender stopped sending")
+        msg = M.decode(sock.recv_multipart(copy=False))
+        if msg.type == "error":
+            raise error(f"{what}: {msg['message']}")
+        if msg.type == "blk_end":
+            return
+        if msg.type == "blk" and (done := asm.add(msg)) is not None:
+            yield done[1], done[2], done[3]
+
+
 def wait_acks(sock_of: Callable[[int], zmq.Socket], want: set[tuple[int, str, int]],
               mid: str, timeout_s: float, on_other: Callable[[int, M.Message], None]
               | None = None) -> None:

@@ -39,8 +39,7 @@ from harmony.comm.zmqutil import make_socket
 from harmony.ps.keymap import block_of
 from harmony.store.blocks import Block, BlockFormatError, export_block, import_block
 from harmony.store.checkpoint import CheckpointError, CheckpointStore
-from harmony.store.transfer import (Assembler, Payload, TransferError, send_payloads,
-                                    wait_acks)
+from harmony.store.transfer import Payload, TransferError, receive, send_payloads, wait_acks
 
 FETCH_TIMEOUT_S = 120.0
 
@@ -187,22 +186,9 @@ def fetch_part(ctx: zmq.Context, endpoint: str, job: str, epoch: int, index: int
         mid = f"get:{job}:{epoch}:{index}:{uuid.uuid4().hex[:8]}"
         sock.send(M.encode("ckpt_fetch", mid=mid, job=job, epoch=epoch, index=index,
                            want=chosen))
-        asm = Assembler()
         got: dict[tuple[str, int], Block] = {}
-        while True:
-            if not sock.poll(int(timeout_s * 1000)):
-                raise TransferError(f"holder {endpoint} stopped sending part {index}")
-            msg = M.decode(sock.recv_multipart(copy=False))
-            if msg.type == "error":
-                raise CheckpointError(f"holder {endpoint}: {msg['message']}")
-            if msg.type == "blk_end":
-                break
-            if msg.type != "blk":
-                continue
-            done = asm.add(msg)
-            if done is None:
-                continue
-            _, sec, bid, data = done
+        for sec, bid, data in receive(sock, timeout_s, f"holder {endpoint} (part {index})",
+                                      CheckpointError):
             if hashlib.sha256(data).digest() != shas.get((sec, bid)):
                 raise CheckpointError(f"part {index} {sec} block {bid} from {endpoint} does "
                                       f"not match its manifest")
