@@ -497,7 +497,8 @@ def cmd_demo(a: argparse.Namespace) -> int:
                         noise=0.1, seed=1)
         print(f"generated {shape['ratings']:,} ratings ({a.users:,} users x {a.items:,} items, "
               f"planted rank 8, noise 0.1) in {data}", flush=True)
-        cl = LocalCluster(a.machines, os.path.join(tmp, "cluster"), port=0, mode="harmony")
+        cl = LocalCluster(a.machines, os.path.join(tmp, "cluster"), port=0, mode="harmony",
+                          keys=os.path.join(tmp, "keys"))     # its own key set, not the user's
         try:
             ep = cl.start()
             print(f"local cluster up: master {ep}, {a.machines} machines, Harmony scheduler",
