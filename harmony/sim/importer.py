@@ -1,0 +1,201 @@
+"""A trace from what the runtime recorded for real jobs, so that a measured
+run can be replayed in the simulator.
+
+    harmony status JOB --json > JOB.json      # for every job of the run
+    python -m harmony.sim.importer JOB1.json JOB2.json ... [--jobs-log DIR/master/metrics/jobs.jsonl] --out run.csv
+
+Input: ``harmony status --json`` output, i.e. the master's
+``Job.detail()`` (``harmony/master/jobs.py``) plus its group prediction: one
+JSON object, a JSON array of them, or JSON lines. Per job it uses:
+
+==============  ==============================================================
+trace column    from the status record
+==============  ==============================================================
+id              ``id``
+arrival         ``submitted`` less the earliest ``submitted`` of the run
+app             ``app`` without ``.py`` (e.g. ``nmf.py`` -> ``nmf``); an app
+                the trace does not know becomes ``synthetic``
+dataset         ``name`` (the name given at submission)
+iterations      the sum of ``timings["iters"]`` over its epochs (the status
+                holds the last 1000 epochs: ``epochs_total`` x iterations
+                per epoch when more ran)
+iters_per_epoch ``timings["iters"]`` of its epochs (the most common value)
+cpu_s, net_s,   the profile: ``t_cpu``, ``t_net`` (PULL + PUSH), ``bytes``,
+bytes, link,    ``link`` (0: not known -> empty) and ``machines`` of the
+ref_dop         master's moving averages; with ``jobs_log`` (the master's
+                ``metrics/jobs.jsonl``) instead the medians over the job's
+                epochs at the profile's machine count, leaving out its first
+                epoch (warm-up)
+eval_s          the median of ``timings["eval"]``
+input_bytes     the sum over its machines of ``store[m]["input_mb"]`` (MiB)
+model_bytes     0 (not recorded)
+curve           ``points:`` (iterations done, objective) after every epoch
+machines        ``machines`` (what the job asked for)
+==============  ==============================================================
+
+A job with no profile or no epoch (it never ran) is skipped, and its id is
+returned among the skipped ones. Profiles are as measured: import a run in
+isolated mode for profiles without co-location effects (in naive mode COMP
+includes time-slicing with co-located jobs; in harmony mode COMP is the
+job's own, as the executors subtract the time a preempted COMP stood).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from harmony.sim.trace import APPS, LossCurve, TraceJob, save_trace
+
+MIB = 2 ** 20
+
+
+def load_status(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Status records from a file: one JSON object, an array, or JSON lines."""
+    text = open(path).read().strip()
+    if not text:
+        return []
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = [json.loads(line) for line in text.splitlines() if line.strip()]
+    recs = data if isinstance(data, list) else [data]
+    for i, r in enumerate(recs):
+        if not isinstance(r, dict) or "id" not in r:
+            raise ValueError(f"{path}: record {i + 1} is not a job status (no 'id')")
+    return recs
+
+
+def load_jobs_log(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The master's ``metrics/jobs.jsonl``: one row per job epoch (``t``,
+    ``job``, ``epoch``, ``workers``, ``profile``, ``timings``)."""
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _app(name: str) -> str:
+    base = os.path.basename(str(name or ""))
+    base = base[:-3] if base.endswith(".py") else base
+    return base if base in APPS else "synthetic"
+
+
+def _per_iter(tm: Mapping[str, float]) -> dict[str, float]:
+    it = max(1.0, float(tm.get("iters", 1.0)))
+    return {"t_cpu": tm.get("comp", 0.0) / it,
+            "t_net": (tm.get("pull", 0.0) + tm.get("push", 0.0)) / it,
+            "bytes": tm.get("bytes", 0.0) / it}
+
+
+def _median_profile(rows: Sequence[Mapping[str, Any]], machines: int) -> dict[str, float] | None:
+    """Medians of the per-iteration COMP, COMM and bytes over a job's epochs
+    on ``machines`` machines, without the first such epoch."""
+    same = sorted((r for r in rows if len(r.get("workers", ())) == machines),
+                  key=lambda r: r.get("t", 0.0))
+    if len(same) > 1:
+        same = same[1:]
+    if not same:
+        return None
+    per = [_per_iter(r.get("timings", {})) for r in same]
+    return {k: statistics.median(p[k] for p in per) for k in ("t_cpu", "t_net", "bytes")}
+
+
+def job_from_status(rec: Mapping[str, Any], t0: float,
+                    log_rows: Sequence[Mapping[str, Any]] = ()) -> TraceJob | None:
+    """One status record as a trace job (None if it never ran: no profile
+    or no epoch). ``t0``: the run's first submission time. ``log_rows``:
+    this job's rows of ``jobs.jsonl``."""
+    prof = rec.get("profile") or {}
+    epochs = rec.get("epochs") or []
+    if not prof or not prof.get("machines") or not epochs:
+        return None
+    ref = int(prof["machines"])
+    p = dict(prof)
+    med = _median_profile(log_rows, ref) if log_rows else None
+    if med:
+        p.update(med)
+    iters = [int(e.get("timings", {}).get("iters") or 0) for e in epochs]
+    ipe = Counter(i for i in iters if i > 0).most_common(1)
+    ipe = ipe[0][0] if ipe else 1
+    shown = sum(i or ipe for i in iters)
+    total_epochs = int(rec.get("epochs_total", len(epochs)))
+    n_iters = shown + (total_epochs - len(epochs)) * ipe
+    # the loss curve: objective after every recorded epoch, in iterations done
+    first = total_epochs - len(epochs)
+    pts: list[float] = []
+    done = first * ipe
+    for e, n in zip(epochs, iters):
+        done += n or ipe
+        obj = (e.get("metrics") or {}).get("objective")
+        if isinstance(obj, (int, float)) and obj == obj and (not pts or done > pts[-2]):
+            pts += [float(done), float(obj)]
+    curve = LossCurve("points", tuple(pts)) if len(pts) >= 2 else None
+    evals = [e["timings"]["eval"] for e in epochs
+             if isinstance(e.get("timings", {}).get("eval"), (int, float))]
+    store = rec.get("store") or {}
+    input_mb = sum(float(s.get("input_mb", 0.0)) for s in store.values()
+                   if isinstance(s, Mapping))
+    link = float(p.get("link") or 0.0)
+    return TraceJob(
+        id=str(rec["id"]), arrival=max(0.0, float(rec["submitted"]) - t0),
+        app=_app(rec.get("app", "")), dataset=str(rec.get("name") or ""),
+        iterations=max(1, n_iters), iters_per_epoch=ipe, curve=curve,
+        cpu_s=float(p.get("t_cpu", 0.0)), net_s=float(p.get("t_net", 0.0)),
+        bytes=float(p.get("bytes", 0.0)), link=link if link > 0 else None, ref_dop=ref,
+        eval_s=statistics.median(evals) if evals else 0.0, input_bytes=input_mb * MIB,
+        machines=max(1, int(rec.get("machines") or ref)))
+
+
+def jobs_from_status(records: Iterable[Mapping[str, Any]],
+                     jobs_log: Iterable[Mapping[str, Any]] | None = None
+                     ) -> tuple[list[TraceJob], list[str]]:
+    """(trace jobs in arrival order, ids of the jobs skipped because they
+    never ran) from status records, optionally with the rows of the
+    master's ``jobs.jsonl`` (see the module docstring)."""
+    recs = list(records)
+    if not recs:
+        return [], []
+    t0 = min(float(r["submitted"]) for r in recs)
+    by_job: dict[str, list] = {}
+    for row in jobs_log or ():
+        by_job.setdefault(str(row.get("job")), []).append(row)
+    out, skipped = [], []
+    for r in recs:
+        j = job_from_status(r, t0, by_job.get(str(r["id"]), ()))
+        if j is None:
+            skipped.append(str(r["id"]))
+        else:
+            out.append(j)
+    out.sort(key=lambda j: (j.arrival, j.id))
+    return out, skipped
+
+
+def import_run(status_paths: Sequence[str | os.PathLike], jobs_log: str | None = None,
+               out: str | None = None) -> tuple[list[TraceJob], list[str]]:
+    """``jobs_from_status`` on status files (and a ``jobs.jsonl``); writes the
+    trace to ``out`` if given."""
+    recs = [r for p in status_paths for r in load_status(p)]
+    jobs, skipped = jobs_from_status(recs, load_jobs_log(jobs_log) if jobs_log else None)
+    if out:
+        save_trace(jobs, out)
+    return jobs, skipped
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harmony.sim.importer",
+                                 description="a trace from 'harmony status --json' records")
+    ap.add_argument("status", nargs="+", help="files of 'harmony status JOB --json' output")
+    ap.add_argument("--jobs-log", default=None, help="the master's metrics/jobs.jsonl")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    jobs, skipped = import_run(a.status, a.jobs_log, a.out)
+    print(f"{len(jobs)} jobs -> {a.out}" + (f"; skipped (never ran): {', '.join(skipped)}"
+                                            if skipped else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
