@@ -1,0 +1,293 @@
+"""Simulation results: what a run produced (``SimResult``), its statistics,
+JSON output, a side-by-side table of policies and PNG plots.
+
+- ``summarize(result)``: number of jobs, mean / median / p95 JCT (p95 by
+  linear interpolation between order statistics, numpy's default), makespan
+  (last end less first arrival), and the average CPU and network
+  utilization (the utilization samples weighted by their bucket length).
+- ``write_result(result, out_dir)``: ``<out_dir>/<name>.json`` with the
+  result and its summary (``read_result`` reads it back).
+- ``compare_table(results, baseline="isolated")``: a ``rich`` table, one row
+  per policy, with ratios to the baseline (baseline / value for times, so
+  2.0x means twice as fast; value / baseline for utilization).
+- ``write_plots(results, out_dir)``: ``jct_cdf.png`` (JCT CDF per policy)
+  and ``utilization.png`` (CPU and network utilization over time, one panel
+  per policy), matplotlib's Agg backend.
+- ``sim_progress(total)``: a ``rich`` progress bar for long runs.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class JobResult:
+    """One job of a simulation: ``arrival`` (submitted), ``start`` (first
+    ran), ``end`` (finished), seconds of simulated time; ``machines``: its
+    machine count over time as (time, count) pairs, optional."""
+    id: str
+    app: str
+    arrival: float
+    start: float
+    end: float
+    machines: list[tuple[float, int]] = field(default_factory=list)
+
+    @property
+    def jct(self) -> float:
+        """Job completion time: end less arrival."""
+        return self.end - self.arrival
+
+
+@dataclass
+class UtilSample:
+    """Cluster utilization in the bucket [t, t + dt): the busy fraction of
+    all machines' CPUs and of all their links (0..1)."""
+    t: float
+    dt: float
+    cpu: float
+    net: float
+
+
+@dataclass
+class SimDecision:
+    """A scheduling decision at simulated time ``t``: its note and details."""
+    t: float
+    note: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SimResult:
+    """What one simulation run produced. ``makespan`` None: computed from
+    the jobs (last end less first arrival)."""
+    policy: str
+    jobs: list[JobResult]
+    util: list[UtilSample] = field(default_factory=list)
+    decisions: list[SimDecision] = field(default_factory=list)
+    mode: str = ""
+    machines: int = 0
+    makespan: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def get_makespan(self) -> float:
+        if self.makespan is not None:
+            return self.makespan
+        if not self.jobs:
+            return 0.0
+        return max(j.end for j in self.jobs) - min(j.arrival for j in self.jobs)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["makespan"] = self.get_makespan()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SimResult:
+        return cls(policy=d["policy"], mode=d.get("mode", ""), machines=d.get("machines", 0),
+                   makespan=d.get("makespan"), meta=dict(d.get("meta", {})),
+                   jobs=[JobResult(**{**j, "machines": [tuple(x) for x in j.get("machines", [])]})
+                         for j in d["jobs"]],
+                   util=[UtilSample(**u) for u in d.get("util", [])],
+                   decisions=[SimDecision(**x) for x in d.get("decisions", [])])
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between order statistics."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summarize(result: SimResult) -> dict[str, float]:
+    """jobs, mean_jct, median_jct, p95_jct, makespan, cpu_util, net_util,
+    decisions (see the module docstring)."""
+    jcts = [j.jct for j in result.jobs]
+    total = sum(u.dt for u in result.util)
+    return {
+        "jobs": len(jcts),
+        "mean_jct": sum(jcts) / len(jcts) if jcts else math.nan,
+        "median_jct": percentile(jcts, 50),
+        "p95_jct": percentile(jcts, 95),
+        "makespan": result.get_makespan(),
+        "cpu_util": sum(u.cpu * u.dt for u in result.util) / total if total else math.nan,
+        "net_util": sum(u.net * u.dt for u in result.util) / total if total else math.nan,
+        "decisions": len(result.decisions),
+    }
+
+
+def write_result(result: SimResult, out_dir: str | os.PathLike, name: str | None = None) -> str:
+    """Write ``<out_dir>/<name or policy>.json``: the result and its
+    ``summary``; returns the path."""
+    os.makedirs(out_dir, exist_ok=True)
+    fname = (name or result.policy or "result").replace(os.sep, "_")
+    path = os.path.join(out_dir, f"{fname}.json")
+    d = result.to_dict()
+    d["summary"] = summarize(result)
+    with open(path, "w") as fh:
+        json.dump(d, fh, indent=1, default=_jsonable)
+    return path
+
+
+def read_result(path: str | os.PathLike) -> SimResult:
+    with open(path) as fh:
+        return SimResult.from_dict(json.load(fh))
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item"):          # numpy scalars
+        return x.item()
+    if isinstance(x, (set, frozenset, tuple)):
+        return list(x)
+    return str(x)
+
+
+# ---------------------------------------------------------------- table
+
+_TIME_COLS = (("mean_jct", "mean JCT"), ("median_jct", "median JCT"), ("p95_jct", "p95 JCT"),
+              ("makespan", "makespan"))
+
+
+def _fmt_s(x: float) -> str:
+    if x != x:
+        return "-"
+    return f"{x:.1f}s" if x < 600 else f"{x / 60:.1f}m" if x < 36000 else f"{x / 3600:.2f}h"
+
+
+def _ratio(num: float, den: float) -> str:
+    if not (num == num and den == den) or den == 0:
+        return "-"
+    return f"{num / den:.2f}x"
+
+
+def compare_table(results: Mapping[str, SimResult], baseline: str = "isolated",
+                  console: Any = None, title: str | None = None) -> str:
+    """Print a side-by-side table of ``results`` (policy name -> result):
+    mean / median / p95 JCT and makespan, each with its speedup over
+    ``baseline`` (baseline / value), and the average CPU and network
+    utilization with their ratio to the baseline's. Without the baseline
+    among the results the ratio columns show "-". Returns the table as
+    plain text (also when printed to ``console``, a ``rich`` Console;
+    default: one on stdout)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    sums = {name: summarize(r) for name, r in results.items()}
+    base = sums.get(baseline)
+    table = Table(title=title or f"{len(results)} policies, ratios to {baseline}")
+    table.add_column("policy", style="bold")
+    table.add_column("jobs", justify="right")
+    for _, label in _TIME_COLS:
+        table.add_column(label, justify="right")
+        table.add_column(f"x {baseline}", justify="right")
+    for label in ("CPU util", "net util"):
+        table.add_column(label, justify="right")
+        table.add_column(f"x {baseline}", justify="right")
+    for name, s in sums.items():
+        row = [name, str(s["jobs"])]
+        for key, _ in _TIME_COLS:
+            row += [_fmt_s(s[key]), _ratio(base[key], s[key]) if base else "-"]
+        for key in ("cpu_util", "net_util"):
+            row += ["-" if s[key] != s[key] else f"{100 * s[key]:.1f}%",
+                    _ratio(s[key], base[key]) if base else "-"]
+        table.add_row(*row)
+    rec = Console(record=True, width=200, file=io.StringIO())
+    rec.print(table)
+    text = rec.export_text()
+    (console or Console()).print(table)
+    return text
+
+
+# ---------------------------------------------------------------- plots
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_jct_cdf(results: Mapping[str, SimResult], path: str | os.PathLike) -> str:
+    """One JCT CDF line per policy in one PNG."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, r in results.items():
+        jcts = sorted(j.jct for j in r.jobs)
+        if not jcts:
+            continue
+        ys = [(i + 1) / len(jcts) for i in range(len(jcts))]
+        ax.step(jcts, ys, where="post", label=f"{name} (mean {_fmt_s(sum(jcts) / len(jcts))})")
+    ax.set_xlabel("job completion time (s)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def plot_utilization(results: Mapping[str, SimResult], path: str | os.PathLike) -> str:
+    """CPU and network utilization over time, one panel per policy, shared
+    time axis, the makespan as a vertical line."""
+    plt = _pyplot()
+    n = max(1, len(results))
+    fig, axes = plt.subplots(n, 1, figsize=(9, 2.4 * n), sharex=True, squeeze=False)
+    for ax, (name, r) in zip(axes[:, 0], results.items()):
+        t0 = min((j.arrival for j in r.jobs), default=0.0)
+        ts = [u.t - t0 for u in r.util]
+        ax.step(ts, [100 * u.cpu for u in r.util], where="post", label="CPU")
+        ax.step(ts, [100 * u.net for u in r.util], where="post", label="network")
+        ax.axvline(r.get_makespan(), color="gray", ls="--", lw=1)
+        s = summarize(r)
+        ax.set_title(f"{name}: makespan {_fmt_s(s['makespan'])}, CPU "
+                     f"{100 * s['cpu_util']:.0f}%, net {100 * s['net_util']:.0f}%", fontsize=9)
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("util. %")
+    axes[0, 0].legend(loc="lower right", fontsize=8)
+    axes[-1, 0].set_xlabel("simulated seconds since the first arrival")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def write_plots(results: Mapping[str, SimResult], out_dir: str | os.PathLike) -> list[str]:
+    """``jct_cdf.png`` and ``utilization.png`` in ``out_dir``; their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    return [plot_jct_cdf(results, os.path.join(out_dir, "jct_cdf.png")),
+            plot_utilization(results, os.path.join(out_dir, "utilization.png"))]
+
+
+# ---------------------------------------------------------------- progress
+
+@contextlib.contextmanager
+def sim_progress(total: float, description: str = "simulating",
+                 enabled: bool | None = None) -> Iterator[Callable[[float], None]]:
+    """A progress bar for a long run: ``with sim_progress(total) as update:``
+    then ``update(done)`` with the work done so far (e.g. simulated seconds
+    or finished jobs, in the units of ``total``). ``enabled`` None: only
+    when stderr is a terminal; False: ``update`` does nothing."""
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        yield lambda done: None
+        return
+    from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), transient=True) as prog:
+        task = prog.add_task(description, total=total)
+        yield lambda done: prog.update(task, completed=min(done, total))
