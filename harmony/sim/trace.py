@@ -219,6 +219,8 @@ class LossCurve:
         n = max(0, math.ceil(k - 1e-9))
         while self.loss(n) > target:          # rounding at the boundary
             n += 1
+        while n > 0 and self.loss(n - 1) <= target:
+            n -= 1
         return n
 
     def scaled(self, factor: float) -> LossCurve:
