@@ -365,57 +365,58 @@ def test_pauses_and_resumes_are_launches_not_attempts(client):
     client.cancel(job)
 
 
-def test_only_failures_count_toward_max_attempts(tmp_path):
-    """The master's bookkeeping on a job: failures start attempts, every
-    other relaunch is only a launch, the failure after the last attempt
-    fails the job, and a master restart never exhausts the attempts."""
-    from harmony.master.server import Master, Worker
-    m = Master(str(tmp_path / "m"), port=0)
-    m._send = lambda ident, payload: True
-    try:
-        m.workers["w"] = Worker("w", b"w", "127.0.0.1", 1, 1 << 30, 1, time.time())
-        m._dispatch([b"c", M.encode("submit", app_name="a.py", app_source="", args=[],
-                                    machines=1)])
-        job = next(iter(m.jobs.values()))
+def test_only_failures_count_toward_max_attempts():
+    """The master core's bookkeeping on a job (no sockets): failures start
+    attempts, every other relaunch is only a launch, the failure after the
+    last attempt fails the job, and a master restart never exhausts the
+    attempts."""
+    from harmony.master import core as C
 
-        def relaunch():            # a pause and a resume elsewhere, as the scheduler does
-            m.runs.pop(job.id)
-            job.transition(JobState.PAUSED)
-            m._launch(job, ["w"])
+    def master(jobs=None):
+        m = C.MasterCore(jobs)
+        m.workers["w"] = C.Worker("w", b"w", "127.0.0.1", 1, 1 << 30, 1, 0.0)
+        return m
+
+    def submit(m):
+        cmds = m.handle(C.Received(b"c", M.Message("submit", {
+            "app_name": "a.py", "app_source": "", "args": [], "machines": 1}, [])), 1.0)
+        admit, = [c for c in cmds if isinstance(c, C.Admit)]
+        admit.job.id = "job-0001"
+        m.handle(C.Admitted(b"c", admit.job), 1.0)
+        return admit.job
+
+    m = master()
+    job = submit(m)
+
+    def relaunch():            # a pause and a resume elsewhere, as the scheduler does
+        m.runs.pop(job.id)
+        job.transition(JobState.PAUSED)
         m._launch(job, ["w"])
-        for _ in range(5):
-            relaunch()
-        assert (job.attempt, job.failures, job.launches) == (1, 0, 6)
-        assert m.runs[job.id].attempt == 6                 # the executors' tag
-        m._retry_or_fail(job, "worker w lost")
-        m._launch(job, ["w"])
+    m._launch(job, ["w"])
+    for _ in range(5):
         relaunch()
-        assert (job.attempt, job.failures, job.launches) == (2, 1, 8)
-        m._retry_or_fail(job, "worker w lost")
-        m._launch(job, ["w"])
-        assert job.attempt == MAX_ATTEMPTS
-        m._retry_or_fail(job, "worker w lost")
-        assert job.state == JobState.FAILED
-        assert job.error.endswith(f"gave up after {MAX_ATTEMPTS} attempts")
-    finally:
-        m.close()
+    assert (job.attempt, job.failures, job.launches) == (1, 0, 6)
+    assert m.runs[job.id].attempt == 6                 # the executors' tag
+    m._retry_or_fail(job, "worker w lost")
+    m._launch(job, ["w"])
+    relaunch()
+    assert (job.attempt, job.failures, job.launches) == (2, 1, 8)
+    m._retry_or_fail(job, "worker w lost")
+    m._launch(job, ["w"])
+    assert job.attempt == MAX_ATTEMPTS
+    m._retry_or_fail(job, "worker w lost")
+    assert job.state == JobState.FAILED
+    assert job.error.endswith(f"gave up after {MAX_ATTEMPTS} attempts")
     # a master restart counts as a failure of a running job, but never the last one
-    m = Master(str(tmp_path / "m2"), port=0)
-    m._send = lambda ident, payload: True
-    m.workers["w"] = Worker("w", b"w", "127.0.0.1", 1, 1 << 30, 1, time.time())
-    m._dispatch([b"c", M.encode("submit", app_name="a.py", app_source="", args=[], machines=1)])
-    jid = next(iter(m.jobs))
+    m = master()
+    job = submit(m)
     for _ in range(MAX_ATTEMPTS + 2):
-        m._launch(m.jobs[jid], ["w"])
-        m.close()
-        m = Master(str(tmp_path / "m2"), port=0)
-        m._send = lambda ident, payload: True
-        m.workers["w"] = Worker("w", b"w", "127.0.0.1", 1, 1 << 30, 1, time.time())
-        job = m.jobs[jid]
+        m._launch(job, ["w"])
+        m = master({job.id: job})
+        m.recover(2.0)
         assert job.state == JobState.WAITING and job.failures <= MAX_ATTEMPTS - 1
     m._launch(job, ["w"])
     assert job.attempt == MAX_ATTEMPTS
-    m.close()
 
 
 # -- the job table: damage, quarantine, recovery ----------------------------------------------

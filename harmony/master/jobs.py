@@ -121,7 +121,8 @@ class Job:
         if new.terminal:
             self.ended = now
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, now: float | None = None) -> dict[str, Any]:
+        now = time.time() if now is None else now
         last = self.epochs[-1] if self.epochs else {}
         return {"id": self.id, "name": self.name or self.app_name, "app": self.app_name,
                 "state": self.state.value, "machines": self.machines,
@@ -130,11 +131,11 @@ class Job:
                 "submitted": self.submitted, "started": self.started, "ended": self.ended,
                 "error": self.error, "group": self.group, "profile": self.profile,
                 "sched_group": self.sched_group, "predicted_iter": self.predicted,
-                "in_state": (self.ended if self.state.terminal else time.time()) - self.entered}
+                "in_state": (self.ended if self.state.terminal else now) - self.entered}
 
     def detail(self, now: float | None = None, max_epochs: int | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now
-        d = self.summary()
+        d = self.summary(now)
         st = dict(self.state_time)
         if not self.state.terminal:
             st[self.state.value] = st.get(self.state.value, 0.0) + (now - self.entered)

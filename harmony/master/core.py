@@ -1,0 +1,1589 @@
+"""The master's state machine, without I/O: ``handle(event, now) -> commands``.
+
+:class:`MasterCore` owns everything the master decides: the job table and
+each job's lifecycle and attempts, the worker table with liveness and
+reconcile, the scheduler adapter (the cluster view built from state, the
+policy's decisions applied, the pause-in-flight rule), the subtask
+synchronizer with its ordering and priorities, epoch barriers and sums,
+checkpoints, live resizes and the staged-data catalog.
+
+It never touches a socket, a file or the wall clock. Every call gets the
+time as ``now`` and returns the commands its shell carries out, in order:
+
+- :class:`Send`: a message to one peer (``to``: its ZeroMQ identity). The
+  shell encodes it (``harmony.comm.messages.encode`` checks the schema). If
+  it cannot be delivered and ``fail`` is set, the shell hands ``fail`` (an
+  event) back to :meth:`MasterCore.handle`.
+- :class:`Persist`: a job-table write, ``getattr(JobDB, op)(*args)``.
+- :class:`Admit`: a submitted job that needs a number and a strict write
+  before it exists; the shell answers with :class:`Admitted` or
+  :class:`AdmitFailed`.
+- :class:`Record`: one line of the run record (``machines``, ``jobs``,
+  ``decisions``).
+
+Events: :class:`Received` (a decoded message and its sender's role),
+:class:`Malformed` (a message that failed to decode), :class:`Tick` (the
+shell's timer: liveness checks and the scheduler run on it),
+:class:`Admitted` / :class:`AdmitFailed` and :class:`Unreachable` (a send
+that failed). The real master (:mod:`harmony.master.server`) and the
+simulator (:mod:`harmony.sim.engine`) drive this same class.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import signal
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from harmony.comm import messages as M
+from harmony.master import policy as P
+from harmony.master.jobs import MAX_ATTEMPTS, Job, JobState
+from harmony.store import staging
+
+log = logging.getLogger("harmony.master")
+
+HEARTBEAT_INTERVAL = 1.0
+LAUNCH_GRACE = 3.0          # s: a launched executor shows up in heartbeats by then
+LIVENESS_EVERY = 0.25       # s between liveness checks (on ticks)
+MAX_STATUS_EPOCHS = 1000    # epochs returned by a status request
+# finished jobs whose final checkpoint (their model, for harmony model get) is
+# kept, the most recently finished first; older ones are dropped
+KEEP_MODELS = 20
+MAX_APP_SOURCE = M.MAX_APP_SOURCE
+MAX_EXECUTORS = 1024        # job executors a daemon may report in one heartbeat
+
+
+# -- commands (core -> shell) ---------------------------------------------------------
+@dataclass(slots=True)
+class Send:
+    to: bytes
+    type: str
+    fields: dict[str, Any]
+    fail: Any = None          # the event to hand back if it cannot be delivered
+
+
+@dataclass(slots=True)
+class Persist:
+    op: str                   # a JobDB method: save, save_epoch, trim_epochs, ...
+    args: tuple
+
+
+@dataclass(slots=True)
+class Admit:
+    ident: bytes              # who submitted it (the reply goes there)
+    job: Job                  # without its id yet
+
+
+@dataclass(slots=True)
+class Record:
+    stream: str               # machines | jobs | decisions
+    obj: dict[str, Any]
+
+
+# -- events (shell -> core) -------------------------------------------------------------
+@dataclass(slots=True)
+class Received:
+    ident: bytes
+    msg: M.Message
+    role: str = ""            # with keys: client | reader | worker ("" unknown)
+    name: str = ""            # the key's name (a worker's machine name)
+
+
+@dataclass(slots=True)
+class Malformed:
+    ident: bytes
+    error: str
+
+
+@dataclass(slots=True)
+class Tick:
+    pass
+
+
+@dataclass(slots=True)
+class Admitted:
+    ident: bytes
+    job: Job                  # numbered and on disk
+
+
+@dataclass(slots=True)
+class AdmitFailed:
+    ident: bytes
+    error: str
+
+
+@dataclass(slots=True)
+class Unreachable:
+    worker: str
+    job: str
+    attempt: int
+    why: str
+
+
+def _msg(mtype: str, **fields: Any) -> tuple[str, dict[str, Any]]:
+    return (mtype, fields)
+
+
+def _err(code: str, message: str) -> tuple[str, dict[str, Any]]:
+    return ("error", {"code": code, "message": message})
+
+@dataclass
+class Worker:
+    name: str
+    ident: bytes
+    host: str
+    cpus: int
+    memory: int
+    pid: int
+    last_seen: float
+    alive: bool = True
+    stats: deque = field(default_factory=lambda: deque(maxlen=3600))
+    data_endpoint: str = ""      # its data service: checkpoint parts on its disk
+    revision: str = ""           # the code it runs (deployed git revision), if it said
+
+
+@dataclass
+class Reconfig:
+    """A live resize of a running job (block migration)."""
+    to: list[str]                     # the new machines, in new index order
+    join: list[str]                   # machines that join (new executors)
+    note: str
+    t0: float
+    ready: dict[str, dict] = field(default_factory=dict)     # joiner -> exec_ready
+    idents: dict[str, bytes] = field(default_factory=dict)   # joiner -> identity
+    boundary: dict[int, dict] = field(default_factory=dict)  # old index -> at_boundary
+    migrated: dict[bytes, dict] = field(default_factory=dict)
+    progress: dict[bytes, tuple[int, int]] = field(default_factory=dict)   # bytes, blocks out
+    sends: dict[bytes, list] = field(default_factory=dict)                # ident -> its moves
+    planned: bool = False
+    owner: list[int] = field(default_factory=list)
+    blocks: int = 0
+    stood_since: float | None = None
+
+    def all_ready(self) -> bool:
+        return len(self.ready) == len(self.join)
+
+
+@dataclass
+class Run:
+    """Volatile state of one attempt of a running job."""
+    attempt: int
+    launched: float
+    ready: dict[int, dict] = field(default_factory=dict)
+    idents: dict[int, bytes] = field(default_factory=dict)
+    started: bool = False
+    barriers: dict[tuple[int, int], set[int]] = field(default_factory=dict)
+    sums: dict[int, dict[int, tuple[dict, dict]]] = field(default_factory=dict)
+    syncs: dict[int, dict[int, str]] = field(default_factory=dict)
+    timings: dict[int, dict] = field(default_factory=dict)
+    stopping: bool = False
+    finished: set[int] = field(default_factory=set)
+    pausing: bool = False                 # pause at the next epoch end
+    pause_to: list[str] | None = None     # then resume there (a migration)
+    pause_note: str = ""
+    paused: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (epoch, version)
+    replicas: dict[int, str | None] = field(default_factory=dict)      # index -> replica machine
+    owner: list[int] = field(default_factory=list)                   # model block -> index
+    reconfig: Reconfig | None = None
+    ckpt_parts: dict[int, tuple] = field(default_factory=dict)   # a periodic checkpoint
+    ckpt_epoch: int | None = None        # the periodic checkpoint being written
+    last_ckpt: tuple[int, float] = (0, 0.0)   # (first epoch after it, time) of the last
+    # the attempt's PS secret: shards serve only requests that carry it
+    secret: str = field(default_factory=lambda: secrets.token_hex(16))
+    # the final checkpoint (at the stop epoch): index -> (machine, replica,
+    # bytes, epoch, error)
+    final: dict[int, tuple] = field(default_factory=dict)
+
+
+
+
+class MasterCore:
+    """See the module docstring. ``jobs`` and ``datasets``: the job table and
+    the data catalog as loaded (the shell owns their storage)."""
+
+    # message type -> the roles that may send it (with keys)
+    CLIENT_ONLY = {"submit", "cancel", "pause", "resume", "resize", "data_plan",
+                   "data_commit", "data_rm", "model_parts"}
+    READ_ONLY = {"list_jobs", "job_status", "cluster_info", "data_list"}
+    DAEMON = {"register", "heartbeat", "exec_exited", "data_copied"}
+
+    def __init__(self, jobs: dict[str, Job] | None = None,
+                 datasets: dict[str, dict] | None = None, *,
+                 heartbeat_timeout: float = 5.0, launch_timeout: float = 300.0,
+                 policy: str | None = None, mode: str = "naive",
+                 max_jobs_per_machine: int = 0, secure: bool = False,
+                 keep_models: int = KEEP_MODELS, endpoint: str = "", pid: int = 0,
+                 revision: str | None = None, state_dir: str = "",
+                 now: float = 0.0, liveness_every: float = LIVENESS_EVERY) -> None:
+        if mode not in P.MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose from {sorted(P.MODES)}")
+        if max_jobs_per_machine < 0:
+            raise ValueError("--max-jobs-per-machine must be >= 0 (0: no limit)")
+        if keep_models < 0:
+            raise ValueError("--keep-models must be >= 0")
+        policy = policy or P.MODES[mode][0]
+        if policy not in P.POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {sorted(P.POLICIES)}")
+        self.mode = mode
+        self.max_jobs = max_jobs_per_machine
+        self.keep_models = keep_models
+        self.queued = P.MODES[mode][1]
+        self.policy_name = policy
+        self.policy = P.POLICIES[policy]
+        self.secure = secure            # peers are authenticated: check roles
+        self.heartbeat_timeout = heartbeat_timeout
+        self.launch_timeout = launch_timeout
+        self.endpoint, self.pid, self.revision = endpoint, pid, revision
+        self.state_dir = state_dir      # named in errors only
+        self.now = now
+        self.jobs: dict[str, Job] = dict(jobs or {})
+        self.datasets: dict[str, dict] = dict(datasets or {})
+        self.snapshots: set[str] = set()   # jobs a fresh model export waits for
+        self.workers: dict[str, Worker] = {}
+        self.by_ident: dict[bytes, str] = {}            # daemon ident -> worker name
+        self.exec_ident: dict[bytes, tuple[str, int, int]] = {}
+        self.runs: dict[str, Run] = {}
+        self._ended: list[P.JobView] = []   # completions the scheduler has not seen yet
+        self._last_predicted: dict[str, float] = {}
+        self._dirty = True
+        self._last_check = float("-inf")
+        self.liveness_every = liveness_every
+        self.bad_messages = 0
+        self.decisions = 0
+        self._said: dict[str, list] = {}    # rate-limited log lines: key -> [t0, n]
+        self._peer: tuple[str, str] = ("", "")
+        self._out: list = []
+
+    # -- the one entry point -----------------------------------------------------------------
+    def handle(self, event: Any, now: float) -> list:
+        """Apply one event at time ``now``; returns the commands to carry out."""
+        self.now = now
+        kind = type(event)
+        if kind is Received:
+            self._dispatch(event)
+        elif kind is Tick:
+            if now - self._last_check >= self.liveness_every:
+                self._last_check = now
+                self._check_liveness(now)
+            if self._dirty:
+                self._dirty = False
+                self._schedule()
+        elif kind is Malformed:
+            self.bad_messages += 1
+            self._say("malformed", "malformed message from %r: %s", event.ident[:64], event.error)
+            self._send(event.ident, _err("bad_message", event.error))
+        elif kind is Admitted:
+            self._admitted(event.ident, event.job)
+        elif kind is AdmitFailed:
+            self._say("table_full", "submission refused: %s", event.error)
+            self._send(event.ident, _err("table_full", f"{event.error}; the job was not submitted "
+                                                       f"(free space in {self.state_dir} and "
+                                                       f"submit again)"))
+        elif kind is Unreachable:
+            self._unreachable(event)
+        else:
+            raise TypeError(f"unknown event {event!r}")
+        out, self._out = self._out, []
+        return out
+
+    def recover(self, now: float) -> list:
+        """Jobs that were active when the last master stopped go back to the
+        queue: they restart from their last pause checkpoint if they have
+        one, else from epoch 0; nothing is silently dropped. Paused jobs stay
+        paused (their checkpoints are on disk)."""
+        self.now = now
+        for job in self.jobs.values():
+            if job.state.active:
+                where = (f"epoch {job.resume['epoch']} (its last checkpoint)" if job.resume
+                         else "epoch 0")
+                # its run was stopped: that counts as a failed attempt, but a
+                # master restart alone never makes a job give up
+                job.failures = min(job.failures + 1, MAX_ATTEMPTS - 1)
+                job.transition(JobState.WAITING, f"master restarted; requeued (restarts from "
+                                                 f"{where})", now=now)
+                job.workers = []
+                self._persist("save", job)
+        out, self._out = self._out, []
+        return out
+
+    # -- outputs -----------------------------------------------------------------------------
+    def _send(self, ident: bytes, payload: tuple[str, dict], fail: Any = None) -> None:
+        self._out.append(Send(ident, payload[0], payload[1], fail))
+
+    def _persist(self, op: str, *args: Any) -> None:
+        self._out.append(Persist(op, args))
+
+    def _record(self, stream: str, obj: dict[str, Any]) -> None:
+        self._out.append(Record(stream, obj))
+
+    def _dispatch(self, ev: Received) -> None:
+        ident, msg = ev.ident, ev.msg
+        handler = getattr(self, "_on_" + msg.type, None)
+        if handler is None:
+            self.bad_messages += 1
+            self._send(ident, _err("unexpected", f"the master does not accept {msg.type!r}"))
+            return
+        self._peer = ("", "")
+        if self.secure:
+            self._peer = role, name = ev.role, ev.name
+            allowed = (role == "client" if msg.type in self.CLIENT_ONLY else
+                       role in ("client", "reader") if msg.type in self.READ_ONLY else
+                       role == "worker")     # daemons and their executors
+            if msg.type == "register" and name != msg["name"]:
+                allowed = False
+            if not allowed:
+                self.bad_messages += 1
+                log.warning("%s refused from %s %r", msg.type, role or "an unknown key", name)
+                self._send(ident, _err("forbidden", f"{msg.type!r} is not allowed for "
+                                                    f"this key"))
+                return
+        try:
+            handler(ident, msg)
+        except Exception as exc:  # a handler bug must not kill the master
+            log.exception("error handling %s", msg.type)
+            self._send(ident, _err("internal", f"{exc.__class__.__name__}: {exc}"))
+
+    def _say(self, key: str, fmt: str, *args: Any, every: float = 10.0, burst: int = 20) -> None:
+        """A warning that a flood could repeat: at most ``burst`` lines per
+        ``every`` seconds for ``key``, then one line with the count left out."""
+        now = self.now
+        t0, n = self._said.get(key, (now, 0))
+        if now - t0 >= every:
+            if n > burst:
+                log.warning("(%d more %s warning(s) in %.0fs not logged)", n - burst, key,
+                            now - t0)
+            t0, n = now, 0
+        self._said[key] = [t0, n + 1]
+        if n < burst:
+            log.warning(fmt, *args)
+
+    # -- clients -----------------------------------------------------------------
+    def _on_submit(self, ident: bytes, msg: M.Message) -> None:
+        # The master never compiles or runs an app's source: the client checks
+        # it before sending and the executors load it. Only its size is bounded.
+        src = msg["app_source"]
+        if len(src) > MAX_APP_SOURCE or len(src.encode("utf-8", "surrogatepass")) > MAX_APP_SOURCE:
+            return self._send(ident, _err("bad_app", "app file larger than 4 MiB"))
+        if not 1 <= msg["machines"] <= 100_000:
+            return self._send(ident, _err("bad_request", "--machines must be in 1..100000"))
+        if not all(isinstance(a, str) for a in msg["args"]):
+            return self._send(ident, _err("bad_request", "app args must be strings"))
+        missing = [n for n in staging.refs(msg["args"]) if n not in self.datasets]
+        if missing:
+            return self._send(ident, _err("unknown_data", f"no staged data set "
+                                                             f"{missing[0]!r} ('harmony data "
+                                                             f"ls' lists them)"))
+        every, secs = msg.get("checkpoint_every"), msg.get("checkpoint_seconds")
+        if (every is not None and every < 0) or (secs is not None and secs < 0):
+            return self._send(ident, _err("bad_request", "checkpoint intervals must be >= 0"))
+        # a job is accepted only once its record is on disk (the shell numbers
+        # it and writes it strictly, then answers Admitted or AdmitFailed);
+        # while the table cannot be written new jobs are refused, never half kept
+        job = Job(id="", app_name=msg["app_name"], app_source=src, args=list(msg["args"]),
+                  machines=msg["machines"], name=msg.get("name") or "",
+                  group=msg.get("group") or "", submitted=self.now, entered=self.now)
+        if every is not None:
+            job.ckpt_every = int(every)
+        if secs is not None:
+            job.ckpt_seconds = float(secs)
+        job.events.append([job.submitted, "waiting", "submitted"])
+        self._out.append(Admit(ident, job))
+
+    def _admitted(self, ident: bytes, job: Job) -> None:
+        self.jobs[job.id] = job
+        self._dirty = True
+        log.info("submitted %s (%s, %d machine(s))", job.id, job.app_name, job.machines)
+        self._send(ident, _msg("submitted", job=job.id))
+
+    def _on_list_jobs(self, ident: bytes, msg: M.Message) -> None:
+        jobs = [j.summary(now=self.now) for j in sorted(self.jobs.values(), key=lambda j: j.id)]
+        self._send(ident, _msg("jobs", jobs=jobs))
+
+    def _on_job_status(self, ident: bytes, msg: M.Message) -> None:
+        job = self.jobs.get(msg["job"])
+        if job is None:
+            return self._send(ident, _err("unknown_job", f"no job {msg['job']!r}"))
+        d = job.detail(now=self.now, max_epochs=MAX_STATUS_EPOCHS)
+        d.update(self._group_prediction(job))
+        self._send(ident, _msg("status", job=d))
+
+    def _group_prediction(self, job: Job) -> dict[str, Any]:
+        """The scheduler's predicted iteration time of the job's group and
+        the measured one (mean of its running members' moving averages)."""
+        if not job.sched_group or job.predicted is None or not job.state.active:
+            return {}
+        members = [j for j in self.jobs.values() if j.state.active
+                   and j.sched_group == job.sched_group and j.profile.get("t_iter")]
+        if not members:
+            return {}
+        measured = sum(j.profile["t_iter"] for j in members) / len(members)
+        return {"group_measured_iter": measured,
+                "prediction_error": abs(job.predicted - measured) / measured}
+
+    def _on_cancel(self, ident: bytes, msg: M.Message) -> None:
+        job = self.jobs.get(msg["job"])
+        if job is None:
+            return self._send(ident, _err("unknown_job", f"no job {msg['job']!r}"))
+        if job.state.terminal:
+            return self._send(ident, _err("not_active", f"{job.id} is already {job.state.value}"))
+        self._end(job, JobState.CANCELLED, "cancelled by user")
+        self._send(ident, _msg("ok", info={"job": job.id, "state": job.state.value}))
+
+    def _on_pause(self, ident: bytes, msg: M.Message) -> None:
+        job = self.jobs.get(msg["job"])
+        if job is None:
+            return self._send(ident, _err("unknown_job", f"no job {msg['job']!r}"))
+        if not job.state.active or job.id not in self.runs:
+            return self._send(ident, _err("not_active", f"{job.id} is {job.state.value}, "
+                                                           f"not running"))
+        if self.runs[job.id].reconfig is not None:
+            return self._send(ident, _err("busy", f"{job.id} is being resized; pause it "
+                                                     f"when the move is done"))
+        self.pause_job(job, None, "paused by user", held=True)
+        self._send(ident, _msg("ok", info={"job": job.id, "state": "pausing"}))
+
+    def _on_resume(self, ident: bytes, msg: M.Message) -> None:
+        job = self.jobs.get(msg["job"])
+        if job is None:
+            return self._send(ident, _err("unknown_job", f"no job {msg['job']!r}"))
+        if job.state not in (JobState.PAUSED, JobState.PROFILED):
+            return self._send(ident, _err("not_paused", f"{job.id} is {job.state.value}, "
+                                                           f"not paused"))
+        machines = msg.get("machines")
+        if machines is not None:
+            if not 1 <= machines <= 100_000:
+                return self._send(ident, _err("bad_request", "--machines must be in 1..100000"))
+            job.machines = machines
+        job.transition(JobState.WAITING, "resume requested by user", now=self.now)
+        job.held = False
+        self._persist("save", job)
+        self._dirty = True
+        self._send(ident, _msg("ok", info={"job": job.id, "state": job.state.value}))
+
+    def pause_job(self, job: Job, to: list[str] | None, note: str, held: bool = False) -> None:
+        """Pause ``job`` at its next epoch end: every executor checkpoints
+        its model shard and input state and exits; with ``to``, the job then
+        resumes on those machines (a migration). A ``held`` job stays paused
+        until the user resumes it."""
+        run = self.runs.get(job.id)
+        if run is None or run.stopping or not job.state.active or run.reconfig is not None:
+            return
+        run.pausing, run.pause_to, run.pause_note = True, to, note
+        job.held = held
+        log.info("pausing %s at its next epoch end%s", job.id,
+                 f", then resuming on {to}" if to else "")
+
+    def _on_exec_paused(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        if not run.pausing or msg["attempt"] != run.attempt:
+            return self._end(job, JobState.FAILED, "an executor paused without being asked")
+        run.paused[msg["index"]] = (msg["epoch"], msg["version"], msg.get("bytes") or 0)
+        run.replicas[msg["index"]] = msg.get("replica")
+        if len(run.paused) < len(job.workers):
+            return
+        epochs = {e for e, _, _ in run.paused.values()}
+        if len(epochs) != 1:
+            return self._end(job, JobState.FAILED, f"executors paused at different epochs "
+                                                   f"{sorted(epochs)}")
+        epoch = epochs.pop()
+        self.runs.pop(job.id, None)
+        for i in run.idents.values():
+            self.exec_ident.pop(i, None)
+        old = list(job.workers)
+        self._checkpointed(job, epoch, {i: (old[i], run.replicas.get(i), run.paused[i][2])
+                                        for i in range(len(old))})
+        job.workers = []
+        target = JobState.PROFILED if job.state == JobState.PROFILING and run.pause_to is None \
+            and not job.held else JobState.PAUSED
+        job.transition(target, f"{run.pause_note}; checkpointed after epoch {epoch} on "
+                               f"{', '.join(old)}", now=self.now)
+        self._persist("save", job)
+        self._dirty = True
+        log.info("%s %s after epoch %d", job.id, target.value, epoch)
+        if run.pause_to:
+            live = [n for n in run.pause_to if n in self.workers and self.workers[n].alive]
+            if len(live) == len(run.pause_to):
+                self._launch(job, live)
+
+    def _on_cluster_info(self, ident: bytes, msg: M.Message) -> None:
+        ws = [{"name": w.name, "host": w.host, "cpus": w.cpus, "memory": w.memory,
+               "alive": w.alive, "last_seen": w.last_seen, "revision": w.revision or None,
+               "jobs": [j.id for j in self._jobs_on(w.name)],
+               "utilization": w.stats[-1] if w.stats else {}}
+              for w in sorted(self.workers.values(), key=lambda w: w.name)]
+        self._send(ident, _msg("cluster", workers=ws, master={
+            "endpoint": self.endpoint, "pid": self.pid, "bad_messages": self.bad_messages,
+            "mode": self.mode, "revision": self.revision or None}))
+
+    # -- worker daemons --------------------------------------------------------------
+    def _on_register(self, ident: bytes, msg: M.Message) -> None:
+        name = msg["name"]
+        old = self.workers.get(name)
+        if old is not None and old.ident != ident:
+            self.by_ident.pop(old.ident, None)
+        w = Worker(name, ident, msg["host"], msg["cpus"], msg["memory"], msg["pid"], self.now,
+                   data_endpoint=msg.get("data_endpoint") or "", revision=msg.get("revision") or "")
+        self.workers[name] = w
+        self.by_ident[ident] = name
+        log.info("worker %s registered (%s, %d cpus, %.1f GiB)", name, w.host, w.cpus,
+                 w.memory / 2**30)
+        self._send(ident, _msg("registered", heartbeat_interval=HEARTBEAT_INTERVAL))
+        self._reconcile(w, msg["executors"])
+        self._dirty = True
+
+    def _on_heartbeat(self, ident: bytes, msg: M.Message) -> None:
+        name = self.by_ident.get(ident)
+        w = self.workers.get(name) if name else None
+        if w is None or not w.alive:
+            return self._send(ident, _err("unknown_worker", "register first"))
+        w.last_seen = self.now
+        self._send(ident, _msg("hb_ack"))
+        st = msg.get("stats")
+        if st is not None:
+            # known keys with finite numbers only (M.clean_stats): what is kept
+            # per worker and logged is bounded whatever a daemon sends
+            clean = M.clean_stats(st)
+            if clean is None:
+                self._say("stats", "worker %s: heartbeat stats refused (not a map of at most "
+                          "%d known numbers)", w.name, M.MAX_STATS_ENTRIES)
+            elif "dt" in clean:
+                w.stats.append(clean)
+                self._record("machines", {"machine": w.name, **clean})
+        executors = msg["executors"]
+        if len(executors) > MAX_EXECUTORS:
+            self._say("executors", "worker %s reports %d executors; only the first %d are "
+                      "reconciled", w.name, len(executors), MAX_EXECUTORS)
+            executors = executors[:MAX_EXECUTORS]
+        self._reconcile(w, executors)
+
+    def _reconcile(self, w: Worker, executors: list) -> None:
+        """Kill executors a daemon runs for jobs that are not running there,
+        and requeue jobs that should run there but whose executor is gone
+        (e.g. the daemon restarted), after a grace period for launches."""
+        reported = {j for j in executors if isinstance(j, str)}
+        for jid in reported:
+            job = self.jobs.get(jid)
+            run = self.runs.get(jid)
+            joining = run.reconfig.join if run is not None and run.reconfig else []
+            if job is None or not job.state.active or (w.name not in job.workers
+                                                       and w.name not in joining):
+                self._send(w.ident, _msg("kill", job=jid))
+        now = self.now
+        for job in self._jobs_on(w.name):
+            run = self.runs.get(job.id)
+            if job.id not in reported and run is not None and not run.stopping \
+                    and not run.pausing and now - run.launched > LAUNCH_GRACE:
+                self._retry_or_fail(job, f"its executor on worker {w.name} is gone")
+
+    def _on_exec_exited(self, ident: bytes, msg: M.Message) -> None:
+        if ident not in self.by_ident:
+            return      # only a registered daemon reports its executors
+        name = self.by_ident.get(ident, "?")
+        job = self.jobs.get(msg["job"])
+        run = self.runs.get(msg["job"]) if job is not None else None
+        if run is not None and run.reconfig and name in run.reconfig.join \
+                and msg["attempt"] == run.attempt and job.state.active:
+            tail = msg["log_tail"].strip()
+            return self._retry_or_fail(job, f"the executor joining on {name} exited with code "
+                                            f"{msg['code']} during a resize"
+                                            + (f"; its log ends with:\n{tail}" if tail else ""))
+        if job is None or not job.state.active or name not in job.workers:
+            return
+        if run is not None and msg["attempt"] != run.attempt:
+            return  # a late report about an earlier attempt
+        code = msg["code"]
+        if run is not None and msg["index"] in run.finished:
+            return
+        if code == 0 and run is not None and run.pausing:
+            return  # its exec_paused is on the way (another path)
+        if code == 0 and run is not None and run.stopping:
+            # a clean exit after the stop decision: as good as exec_finished
+            return self._finish_index(job, run, msg["index"])
+        how = f"signal {-code}" if code < 0 else f"code {code}"
+        tail = msg["log_tail"].strip()
+        what = f"executor {msg['index']} on worker {name} exited with {how}"
+        if code in (-signal.SIGKILL, -signal.SIGTERM) and "out of memory" not in tail:
+            # killed from outside (not by the app, not by the OOM guard): a
+            # fault of the machine, not of the job; it resumes from its last
+            # checkpoint, and this counts as a failed attempt
+            return self._retry_or_fail(job, what)
+        self._end(job, JobState.FAILED, what + (f"; its log ends with:\n{tail}" if tail else ""))
+
+    def _check_liveness(self, now: float) -> None:
+        for w in self.workers.values():
+            if w.alive and now - w.last_seen > self.heartbeat_timeout:
+                w.alive = False
+                log.warning("worker %s stopped sending heartbeats", w.name)
+                self._rereplicate(w.name)
+                for job in self._jobs_on(w.name):
+                    self._retry_or_fail(job, f"worker {w.name} lost (no heartbeat for "
+                                             f"{now - w.last_seen:.1f}s)")
+                self._dirty = True
+        for jid, run in list(self.runs.items()):
+            job = self.jobs[jid]
+            if not run.started and now - run.launched > self.launch_timeout:
+                self._retry_or_fail(job, f"executors not ready after {self.launch_timeout:.0f}s")
+            elif run.reconfig and now - run.reconfig.t0 > self.launch_timeout:
+                self._retry_or_fail(job, f"resize not done after {self.launch_timeout:.0f}s")
+            elif run.reconfig and any(not self.workers[m].alive for m in run.reconfig.join
+                                      if m in self.workers):
+                self._retry_or_fail(job, "a machine joining the job was lost during a resize")
+
+    def _placed(self) -> dict[str, list[Job]]:
+        """Machine name -> the active jobs placed on it (one pass)."""
+        out: dict[str, list[Job]] = {}
+        for j in self.jobs.values():
+            if j.state.active:
+                for n in j.workers:
+                    out.setdefault(n, []).append(j)
+        return out
+
+    def _jobs_on(self, name: str) -> list[Job]:
+        return [j for j in self.jobs.values() if j.state.active and name in j.workers]
+
+    # -- scheduling ------------------------------------------------------------------------
+    def _schedule(self) -> None:
+        live = [w for w in self.workers.values() if w.alive]
+        waiting = sorted((j for j in self.jobs.values()
+                          if j.state == JobState.WAITING or (
+                              j.state in (JobState.PAUSED, JobState.PROFILED) and not j.held)),
+                         key=lambda j: (j.submitted, j.id))
+        if self.policy is P.POLICIES["harmony"]:
+            return self._schedule_harmony(live, waiting)
+        for job in waiting:
+            job.reason = "no live workers" if not live else ""
+        if not waiting or not live:
+            return
+        # a job larger than the live cluster waits without blocking the others
+        waiting = [j for j in waiting if j.machines <= len(live)] + \
+            [j for j in waiting if j.machines > len(live)]
+        placed = self._placed()
+        view = P.ClusterView(
+            workers=tuple(P.WorkerView(w.name, w.cpus, w.memory, len(placed.get(w.name, ())),
+                                       tuple(sorted({j.group for j in placed.get(w.name, ())
+                                                     if j.group})))
+                          for w in sorted(live, key=lambda w: w.name)),
+            waiting=tuple(P.JobView(j.id, j.machines, j.submitted, j.group) for j in waiting),
+            max_jobs=self.max_jobs)
+        start = self.policy(view).start
+        load = {w.name: w.jobs for w in view.workers}
+        for machines in start.values():
+            for n in machines:
+                load[n] += 1
+        room = sum(1 for n in load.values() if not self.max_jobs or n < self.max_jobs)
+        for job in waiting:
+            job.reason = (f"needs {job.machines} machines; {len(live)} alive"
+                          if job.machines > len(live) else
+                          f"machines full ({self.max_jobs} jobs each, --max-jobs-per-machine)"
+                          if job.id not in start and job.machines > room else "")
+        for jid, machines in start.items():
+            self._launch(self.jobs[jid], machines)
+
+    def _view_profile(self, job: Job, need: int) -> tuple[float, ...] | None:
+        p = job.profile
+        if not p or p.get("samples", 0) < need:
+            return None
+        link = p.get("link", 0.0)
+        remote = p.get("bytes", 0.0) / link if link > 0 else 0.0
+        return (p["t_cpu"], p["t_net"], int(p["machines"]), remote)
+
+    def _note_ended(self, job: Job) -> None:
+        """An active job leaves its group: the Harmony policy's completion event."""
+        if job.state.active and job.workers:
+            self._ended.append(P.JobView(job.id, job.machines, job.submitted, state="finished",
+                                         profile=self._view_profile(job, 1),
+                                         workers=tuple(job.workers),
+                                         sched_group=job.sched_group))
+
+    def _schedule_harmony(self, live: list[Worker], waiting: list[Job]) -> None:
+        """The Harmony scheduler (harmony.master.harmony_policy): decisions
+        wait while a pause it asked for is still in flight."""
+        if not live or any(r.pausing or r.reconfig for r in self.runs.values()):
+            return
+        active = sorted((j for j in self.jobs.values() if j.state.active),
+                        key=lambda j: (j.submitted, j.id))
+        placed = self._placed()
+        view = P.ClusterView(
+            workers=tuple(P.WorkerView(w.name, w.cpus, w.memory, len(placed.get(w.name, ())))
+                          for w in sorted(live, key=lambda w: w.name)),
+            waiting=tuple(P.JobView(j.id, j.machines, j.submitted, state=j.state.value,
+                                    profile=self._view_profile(j, 1)) for j in waiting),
+            active=tuple(P.JobView(
+                j.id, j.machines, j.submitted, state=j.state.value,
+                profile=self._view_profile(j, P.PROFILE_SAMPLES if j.state == JobState.PROFILING
+                                           else 1),
+                workers=tuple(j.workers), sched_group=j.sched_group) for j in active),
+            finished=tuple(self._ended))
+        dec = self.policy(view)
+        self._ended = []
+        if not (dec.profile or dec.start or dec.pause or dec.promote):
+            self._set_predictions(dec)
+            if dec.predicted and dec.predicted != self._last_predicted:
+                # e.g. a group lost a finished job: the run record must hold
+                # the prediction the groups now run under
+                self._log_decision(dec)
+            return
+        for jid, ms in dec.profile.items():
+            self._launch(self.jobs[jid], ms, JobState.PROFILING)
+        for jid in dec.promote:
+            job = self.jobs[jid]
+            job.transition(JobState.RUNNING, f"profiled; stays in {dec.assign.get(jid, '?')} on "
+                                             f"{', '.join(job.workers)}", now=self.now)
+            self._persist("save", job)
+        for jid, to in dec.pause.items():
+            job = self.jobs[jid]
+            why = (f"regrouped: moves to {', '.join(to)}" if to else
+                   "profiled; waits for a group" if job.state == JobState.PROFILING else
+                   "regrouped: waits")
+            # a move of a running job is a live resize (its blocks move over
+            # the network); a pause and a resume elsewhere only if not possible
+            if not (to and self.resize_job(job, list(to), why)):
+                self.pause_job(job, to, why)
+        for jid, ms in dec.start.items():
+            self._launch(self.jobs[jid], ms)
+        self._set_predictions(dec)
+        self._log_decision(dec)
+        log.info("scheduler: %s (profile %s, start %s, pause/move %s, promote %s)", dec.note,
+                 sorted(dec.profile), sorted(dec.start), sorted(dec.pause), dec.promote)
+
+    def _log_decision(self, dec: P.Decision) -> None:
+        self._last_predicted = dict(dec.predicted)
+        self.decisions += 1
+        self._record("decisions", {
+            "t": self.now, "note": dec.note, "util": dec.util, "profile": dec.profile,
+            "start": dec.start, "pause": dec.pause, "promote": dec.promote,
+            "assign": dec.assign, "predicted": dec.predicted})
+
+    def _set_predictions(self, dec: P.Decision) -> None:
+        for jid, g in dec.assign.items():
+            self.jobs[jid].sched_group = g
+        if dec.predicted:
+            for job in self.jobs.values():
+                if not job.state.terminal and job.sched_group in dec.predicted:
+                    job.predicted = dec.predicted[job.sched_group]
+
+    def _launch(self, job: Job, machines: list[str], state: JobState = JobState.RUNNING) -> None:
+        # every launch gets a new number (it tags the executors, their
+        # messages and PS requests); only failures start a new attempt
+        job.launches += 1
+        job.attempt = job.failures + 1
+        job.workers = list(machines)
+        if job.resume:
+            # resume: keep the epochs up to the checkpoint, drop any later
+            # ones (an attempt that failed after it), in one transaction
+            keep = job.resume["epoch"]
+            if len(job.epochs) > keep:
+                job.epochs = job.epochs[:keep]
+                self._persist("trim_epochs", job.id, keep)
+        else:
+            job.epochs = []
+            self._persist("clear_epochs", job.id)
+        job.store = {}
+        job.error = None
+        how = f" (resumes at epoch {job.resume['epoch']})" if job.resume else ""
+        job.transition(state, f"attempt {job.attempt} on {', '.join(machines)}{how}"
+                       + (f" (launch {job.launches})" if job.launches != job.attempt else ""), now=self.now)
+        self.runs[job.id] = Run(job.launches, self.now)
+        self._persist("save", job)
+        log.info("launching %s attempt %d (launch %d) on %s", job.id, job.attempt,
+                 job.launches, machines)
+        resume = self._resume_sources(job)
+        datasets = self._datasets_for(job)
+        for idx, name in enumerate(machines):
+            self._send(self.workers[name].ident, _msg(
+                "launch", job=job.id, index=idx, count=len(machines), app_name=job.app_name,
+                app_source=job.app_source, args=job.args, attempt=job.launches,
+                resume=resume, datasets=datasets, secret=self.runs[job.id].secret),
+                fail=Unreachable(name, job.id, job.launches, "at launch"))
+
+    def _unreachable(self, ev: Unreachable) -> None:
+        """A launch could not be sent: the machine is taken as lost (at
+        launch) and the job tries again elsewhere."""
+        w = self.workers.get(ev.worker)
+        if w is not None and ev.why == "at launch":
+            w.alive = False
+            self._dirty = True
+        job, run = self.jobs.get(ev.job), self.runs.get(ev.job)
+        if job is not None and run is not None and run.attempt == ev.attempt \
+                and job.state.active:
+            self._retry_or_fail(job, f"worker {ev.worker} unreachable {ev.why}")
+
+    def _datasets_for(self, job: Job) -> dict | None:
+        """The catalog entries of the data sets a job reads (harmony://NAME),
+        with the data services of the live machines holding each chunk."""
+        out = {}
+        for name in staging.refs(job.args):
+            rec = self.datasets.get(name)
+            if rec is None:
+                continue     # removed since: the executor fails naming it
+            out[name] = {"name": name, "filename": rec["filename"], "chunks": [
+                {"i": c["i"], "sha": c["sha"], "sources": [
+                    [h, self.workers[h].data_endpoint] for h in c["holders"]
+                    if h in self.workers and self.workers[h].alive]}
+                for c in rec["chunks"]]}
+        return out or None
+
+    # -- staged input ---------------------------------------------------------------
+    def _on_data_plan(self, ident: bytes, msg: M.Message) -> None:
+        try:
+            name = staging.check_name(msg["name"])
+        except staging.StagingError as exc:
+            return self._send(ident, _err("bad_request", str(exc)))
+        if name in self.datasets:
+            return self._send(ident, _err("exists", f"data set {name!r} exists; 'harmony "
+                                                       f"data rm {name}' first"))
+        live = sorted((w for w in self.workers.values() if w.alive and w.data_endpoint),
+                      key=lambda w: w.name)
+        if not live:
+            return self._send(ident, _err("no_workers", "no live worker to hold the data"))
+        n = msg["chunks"]
+        if not 0 <= n <= M.MAX_DATA_CHUNKS:     # its catalog record must reach the master
+            return self._send(ident, _err("bad_request", f"a data set has at most "
+                                                            f"{M.MAX_DATA_CHUNKS} chunks"))
+        holders = []
+        for i in range(n):
+            hs = [live[i % len(live)]] + ([live[(i + 1) % len(live)]] if len(live) > 1 else [])
+            holders.append([[w.name, w.data_endpoint] for w in hs])
+        self._send(ident, _msg("data_placement", holders=holders))
+
+    def _on_data_commit(self, ident: bytes, msg: M.Message) -> None:
+        try:
+            name = staging.check_name(msg["name"])
+            chunks = [{"i": int(c["i"]), "sha": bytes(c["sha"]), "size": int(c["size"]),
+                       "first_line": int(c["first_line"]),
+                       "holders": [str(h) for h in c["holders"]]} for c in msg["chunks"]]
+        except (staging.StagingError, KeyError, TypeError, ValueError) as exc:
+            return self._send(ident, _err("bad_request", f"bad data set record: {exc}"))
+        rec = {"name": name, "filename": msg["filename"].replace("\\", "/").rsplit("/", 1)[-1],
+               "size": msg["size"], "chunks": chunks, "created": self.now}
+        self.datasets[name] = rec
+        self._persist("save_dataset", rec)
+        log.info("data set %s staged: %d chunk(s), %d bytes", name, len(chunks), msg["size"])
+        self._send(ident, _msg("ok", info={"name": name, "chunks": len(chunks)}))
+
+    def _on_data_list(self, ident: bytes, msg: M.Message) -> None:
+        out = []
+        for rec in sorted(self.datasets.values(), key=lambda r: r["name"]):
+            holders = sorted({h for c in rec["chunks"] for h in c["holders"]})
+            alive = {h for h in holders if h in self.workers and self.workers[h].alive}
+            lost = sum(1 for c in rec["chunks"] if not alive & set(c["holders"]))
+            copies = min((len(alive & set(c["holders"])) for c in rec["chunks"]), default=0)
+            out.append({"name": rec["name"], "filename": rec["filename"], "size": rec["size"],
+                        "chunks": len(rec["chunks"]), "holders": holders,
+                        "unavailable_chunks": lost, "min_copies": copies,
+                        "created": rec["created"]})
+        self._send(ident, _msg("datasets", datasets=out))
+
+    def _rereplicate(self, lost: str) -> None:
+        """A worker holding staged chunks was lost: copy each of its chunks
+        from a live holder to another live worker, so two copies remain."""
+        live = sorted(w.name for w in self.workers.values() if w.alive and w.data_endpoint)
+        for rec in self.datasets.values():
+            plan: dict[tuple[str, str], list[int]] = {}
+            for c in rec["chunks"]:
+                if lost not in c["holders"]:
+                    continue
+                have = [h for h in c["holders"] if h in live]
+                spare = [n for n in live if n not in c["holders"]]
+                if not have or not spare:
+                    continue
+                to = spare[c["i"] % len(spare)]
+                plan.setdefault((have[0], to), []).append(c["i"])
+            for (src, to), chunks in plan.items():
+                self._send(self.workers[src].ident, _msg(
+                    "data_copy", name=rec["name"], chunks=chunks, to=to,
+                    endpoint=self.workers[to].data_endpoint))
+                log.info("data set %s: copying %d chunk(s) %s -> %s (%s lost)", rec["name"],
+                         len(chunks), src, to, lost)
+
+    def _on_data_copied(self, ident: bytes, msg: M.Message) -> None:
+        if ident not in self.by_ident:
+            return
+        rec = self.datasets.get(msg["name"])
+        if rec is None:
+            return
+        if not msg["ok"]:
+            log.warning("data set %s: re-replication to %s failed: %s", msg["name"], msg["to"],
+                        msg.get("error"))
+            return
+        want = {int(i) for i in msg["chunks"]}
+        for c in rec["chunks"]:
+            if c["i"] in want and msg["to"] not in c["holders"]:
+                c["holders"] = [h for h in c["holders"] if h in self.workers
+                                and self.workers[h].alive] + [msg["to"]]
+        self._persist("save_dataset", rec)
+
+    def _on_data_rm(self, ident: bytes, msg: M.Message) -> None:
+        rec = self.datasets.pop(msg["name"], None)
+        if rec is None:
+            return self._send(ident, _err("unknown_data", f"no data set {msg['name']!r}"))
+        self._persist("drop_dataset", rec["name"])
+        gc = _msg("data_gc", name=rec["name"])
+        for w in self.workers.values():
+            if w.alive:
+                self._send(w.ident, gc)
+        self._send(ident, _msg("ok", info={"name": rec["name"]}))
+
+    def _resume_sources(self, job: Job) -> dict | None:
+        """The job's checkpoint as a launch sees it: every part with the data
+        services of the live machines that hold it (the part's own machine
+        and its replica)."""
+        if not job.resume:
+            return None
+        parts = []
+        for part in job.resume["parts"]:
+            srcs = [[h, self.workers[h].data_endpoint] for h in part["holders"]
+                    if h in self.workers and self.workers[h].alive
+                    and self.workers[h].data_endpoint]
+            parts.append({"index": part["index"], "epoch": part["epoch"], "sources": srcs})
+        return {"epoch": job.resume["epoch"], "parts": parts}
+
+    def _replicas(self, machines: list[str]) -> list:
+        """Where each executor's checkpoint part is replicated: the next
+        machine of the job, or, for a job on one machine, another live one
+        (none: the part is kept on its own machine only)."""
+        out = []
+        for i, name in enumerate(machines):
+            if len(machines) > 1:
+                other = machines[(i + 1) % len(machines)]
+            else:
+                placed = self._placed()
+                others = sorted((len(placed.get(w.name, ())), w.name)
+                                for w in self.workers.values()
+                                if w.alive and w.name != name and w.data_endpoint)
+                other = others[0][1] if others else None
+            w = self.workers.get(other) if other else None
+            out.append([other, w.data_endpoint] if w is not None else None)
+        return out
+
+    def _checkpointed(self, job: Job, epoch: int, parts: dict[int, tuple]) -> None:
+        """Every part of the checkpoint after ``epoch`` (and its replica) is
+        acknowledged: it is the job's resume point now, and older parts on
+        the machines can go. ``parts``: index -> (machine, replica, bytes)."""
+        job.resume = {"epoch": epoch + 1, "parts": [
+            {"index": i, "epoch": epoch, "holders": [m] + ([r] if r else [])}
+            for i, (m, r, _) in sorted(parts.items())]}
+        job.checkpoint = {"epoch": epoch, "time": self.now,
+                          "parts": len(parts),
+                          "replicas": sum(1 for _, r, _ in parts.values() if r),
+                          "bytes": int(sum(b for _, _, b in parts.values())),
+                          "holders": sorted({h for m, r, _ in parts.values()
+                                             for h in (m, r) if h})}
+        self._persist("save", job)
+        self._gc_checkpoints(job.id, epoch)
+        self.snapshots.discard(job.id)      # a fresh model export has its checkpoint
+
+    def _gc_checkpoints(self, job_id: str, keep: int | None) -> None:
+        """Tell every live machine to drop the job's parts older than
+        ``keep`` (all of them with None)."""
+        msg = _msg("ckpt_gc", job=job_id, keep=keep)
+        for w in self.workers.values():
+            if w.alive:
+                self._send(w.ident, msg)
+
+    def _kill_executors(self, job: Job) -> None:
+        run = self.runs.pop(job.id, None)
+        joining = run.reconfig.join if run is not None and run.reconfig else []
+        for name in list(job.workers) + joining:
+            w = self.workers.get(name)
+            if w is not None and w.alive:
+                self._send(w.ident, _msg("kill", job=job.id))
+        if run is not None:
+            for ident in list(run.idents.values()) + (
+                    list(run.reconfig.idents.values()) if run.reconfig else []):
+                self.exec_ident.pop(ident, None)
+            job.move = None
+
+    def _end(self, job: Job, state: JobState, note: str) -> None:
+        if job.state.terminal:
+            return
+        self._kill_executors(job)
+        if state == JobState.FAILED:
+            job.error = note
+        self._note_ended(job)
+        job.transition(state, note, now=self.now)
+        job.resume = None
+        self._gc_checkpoints(job.id, None)
+        self.snapshots.discard(job.id)
+        self._persist("save", job)
+        self._dirty = True
+        log.info("%s %s: %s", job.id, state.value, note.splitlines()[0] if note else "")
+
+    def _retry_or_fail(self, job: Job, reason: str) -> None:
+        if job.state.terminal:
+            return
+        # a failure: the next launch is a new attempt (pauses, moves and
+        # resumes are launches, not attempts: they never count here)
+        if job.failures + 1 >= MAX_ATTEMPTS:
+            return self._end(job, JobState.FAILED,
+                             f"{reason}; gave up after {job.failures + 1} attempts")
+        job.failures += 1
+        self._kill_executors(job)
+        self._note_ended(job)
+        job.transition(JobState.WAITING, f"{reason}; requeued", now=self.now)
+        job.workers = []
+        self._persist("save", job)
+        self._dirty = True
+        log.warning("%s requeued: %s", job.id, reason)
+
+    # -- job executors ----------------------------------------------------------------------
+    def _machine_ok(self, job: Job, run: Run | None, index: int) -> bool:
+        """With keys: the sender is the worker the executor ``index`` runs
+        on (or joins, during a resize)."""
+        if not self.secure:
+            return True
+        role, name = self._peer
+        if role != "worker":
+            return False
+        machines = list(job.workers)
+        if run is not None and run.reconfig:
+            machines += run.reconfig.join
+            if 0 <= index < len(run.reconfig.to) and run.reconfig.to[index] == name:
+                return True
+        return 0 <= index < len(job.workers) and job.workers[index] == name
+
+    def _exec_run(self, ident: bytes, msg: M.Message) -> tuple[Job, Run] | None:
+        key = self.exec_ident.get(ident)
+        job = self.jobs.get(msg["job"])
+        run = self.runs.get(msg["job"])
+        if key is None or job is None or run is None or key[:2] != (msg["job"], msg["index"]) \
+                or key[2] != run.attempt or not job.state.active \
+                or (self.secure and self._peer[0] != "worker"):
+            self._send(ident, _msg("abort", reason=f"job {msg['job']} is not running here"))
+            return None
+        return job, run
+
+    def _all_idents(self, run: Run) -> list[bytes]:
+        return [run.idents[i] for i in sorted(run.idents)]
+
+    def _on_exec_ready(self, ident: bytes, msg: M.Message) -> None:
+        job = self.jobs.get(msg["job"])
+        run = self.runs.get(msg["job"])
+        if job is not None and not self._machine_ok(job, run, msg["index"]):
+            return self._send(ident, _msg("abort", reason="not an executor of that job"))
+        if msg.get("join"):
+            rc = run.reconfig if run is not None else None
+            name = self.by_ident.get(ident)
+            idx = msg["index"]
+            if job is None or rc is None or msg["attempt"] != run.attempt \
+                    or not (0 <= idx < len(rc.to)) or rc.to[idx] not in rc.join:
+                return self._send(ident, _msg("abort", reason=f"job {msg['job']} is not "
+                                                                  f"being resized onto here"))
+            name = rc.to[idx]
+            rc.ready[name] = dict(msg.fields)
+            rc.idents[name] = ident
+            self.exec_ident[ident] = (job.id, idx, run.attempt)
+            log.info("%s: %s ready to join (%d of %d)", job.id, name, len(rc.ready),
+                     len(rc.join))
+            return
+        if job is None or run is None or not job.state.active \
+                or msg["attempt"] != run.attempt or not (0 <= msg["index"] < len(job.workers)):
+            return self._send(ident, _msg("abort", reason=f"job {msg['job']} attempt "
+                                                          f"{msg['attempt']} is not running"))
+        idx = msg["index"]
+        run.ready[idx] = dict(msg.fields)
+        run.idents[idx] = ident
+        self.exec_ident[ident] = (job.id, idx, run.attempt)
+        if len(run.ready) < len(job.workers):
+            return
+        shapes = {(r["num_keys"], r["dim"], r["model_blocks"]) for r in run.ready.values()}
+        if len(shapes) != 1:
+            return self._end(job, JobState.FAILED,
+                             f"executors disagree on the model (num_keys, dim, blocks): {sorted(shapes)}")
+        (_, _, nblocks), = shapes
+        peers = [run.ready[i]["endpoint"] for i in range(len(job.workers))]
+        owner = [b % len(peers) for b in range(nblocks)]
+        run.owner = owner
+        run.started = True
+        run.last_ckpt = (job.resume["epoch"] if job.resume else 0, self.now)
+        replicas = self._replicas(job.workers)
+        for i in sorted(run.idents):
+            self._send(run.idents[i], _msg(
+                "job_start", peers=peers, owner=owner, model_blocks=nblocks,
+                mode="queued" if self.queued else "free", machines=list(job.workers),
+                replicas=replicas))
+
+    def _on_barrier(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        key = (msg["epoch"], msg["iter"])
+        arrived = run.barriers.setdefault(key, set())
+        arrived.add(msg["index"])
+        if len(arrived) == len(job.workers):
+            del run.barriers[key]
+            rel = _msg("release", epoch=key[0], iter=key[1])
+            for i in self._all_idents(run):
+                self._send(i, rel)
+
+    def _on_sync(self, ident: bytes, msg: M.Message) -> None:
+        """The subtask synchronizer: once every machine of the job finished
+        subtask ``seq``, enqueue subtask ``seq + 1`` on all of them. The
+        master handles one message at a time and sends to the daemons in
+        the same order, so co-located jobs' subtasks are enqueued in the
+        same order on every machine of a group."""
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        if msg["next"] not in ("cpu", "net"):
+            return self._end(job, JobState.FAILED, f"bad subtask kind {msg['next']!r}")
+        got = run.syncs.setdefault(msg["seq"], {})
+        got[msg["index"]] = msg["next"]
+        if len(got) < len(job.workers):
+            return
+        del run.syncs[msg["seq"]]
+        kinds = set(got.values())
+        if len(kinds) != 1:
+            return self._end(job, JobState.FAILED,
+                             f"executors disagree on the next subtask after {msg['seq']}: {got}")
+        kind = kinds.pop()
+        # the subtask's expected seconds from the job's profile: of two
+        # network subtasks on a machine, the shorter leads the link
+        p = job.profile
+        prio = (p.get("t_cpu") if kind == "cpu" else p.get("t_net", 0.0) / 2) or 0.0
+        out = _msg("enqueue", job=job.id, seq=msg["seq"] + 1, kind=kind, prio=float(prio))
+        for name in job.workers:
+            self._send(self.workers[name].ident, out)
+
+    def _on_epoch_done(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        ep = msg["epoch"]
+        if msg.get("store") is not None:   # the block store's latest, per machine
+            job.store[job.workers[msg["index"]]] = {"epoch": ep, **{
+                str(k): v for k, v in msg["store"].items()
+                if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) < 200)}}
+        got = run.sums.setdefault(ep, {})
+        got[msg["index"]] = (msg["sums"], msg["timings"])
+        if len(got) < len(job.workers):
+            return
+        total: dict[str, float] = {}
+        timings: dict[str, float] = {}
+        for i in sorted(got):
+            sums, tim = got[i]
+            for k, v in sums.items():
+                if isinstance(v, (int, float)):
+                    total[k] = total.get(k, 0.0) + v
+            for k, v in tim.items():
+                if isinstance(v, (int, float)):
+                    timings[k] = max(timings.get(k, 0.0), float(v))
+        del run.sums[ep]
+        run.timings[ep] = timings
+        rc = run.reconfig
+        reconfig = bool(rc and not rc.planned and rc.all_ready() and not run.pausing)
+        if reconfig:
+            rc.stood_since = self.now
+        ckpt = (not run.pausing and not reconfig and run.ckpt_epoch is None
+                and (self._checkpoint_due(job, run, ep) or job.id in self.snapshots))
+        if ckpt:
+            run.ckpt_epoch, run.ckpt_parts = ep, {}
+        out = _msg("epoch_sums", epoch=ep, sums=total, pause=run.pausing or None,
+                       reconfig=reconfig or None, checkpoint=ckpt or None)
+        for i in self._all_idents(run):
+            self._send(i, out)
+
+    def _checkpoint_due(self, job: Job, run: Run, epoch: int) -> bool:
+        first, at = run.last_ckpt
+        return bool((job.ckpt_every and epoch + 1 - first >= job.ckpt_every)
+                    or (job.ckpt_seconds and self.now - at >= job.ckpt_seconds))
+
+    def _on_ckpt_part(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        if run.ckpt_epoch != msg["epoch"]:
+            return
+        i = msg["index"]
+        run.ckpt_parts[i] = (job.workers[i], msg.get("replica"), msg["bytes"])
+        if len(run.ckpt_parts) < len(job.workers):
+            return
+        ep, parts = run.ckpt_epoch, run.ckpt_parts
+        run.ckpt_epoch, run.ckpt_parts = None, {}
+        run.last_ckpt = (ep + 1, self.now)
+        self._checkpointed(job, ep, parts)
+        log.info("%s: checkpoint after epoch %d complete (%d part(s), %d replica(s))", job.id,
+                 ep, len(parts), job.checkpoint["replicas"])
+
+    # -- live resize (block migration) ---------------------------------------------------
+    def resize_job(self, job: Job, to: list[str], note: str) -> bool:
+        """Move or resize a running job onto machines ``to`` while it runs:
+        executors on machines that stay keep running; machines that join get
+        a new executor, which reads the input's metadata meanwhile; at the
+        next epoch boundary every executor hands its leaving blocks over
+        (ownership first, then data, over ZeroMQ) and the job goes on."""
+        run = self.runs.get(job.id)
+        to = list(dict.fromkeys(to))
+        if run is None or not run.started or run.stopping or run.pausing \
+                or run.reconfig is not None or not job.state.active or to == job.workers \
+                or not to or any(n not in self.workers or not self.workers[n].alive for n in to):
+            return False
+        join = [n for n in to if n not in job.workers]
+        run.reconfig = Reconfig(to=to, join=join, note=note, t0=self.now)
+        job.move = {"from": list(job.workers), "to": to, "state": "starting executors",
+                    "blocks": 0, "blocks_moved": 0, "bytes_moved": 0}
+        for n in join:
+            self._send(self.workers[n].ident, _msg(
+                "launch", job=job.id, index=to.index(n), count=len(to), app_name=job.app_name,
+                app_source=job.app_source, args=job.args, attempt=run.attempt, join=True,
+                datasets=self._datasets_for(job), secret=run.secret),
+                fail=Unreachable(n, job.id, run.attempt, "when resizing"))
+        job.events.append([self.now, job.state.value,
+                           f"{note}: resizing {', '.join(job.workers)} -> {', '.join(to)}"])
+        log.info("%s: resizing %s -> %s (%s)", job.id, job.workers, to, note)
+        return True
+
+    def _on_resize(self, ident: bytes, msg: M.Message) -> None:
+        job = self.jobs.get(msg["job"])
+        if job is None:
+            return self._send(ident, _err("unknown_job", f"no job {msg['job']!r}"))
+        n = msg["machines"]
+        placed = self._placed()
+        live = sorted((w for w in self.workers.values() if w.alive),
+                      key=lambda w: (len(placed.get(w.name, ())), w.name))
+        if not 1 <= n <= len(live):
+            return self._send(ident, _err("bad_request", f"--machines must be in "
+                                                            f"1..{len(live)} (live machines)"))
+        if not job.state.active or job.id not in self.runs:
+            return self._send(ident, _err("not_active", f"{job.id} is {job.state.value}, "
+                                                           f"not running"))
+        keep = [m for m in job.workers if m in self.workers and self.workers[m].alive][:n]
+        to = keep + [w.name for w in live if w.name not in keep][:n - len(keep)]
+        if to == job.workers:
+            return self._send(ident, _msg("ok", info={"job": job.id, "machines": to,
+                                                          "state": "unchanged"}))
+        job.machines = n
+        if not self.resize_job(job, to, "resized by user"):
+            return self._send(ident, _err("busy", f"{job.id} cannot be resized now (it is "
+                                                     f"starting, pausing, stopping or already "
+                                                     f"being resized); try again"))
+        self._persist("save", job)
+        self._send(ident, _msg("ok", info={"job": job.id, "machines": to,
+                                               "state": "resizing"}))
+
+    def _on_at_boundary(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        rc = run.reconfig
+        if rc is None or rc.planned:
+            return self._end(job, JobState.FAILED, "an executor stopped for a resize that "
+                                                   "was not asked for")
+        rc.boundary[msg["index"]] = dict(msg.fields)
+        if len(rc.boundary) < len(job.workers):
+            return
+        seqs = {b["seq"] for b in rc.boundary.values()}
+        epochs = {b["epoch"] for b in rc.boundary.values()}
+        if len(seqs) != 1 or len(epochs) != 1:
+            return self._end(job, JobState.FAILED, f"executors reached the resize at different "
+                                                   f"points (epochs {sorted(epochs)}, subtasks "
+                                                   f"{sorted(seqs)})")
+        self._send_migration(job, run, epochs.pop(), seqs.pop())
+
+    def _send_migration(self, job: Job, run: Run, epoch: int, seq: int) -> None:
+        """The plan of a resize: the new owner of every model and input
+        block (blocks stay where they are unless their machine leaves or
+        holds more than its share), sent to every executor, old and new."""
+        rc = run.reconfig
+        old, to = list(job.workers), rc.to
+        remap = [to.index(m) if m in to else -1 for m in old]
+        model_owner = balance([remap[o] for o in run.owner], len(to))
+        in_ids, in_old = [], []
+        for i in sorted(rc.boundary):
+            for bid, _ in rc.boundary[i]["inputs"]:
+                in_ids.append(int(bid))
+                in_old.append(remap[i])
+        in_new = balance(in_old, len(to))
+        sends: dict[int, list] = {i: [] for i in range(len(old))}
+        expect = [0] * len(to)
+        for b, (o, n) in enumerate(zip(run.owner, model_owner)):
+            if remap[o] != n:
+                sends[o].append(["model", b, n])
+                expect[n] += 1
+        holder = {}
+        for i in sorted(rc.boundary):
+            for bid, _ in rc.boundary[i]["inputs"]:
+                holder[int(bid)] = i
+        for bid, o, n in zip(in_ids, in_old, in_new):
+            if o != n:
+                sends[holder[bid]].append(["input", bid, n])
+                expect[n] += 1
+        peers = []
+        for m in to:
+            if m in rc.ready:
+                peers.append(rc.ready[m]["endpoint"])
+            else:
+                peers.append(run.ready[old.index(m)]["endpoint"])
+        rc.planned, rc.owner = True, model_owner
+        rc.blocks = sum(len(v) for v in sends.values())
+        job.move.update({"state": "moving blocks", "blocks": rc.blocks, "epoch": epoch})
+        replicas = self._replicas(to)
+        common = dict(count=len(to), peers=peers, owner=model_owner, machines=list(to),
+                      seq=seq, epoch=epoch, replicas=replicas,
+                      mode="queued" if self.queued else "free")
+        for i in range(len(old)):
+            rc.sends[run.idents[i]] = sends[i]
+            self._send(run.idents[i], _msg("migrate", index=remap[i], sends=sends[i],
+                                               expect=expect[remap[i]] if remap[i] >= 0 else 0,
+                                               **common))
+        for m in rc.join:
+            n = to.index(m)
+            self._send(rc.idents[m], _msg("migrate", index=n, sends=[], expect=expect[n],
+                                              **common))
+        log.info("%s: moving %d block(s) after epoch %d: %s -> %s", job.id, rc.blocks, epoch,
+                 old, to)
+
+    def _on_migrating(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None or jr[1].reconfig is None or jr[0].move is None:
+            return
+        rc = jr[1].reconfig
+        rc.progress[ident] = (msg["bytes_out"], msg["blocks_out"])
+        jr[0].move["bytes_moved"] = int(sum(b for b, _ in rc.progress.values()))
+        jr[0].move["blocks_moved"] = int(sum(n for _, n in rc.progress.values()))
+
+    def _on_migrated(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        rc = run.reconfig
+        if rc is None or not rc.planned:
+            return self._end(job, JobState.FAILED, "an executor reported a move that was "
+                                                   "not planned")
+        rc.migrated[ident] = dict(msg.fields)
+        rc.progress[ident] = (msg["bytes_out"], len(rc.sends.get(ident, ())))
+        job.move["bytes_moved"] = int(sum(b for b, _ in rc.progress.values()))
+        job.move["blocks_moved"] = int(sum(n for _, n in rc.progress.values()))
+        if len(rc.migrated) < len(job.workers) + len(rc.join):
+            return
+        self._commit_resize(job, run)
+
+    def _commit_resize(self, job: Job, run: Run) -> None:
+        """Every block arrived: the new layout is the job's layout."""
+        rc = run.reconfig
+        old = list(job.workers)
+        idents, ready = {}, {}
+        for i, m in enumerate(rc.to):
+            if m in rc.idents:
+                idents[i], ready[i] = rc.idents[m], rc.ready[m]
+            else:
+                j = old.index(m)
+                idents[i], ready[i] = run.idents[j], run.ready[j]
+        for j, m in enumerate(old):
+            if m not in rc.to:
+                ident = run.idents[j]
+                self.exec_ident.pop(ident, None)
+                self._send(ident, _msg("leave"))
+        for i, ident in idents.items():
+            self.exec_ident[ident] = (job.id, i, run.attempt)
+        run.idents, run.ready, run.owner = idents, ready, rc.owner
+        run.reconfig = None
+        moved = int(sum(m["bytes_out"] for m in rc.migrated.values()))
+        stood = self.now - (rc.stood_since or rc.t0)
+        job.workers = list(rc.to)
+        job.move = None
+        note = (f"{rc.note}: now on {', '.join(job.workers)} ({rc.blocks} block(s), "
+                f"{moved / 2**20:.1f} MiB moved; iterations stood {stood:.2f}s)")
+        if job.state == JobState.PROFILING:
+            job.transition(JobState.RUNNING, note, now=self.now)
+        else:
+            job.events.append([self.now, job.state.value, note])
+        self._persist("save", job)
+        self._dirty = True
+        for i in sorted(run.idents):
+            self._send(run.idents[i], _msg("reconfigured"))
+        log.info("%s: %s", job.id, note)
+
+    def _on_epoch_report(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        timings = run.timings.pop(msg["epoch"], {})
+        job.epochs.append({"epoch": msg["epoch"], "metrics": msg["metrics"],
+                           "timings": timings, "time": self.now})
+        job.update_profile(timings, len(job.workers))
+        if job.profile.get("samples") in (1, P.PROFILE_SAMPLES):
+            self._dirty = True   # a profile became usable: the scheduler may act
+        self._persist("save_epoch", job.id, job.epochs[-1])
+        self._record("jobs", {"t": self.now, "job": job.id, "epoch": msg["epoch"],
+                              "workers": job.workers, "profile": job.profile,
+                              "timings": timings})
+        if msg["stop"]:
+            run.stopping = True
+            self._persist("save", job)
+
+    def _on_ping(self, ident: bytes, msg: M.Message) -> None:
+        """An executor waiting for a long time checks that its job still runs."""
+        if self._exec_run(ident, msg) is not None:
+            self._send(ident, _msg("pong"))
+
+    def _on_exec_failed(self, ident: bytes, msg: M.Message) -> None:
+        job, run = self.jobs.get(msg["job"]), self.runs.get(msg["job"])
+        if job is not None and not self._machine_ok(job, run, msg["index"]):
+            return
+        if ident not in self.exec_ident and job is not None and run is not None \
+                and job.state.active and msg.get("attempt") == run.attempt \
+                and 0 <= msg["index"] < len(job.workers):
+            # failed before it was ready (bad app options, bad input): the
+            # error itself, not just a log tail, is what the user should see
+            name = job.workers[msg["index"]]
+            return self._end(job, JobState.FAILED,
+                             f"{msg['error']} (executor {msg['index']} on {name})")
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, _ = jr
+        name = job.workers[msg["index"]]
+        self._end(job, JobState.FAILED, f"{msg['error']} (executor {msg['index']} on {name})")
+
+    def _on_exec_finished(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        self._finish_index(job, run, msg["index"])
+
+    def _finish_index(self, job: Job, run: Run, index: int) -> None:
+        run.finished.add(index)
+        if len(run.finished) == len(job.workers):
+            if not run.stopping:
+                return self._end(job, JobState.FAILED, "executors finished without a stop decision")
+            self.runs.pop(job.id, None)
+            for i in run.idents.values():
+                self.exec_ident.pop(i, None)
+            self._note_ended(job)
+            job.transition(JobState.FINISHED, f"{len(job.epochs)} epoch(s)", now=self.now)
+            job.resume = None
+            self.snapshots.discard(job.id)
+            why = self._keep_final(job, run)
+            if why is not None:
+                self._gc_checkpoints(job.id, None)
+                job.events.append([self.now, job.state.value, f"no model kept: {why}"])
+                log.warning("%s: no model kept: %s", job.id, why)
+            self._persist("save", job)
+            self._retain_models()
+            self._dirty = True
+            log.info("%s finished after %d epochs", job.id, len(job.epochs))
+
+    # -- model export (harmony model get) ---------------------------------------------
+    def _on_ckpt_final(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        i = msg["index"]
+        run.final[i] = (job.workers[i], msg.get("replica"), msg.get("bytes") or 0,
+                        msg["epoch"], msg.get("error"))
+        if msg.get("error"):
+            log.warning("%s: final checkpoint part %d failed: %s", job.id, i, msg["error"])
+
+    def _keep_final(self, job: Job, run: Run) -> str | None:
+        """A finished job keeps its final checkpoint (every part written at
+        its stop epoch) as ``job.checkpoint`` with ``final`` and ``model``
+        (the parts and their holders); its older checkpoints go. Returns why
+        not, when it cannot."""
+        parts = run.final
+        errors = [f"part {i}: {p[4]}" for i, p in sorted(parts.items()) if p[4]]
+        epochs = {p[3] for p in parts.values()}
+        if errors or len(parts) < len(job.workers) or len(epochs) != 1:
+            job.checkpoint = None
+            return "; ".join(errors) or (f"final checkpoint incomplete: {len(parts)} of "
+                                         f"{len(job.workers)} part(s) at epochs {sorted(epochs)}")
+        ep = epochs.pop()
+        job.checkpoint = {
+            "epoch": ep, "time": self.now, "parts": len(parts),
+            "replicas": sum(1 for p in parts.values() if p[1]),
+            "bytes": int(sum(p[2] for p in parts.values())),
+            "holders": sorted({h for p in parts.values() for h in p[:2] if h}),
+            "final": True,
+            "model": [{"index": i, "epoch": ep, "holders": [m] + ([r] if r else [])}
+                      for i, (m, r, _, _, _) in sorted(parts.items())]}
+        self._gc_checkpoints(job.id, ep)
+        return None
+
+    def _retain_models(self) -> None:
+        """Only the ``keep_models`` most recently finished jobs keep their
+        final checkpoint; older ones are dropped from the machines."""
+        kept = sorted((j for j in self.jobs.values() if j.state == JobState.FINISHED
+                       and (j.checkpoint or {}).get("final")),
+                      key=lambda j: j.ended or 0.0, reverse=True)
+        for job in kept[self.keep_models:]:
+            job.checkpoint = None
+            self._gc_checkpoints(job.id, None)
+            job.events.append([self.now, job.state.value,
+                               f"model dropped: only the {self.keep_models} most recently "
+                               f"finished job(s) keep their final checkpoint"])
+            self._persist("save", job)
+            log.info("%s: final checkpoint dropped (retention)", job.id)
+
+    def _on_model_parts(self, ident: bytes, msg: M.Message) -> None:
+        """Where a job's model is: its final checkpoint once finished, else
+        its latest complete checkpoint. ``fresh`` on a running job: it also
+        writes a new checkpoint at its next epoch end (the client waits for
+        an epoch newer than the one answered now)."""
+        job = self.jobs.get(msg["job"])
+        if job is None:
+            return self._send(ident, _err("unknown_job", f"no job {msg['job']!r}"))
+        if job.state in (JobState.FAILED, JobState.CANCELLED):
+            return self._send(ident, _err("no_model", f"{job.id} {job.state.value}: its "
+                                                         f"checkpoints were dropped, there is "
+                                                         f"no model to export"))
+        ck = job.checkpoint or {}
+        if job.state == JobState.FINISHED:
+            if not ck.get("final"):
+                why = next((e[2] for e in reversed(job.events) if str(e[2]).startswith(
+                    ("no model kept", "model dropped"))), "it keeps no final checkpoint")
+                return self._send(ident, _err("no_model", f"{job.id} finished, but its model "
+                                                             f"is not kept ({why})"))
+            epoch, parts = ck["epoch"], ck["model"]
+        elif job.resume:
+            epoch, parts = job.resume["epoch"] - 1, job.resume["parts"]
+        else:
+            epoch, parts = -1, []
+        run = self.runs.get(job.id)
+        if msg.get("fresh") and job.state.active and job.id not in self.snapshots \
+                and (run is None or (run.ckpt_epoch is None and not run.pausing)):
+            self.snapshots.add(job.id)
+            log.info("%s: checkpoint at its next epoch end (model export)", job.id)
+        pending = job.id in self.snapshots or bool(
+            run is not None and job.state.active and (run.ckpt_epoch is not None or run.pausing))
+        srcs = [{"index": p["index"], "epoch": p["epoch"],
+                 "sources": [[h, self.workers[h].data_endpoint] for h in p["holders"]
+                             if h in self.workers and self.workers[h].alive
+                             and self.workers[h].data_endpoint]} for p in parts]
+        self._send(ident, _msg(
+            "model_source", job=job.id, state=job.state.value, epoch=int(epoch), parts=srcs,
+            final=bool(ck.get("final")) and job.state == JobState.FINISHED, pending=pending,
+            app_name=job.app_name, app_source=job.app_source, args=list(job.args)))
+
+def balance(owner: list[int], n: int) -> list[int]:
+    """New owners of blocks over ``n`` owners: a block stays with its owner
+    (-1: its owner leaves) unless that owner holds more than its share; the
+    others go, in order, to the owners furthest below their share. Shares
+    differ by at most one block; the result is deterministic."""
+    total = len(owner)
+    share = [total // n + (1 if i < total % n else 0) for i in range(n)]
+    held = [0] * n
+    out = [-1] * total
+    for b, o in enumerate(owner):
+        if 0 <= o < n and held[o] < share[o]:
+            out[b] = o
+            held[o] += 1
+    for b in range(total):
+        if out[b] < 0:
+            o = max(range(n), key=lambda i: (share[i] - held[i], -i))
+            out[b] = o
+            held[o] += 1
+    return out

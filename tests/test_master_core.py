@@ -1,0 +1,275 @@
+"""The master core as a state machine: events in, commands out, no sockets,
+no files, no wall clock (``harmony.master.core``). Message races are played
+in the orders a network can deliver them."""
+from __future__ import annotations
+
+import pytest
+
+from harmony.comm import messages as M
+from harmony.master import core as C
+from harmony.master.jobs import JobState
+
+
+class Cluster:
+    """A core with workers registered and helpers to speak for its peers."""
+
+    def __init__(self, machines: int = 2, mode: str = "naive", **kw) -> None:
+        self.t = 0.0
+        self.core = C.MasterCore(mode=mode, heartbeat_timeout=5.0, launch_timeout=60.0, **kw)
+        self.sent: list[C.Send] = []
+        self.persisted: list[C.Persist] = []
+        for i in range(machines):
+            self.msg(f"d:m{i}".encode(), "register", name=f"m{i}", host="h", cpus=2,
+                     memory=1 << 30, pid=1, executors=[], data_endpoint=f"tcp://h:{i}")
+
+    def run(self, cmds: list) -> list:
+        out = []
+        for c in cmds:
+            if isinstance(c, C.Admit):
+                c.job.id = f"job-{len(self.core.jobs) + 1:04d}"
+                out += self.run(self.core.handle(C.Admitted(c.ident, c.job), self.t))
+            else:
+                if isinstance(c, C.Send):
+                    M.encode(c.type, **c.fields)      # every message it sends is valid
+                    self.sent.append(c)
+                elif isinstance(c, C.Persist):
+                    self.persisted.append(c)
+                out.append(c)
+        return out
+
+    def msg(self, ident: bytes, mtype: str, **fields) -> list:
+        return self.run(self.core.handle(C.Received(ident, M.Message(mtype, fields, [])),
+                                         self.t))
+
+    def tick(self, dt: float = 0.0) -> list:
+        self.t += dt
+        return self.run(self.core.handle(C.Tick(), self.t))
+
+    def to(self, ident: bytes, mtype: str | None = None, since: int = 0) -> list[C.Send]:
+        return [s for s in self.sent[since:] if s.to == ident
+                and (mtype is None or s.type == mtype)]
+
+    def submit(self, machines: int = 1) -> str:
+        self.msg(b"client", "submit", app_name="a.py", app_source="", args=[],
+                 machines=machines)
+        jid = max(self.core.jobs)
+        self.tick()
+        return jid
+
+    def start(self, jid: str) -> list[bytes]:
+        """Every executor of the job reports ready; returns their idents."""
+        job = self.core.jobs[jid]
+        run = self.core.runs[jid]
+        idents = []
+        for i, _ in enumerate(job.workers):
+            ident = f"x:{jid}:{i}:{run.attempt}".encode()
+            self.msg(ident, "exec_ready", job=jid, index=i, attempt=run.attempt,
+                     endpoint=f"tcp://h:{100 + i}", num_keys=8, dim=1, model_blocks=4,
+                     local_blocks=1)
+            idents.append(ident)
+        assert run.started
+        return idents
+
+    def heartbeat(self, names: list[str]) -> None:
+        for n in names:
+            self.msg(f"d:{n}".encode(), "heartbeat", name=n, executors=[
+                j.id for j in self.core.jobs.values() if j.state.active and n in j.workers])
+
+
+def test_submit_launch_start_and_finish_without_sockets():
+    c = Cluster(machines=2)
+    jid = c.submit(machines=2)
+    job = c.core.jobs[jid]
+    assert job.state == JobState.RUNNING and job.workers == ["m0", "m1"]
+    assert [s.fields["index"] for s in c.sent if s.type == "launch"] == [0, 1]
+    assert any(p.op == "save" and p.args[0] is job for p in c.persisted)
+    ex = c.start(jid)
+    assert all(c.to(i, "job_start") for i in ex)
+    for i, ident in enumerate(ex):
+        c.msg(ident, "epoch_done", job=jid, index=i, epoch=0, sums={"objective": 2.0},
+              timings={"comp": 1.0, "pull": 0.5, "push": 0.5, "train": 2.0, "iters": 1})
+    sums = c.to(ex[0], "epoch_sums")
+    assert sums and sums[-1].fields["sums"] == {"objective": 4.0}
+    c.msg(ex[0], "epoch_report", job=jid, index=0, epoch=0, metrics={"objective": 4.0},
+          stop=True)
+    for i, ident in enumerate(ex):
+        c.msg(ident, "exec_finished", job=jid, index=i)
+    assert job.state == JobState.FINISHED and job.ended == c.t
+
+
+def test_the_clock_is_the_events_time():
+    c = Cluster(machines=1)
+    c.t = 1234.5
+    c.heartbeat(["m0"])
+    jid = c.submit()
+    job = c.core.jobs[jid]
+    assert job.submitted == 1234.5 and job.started == 1234.5
+    assert all(e[0] == 1234.5 for e in job.events)
+
+
+def test_a_sync_that_overtakes_another_machines_sync_waits_for_it():
+    """The synchronizer enqueues subtask seq+1 only when every machine of
+    the job finished seq, whatever order their syncs arrive in, and sends
+    the enqueues to every machine in the same order."""
+    c = Cluster(machines=2, mode="harmony", policy="colocate")
+    jid = c.submit(machines=2)
+    ex = c.start(jid)
+    n = len(c.sent)
+    c.msg(ex[1], "sync", job=jid, index=1, seq=0, next="net")
+    assert not [s for s in c.sent[n:] if s.type == "enqueue"]
+    c.msg(ex[0], "sync", job=jid, index=0, seq=0, next="net")
+    enq = [s for s in c.sent[n:] if s.type == "enqueue"]
+    assert [s.to for s in enq] == [b"d:m0", b"d:m1"]
+    assert {s.fields["seq"] for s in enq} == {1}
+    # a sync repeated by a confused executor does not enqueue twice
+    n = len(c.sent)
+    c.msg(ex[0], "sync", job=jid, index=0, seq=1, next="cpu")
+    c.msg(ex[0], "sync", job=jid, index=0, seq=1, next="cpu")
+    assert not [s for s in c.sent[n:] if s.type == "enqueue"]
+
+
+def test_executors_that_disagree_on_the_next_subtask_fail_the_job():
+    c = Cluster(machines=2, mode="harmony", policy="colocate")
+    jid = c.submit(machines=2)
+    ex = c.start(jid)
+    c.msg(ex[0], "sync", job=jid, index=0, seq=0, next="net")
+    c.msg(ex[1], "sync", job=jid, index=1, seq=0, next="cpu")
+    job = c.core.jobs[jid]
+    assert job.state == JobState.FAILED and "disagree on the next subtask" in job.error
+
+
+def test_a_worker_lost_during_a_barrier_requeues_the_job_and_the_late_barrier_is_refused():
+    c = Cluster(machines=3)
+    jid = c.submit(machines=2)
+    ex = c.start(jid)
+    c.msg(ex[0], "barrier", job=jid, index=0, epoch=0, iter=0)
+    c.heartbeat(["m0", "m2"])            # m1 stops sending heartbeats
+    c.t = 3.0
+    c.heartbeat(["m0", "m2"])
+    c.tick(3.0)                          # 6 s since m1's last heartbeat > 5 s
+    job = c.core.jobs[jid]
+    assert not c.core.workers["m1"].alive
+    assert job.failures == 1 and "worker m1 lost" in job.events[-2][2] or \
+        any("worker m1 lost" in e[2] for e in job.events)
+    # requeued, then relaunched on the live machines at once (same tick)
+    assert job.state == JobState.RUNNING and "m1" not in job.workers
+    n = len(c.sent)
+    c.msg(ex[1], "barrier", job=jid, index=1, epoch=0, iter=0)   # from the old attempt
+    assert [s.type for s in c.sent[n:]] == ["abort"]
+    assert not c.to(ex[0], "release")
+
+
+def test_a_pause_during_a_move_is_refused_and_the_move_completes():
+    c = Cluster(machines=3)
+    jid = c.submit(machines=1)
+    ex = c.start(jid)
+    job = c.core.jobs[jid]
+    c.msg(b"client", "resize", job=jid, machines=2)
+    assert c.sent[-1].type == "ok" and c.sent[-1].fields["info"]["machines"] == ["m0", "m1"]
+    n = len(c.sent)
+    c.msg(b"client", "pause", job=jid)
+    reply = c.sent[n]
+    assert reply.type == "error" and reply.fields["code"] == "busy"
+    run = c.core.runs[jid]
+    assert not run.pausing
+    # the joiner gets ready, the epoch ends: the move is planned and done
+    launch = [s for s in c.sent if s.type == "launch" and s.fields.get("join")][-1]
+    assert launch.to == b"d:m1"
+    joiner = f"x:{jid}:1:{run.attempt}:join".encode()
+    c.msg(joiner, "exec_ready", job=jid, index=1, attempt=run.attempt, endpoint="tcp://h:9",
+          num_keys=8, dim=1, model_blocks=4, local_blocks=0, join=True)
+    c.msg(ex[0], "epoch_done", job=jid, index=0, epoch=0, sums={}, timings={})
+    assert c.to(ex[0], "epoch_sums")[-1].fields["reconfig"]
+    c.msg(ex[0], "at_boundary", job=jid, index=0, epoch=0, seq=7, inputs=[[0, 10], [1, 10]])
+    migrate = {s.to: s.fields for s in c.sent if s.type == "migrate"}
+    assert set(migrate) == {ex[0], joiner}
+    assert migrate[ex[0]]["seq"] == 7 and migrate[joiner]["index"] == 1
+    # the joiner reports first: nothing commits until every executor did
+    c.msg(joiner, "migrated", job=jid, index=1, bytes_out=0, bytes_in=20, seconds=0.1)
+    assert job.workers == ["m0"]
+    c.msg(ex[0], "migrated", job=jid, index=0, bytes_out=20, bytes_in=0, seconds=0.1)
+    assert job.workers == ["m0", "m1"] and run.reconfig is None
+    assert c.to(joiner, "reconfigured") and c.to(ex[0], "reconfigured")
+    # now a pause is accepted
+    c.msg(b"client", "pause", job=jid)
+    assert c.core.runs[jid].pausing
+
+
+def test_a_master_restart_during_a_pause_requeues_from_the_last_checkpoint():
+    c = Cluster(machines=1)
+    jid = c.submit()
+    ex = c.start(jid)
+    job = c.core.jobs[jid]
+    c.msg(ex[0], "epoch_done", job=jid, index=0, epoch=0, sums={}, timings={})
+    assert c.to(ex[0], "epoch_sums")[-1].fields.get("checkpoint") is None
+    # a checkpoint after epoch 0 (asked for by a model export), then a pause
+    c.core.snapshots.add(jid)
+    c.msg(ex[0], "epoch_done", job=jid, index=0, epoch=1, sums={}, timings={})
+    c.msg(ex[0], "ckpt_part", job=jid, index=0, epoch=1, version=1, bytes=100)
+    assert job.resume["epoch"] == 2
+    c.msg(b"client", "pause", job=jid)
+    assert c.core.runs[jid].pausing
+    # the master stops before exec_paused arrives; a new core loads the table
+    core2 = C.MasterCore({jid: job}, mode="naive")
+    cmds = core2.recover(100.0)
+    assert job.state == JobState.WAITING and job.failures == 1
+    assert "restarts from epoch 2" in job.events[-1][2]
+    assert [p.op for p in cmds if isinstance(p, C.Persist)] == ["save"]
+    # the old executor's late exec_paused reaches the new core: refused
+    out = core2.handle(C.Received(ex[0], M.Message("exec_paused", {
+        "job": jid, "index": 0, "attempt": 1, "epoch": 1, "version": 1}, [])), 101.0)
+    assert [s.type for s in out if isinstance(s, C.Send)] == ["abort"]
+    assert job.state == JobState.WAITING
+
+
+def test_exec_exited_before_exec_finished_is_not_a_failure_after_the_stop():
+    c = Cluster(machines=1)
+    jid = c.submit()
+    ex = c.start(jid)
+    c.msg(ex[0], "epoch_done", job=jid, index=0, epoch=0, sums={}, timings={})
+    c.msg(ex[0], "epoch_report", job=jid, index=0, epoch=0, metrics={}, stop=True)
+    # the daemon's exit report overtakes the executor's exec_finished
+    c.msg(b"d:m0", "exec_exited", job=jid, index=0, attempt=1, code=0, log_tail="")
+    assert c.core.jobs[jid].state == JobState.FINISHED
+
+
+def test_a_launch_that_cannot_be_sent_marks_the_machine_lost_and_retries():
+    c = Cluster(machines=2)
+    jid = c.submit()
+    launch = [s for s in c.sent if s.type == "launch"][-1]
+    assert isinstance(launch.fail, C.Unreachable)
+    c.run(c.core.handle(launch.fail, c.t))
+    job = c.core.jobs[jid]
+    assert not c.core.workers[launch.fail.worker].alive
+    assert job.failures == 1 and job.state == JobState.WAITING
+    c.tick()
+    assert job.state == JobState.RUNNING and job.workers != [launch.fail.worker]
+
+
+@pytest.mark.parametrize("mtype,fields", [
+    ("sync", {"seq": 0, "next": "net"}), ("epoch_done", {"epoch": 0, "sums": {}, "timings": {}}),
+    ("barrier", {"epoch": 0, "iter": 0}), ("exec_finished", {}),
+])
+def test_executor_messages_from_strangers_change_nothing(mtype, fields):
+    c = Cluster(machines=1)
+    jid = c.submit()
+    c.start(jid)
+    job = c.core.jobs[jid]
+    before = (job.state, len(job.events), dict(c.core.runs[jid].syncs))
+    n = len(c.sent)
+    c.msg(b"stranger", mtype, job=jid, index=0, **fields)
+    assert [s.type for s in c.sent[n:]] == ["abort"]
+    assert (job.state, len(job.events), dict(c.core.runs[jid].syncs)) == before
+
+
+def test_roles_are_checked_when_peers_are_authenticated():
+    core = C.MasterCore(secure=True)
+    out = core.handle(C.Received(b"w", M.Message("submit", {
+        "app_name": "a", "app_source": "", "args": [], "machines": 1}, []),
+        role="worker", name="m0"), 0.0)
+    assert [(s.type, s.fields["code"]) for s in out] == [("error", "forbidden")]
+    out = core.handle(C.Received(b"x", M.Message("register", {
+        "name": "m1", "host": "h", "cpus": 1, "memory": 1, "pid": 1, "executors": []}, []),
+        role="worker", name="m0"), 0.0)     # a worker key registering another name
+    assert [(s.type, s.fields["code"]) for s in out] == [("error", "forbidden")]
+    assert not core.workers and core.bad_messages == 2
