@@ -31,7 +31,8 @@ one stops it while it runs (one level deep, at most 2 short ones in a row).
 Actions
 -------
 Every state-changing call returns a list of actions (frozen dataclasses, in
-the order to carry them out; often empty). Each has ``sub`` (a ``Sub``):
+the order to carry them out; often empty). All but ``OomKill`` have ``sub``
+(a ``Sub``); dispatch on ``type(action)``:
 
 * ``Grant(sub, role, held)``: ``sub`` holds a slot from ``now``, ``role``
   "cpu", "primary" or "secondary". ``held`` False: tell the executor now (it
@@ -80,8 +81,8 @@ Subtask protocol (what a simulator drives):
     Subtask ``seq`` of ``job`` finished (the executor released its slot).
     Returns ``[Done(sub), ...]``: then the actions that follow (grants,
     promotions, resumes), then those of the job's deferred next subtask,
-    if any. Raises ``QueueError`` (nothing changed) if that subtask does
-    not hold a slot here.
+    if any. Raises ``QueueError`` (nothing changed) if that subtask is
+    neither running (granted) nor stopped here.
 ``left(job, now) -> list``
     The job left this machine's queues (cancelled, failed, killed,
     relaunched, its executor exited): its queued, running, stopped, held
