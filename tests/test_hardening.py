@@ -652,3 +652,52 @@ def test_the_last_good_copy_is_taken_every_n_state_changes(tmp_path, monkeypatch
     env.close()
     db.save(jobs[3])
     db.close(backup=False)
+
+
+def test_daemon_sockets_drop_frames_over_their_cap(tmp_path):
+    """#12: the data service reads frames up to a block chunk (8 MiB) plus a
+    header's room, the daemon's executor socket small control messages;
+    a larger frame disconnects its sender (ZMQ_MAXMSGSIZE) and both serve on."""
+    from harmony.store import staging
+    from harmony.store.transfer import CHUNK_BYTES
+    from harmony.worker import daemon as wd, dataservice
+    from harmony.worker.daemon import Daemon
+    d = Daemon("tcp://127.0.0.1:9", name="m0", state_dir=str(tmp_path / "w"))
+    ctx = d.ctx
+    socks = []
+
+    def dealer(endpoint):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(endpoint)
+        socks.append(s)
+        return s
+    try:
+        assert d.data.sock.getsockopt(zmq.MAXMSGSIZE) == dataservice.MAX_FRAME_BYTES \
+            > CHUNK_BYTES
+        assert d.xsock.getsockopt(zmq.MAXMSGSIZE) == wd.EXEC_MAX_BYTES
+        # the largest legitimate frame, a full 8 MiB chunk, goes through
+        big = np.random.default_rng(1).bytes(CHUNK_BYTES)
+        staging.push_chunks(ctx, d.data.endpoint, "d", [(0, big)])
+        assert d.data.chunks.get("d", 0) == big
+        ask = M.encode("ckpt_manifest", job="j", epoch=0, index=0)
+        raw = dealer(d.data.endpoint)
+        raw.send_multipart([ask, b"\0" * (dataservice.MAX_FRAME_BYTES + 1)])
+        assert not raw.poll(1000)                          # dropped with its connection
+        ok = dealer(d.data.endpoint)
+        ok.send(ask)
+        assert ok.poll(5000)
+        assert "no part 0 of job j" in M.decode(ok.recv_multipart())["message"]
+        # the executors' socket: nothing over its cap reaches the daemon
+        raw = dealer(d.xendpoint)
+        raw.send(M.encode("hello", job="j", index=0, attempt=1) + b"\0" * wd.EXEC_MAX_BYTES)
+        assert not d.xsock.poll(500)
+        ok = dealer(d.xendpoint)
+        ok.send(M.encode("hello", job="j", index=0, attempt=1))
+        assert d.xsock.poll(5000)
+        d._handle_exec(d.xsock.recv_multipart())          # not its executor: aborted
+        assert ok.poll(5000) and M.decode(ok.recv_multipart()).type == "abort"
+    finally:
+        for s in socks:
+            s.close(0)
+        d.shutdown()

@@ -9,11 +9,12 @@ import zmq
 from harmony.ps.client import PSClient
 from harmony.ps.server import ShardServer, ShardTable
 from harmony.worker.netem import NetEm, job_token, parse_rate
-from harmony.worker.queues import QueueError, ResourceQueues, Sub
+from harmony.worker.queues import (Demote, Grant, Promote, QueueError, ResourceQueues,
+                                    Resume, Stop, Sub)
 
 
 def grants(acts):
-    return [(a[1].job, a[1].seq, a[2]) for a in acts if a[0] == "grant"]
+    return [(a.sub.job, a.sub.seq, a.role) for a in acts if type(a) is Grant]
 
 
 def test_cpu_queue_runs_one_comp_at_a_time_in_fifo_order():
@@ -34,7 +35,7 @@ def test_net_queue_primary_secondary_and_promotion():
     assert grants(q.enqueue(Sub("c", 1, "net"))) == []           # at most two at once
     assert grants(q.enqueue(Sub("d", 1, "cpu"))) == [("d", 1, "cpu")]  # CPU independent
     acts = q.done("a", 1)
-    assert ("promote", Sub("b", 1, "net")) in acts
+    assert Promote(Sub("b", 1, "net")) in acts
     assert grants(acts) == [("c", 1, "secondary")]
     assert q.primary() == Sub("b", 1, "net")
 
@@ -44,11 +45,11 @@ def test_a_shorter_network_subtask_leads_the_link():
     assert grants(q.enqueue(Sub("long", 1, "net", 0.3))) == [("long", 1, "primary")]
     acts = q.enqueue(Sub("short", 1, "net", 0.01))
     assert grants(acts) == [("short", 1, "primary")]
-    assert ("demote", Sub("long", 1, "net", 0.3)) in acts
+    assert Demote(Sub("long", 1, "net", 0.3)) in acts
     assert q.primary().job == "short"
     assert grants(q.enqueue(Sub("other", 1, "net", 0.001))) == []   # waits: FIFO grants
     acts = q.done("short", 1)
-    assert ("promote", Sub("long", 1, "net", 0.3)) in acts
+    assert Promote(Sub("long", 1, "net", 0.3)) in acts
     assert grants(acts) == [("other", 1, "primary")]                # and leads at once
     # an unknown expectation (0) never takes the lead
     q2 = ResourceQueues()
@@ -64,13 +65,13 @@ def test_a_much_shorter_comp_preempts_a_long_one():
     q2 = ResourceQueues(preempt=True)
     q2.enqueue(long)
     acts = q2.enqueue(Sub("short", 1, "cpu", 0.03))
-    assert acts == [("stop", long), ("grant", Sub("short", 1, "cpu", 0.03), "cpu")]
+    assert acts == [Stop(long), Grant(Sub("short", 1, "cpu", 0.03), "cpu")]
     assert grants(q2.enqueue(Sub("tiny", 1, "cpu", 0.001))) == []    # one at a time
     # the next short one runs while the long one still stands (2 in a row at most)
-    assert q2.done("short", 1) == [("grant", Sub("tiny", 1, "cpu", 0.001), "cpu")]
+    assert q2.done("short", 1) == [Grant(Sub("tiny", 1, "cpu", 0.001), "cpu")]
     q2.enqueue(Sub("short", 2, "cpu", 0.03))
     acts = q2.done("tiny", 1)
-    assert acts == [("resume", long)]                                 # not starved
+    assert acts == [Resume(long)]                                 # not starved
     assert grants(q2.done("long", 1)) == [("short", 2, "cpu")]
     # unknown expectations never preempt; preemption can be turned off
     for q3, short in ((ResourceQueues(), Sub("s", 1, "cpu")),
@@ -85,13 +86,13 @@ def test_preemption_races_and_drops():
     q.enqueue(long)
     q.enqueue(short)
     # the long COMP had ended before the stop reached it: its done still counts
-    assert q.done("long", 1) == [("resume", Sub("long", 1, "cpu"))]
+    assert q.done("long", 1) == [Resume(long)]
     assert grants(q.done("short", 1)) == [] and q.current("long") is None
     # dropping the short job continues the stopped one; dropping the stopped one forgets it
     q = ResourceQueues(preempt=True)
     q.enqueue(long)
     q.enqueue(short)
-    assert q.drop_job("short") == [("resume", long)]
+    assert q.drop_job("short") == [Resume(long)]
     q = ResourceQueues(preempt=True)
     q.enqueue(long)
     q.enqueue(short)
@@ -105,7 +106,7 @@ def test_dropping_a_job_frees_its_slots():
     q.enqueue(Sub("ok", 1, "net"))
     q.enqueue(Sub("x", 1, "net"))
     acts = q.drop_job("bad")
-    assert ("promote", Sub("ok", 1, "net")) in acts and grants(acts) == [("x", 1, "secondary")]
+    assert Promote(Sub("ok", 1, "net")) in acts and grants(acts) == [("x", 1, "secondary")]
     with pytest.raises(QueueError, match="already has"):
         q.enqueue(Sub("ok", 2, "cpu"))  # one subtask per job at a time
 

@@ -152,3 +152,53 @@ def test_full_store_fails_the_job_with_a_clear_error(small):
                         timeout=60)
     assert st["state"] == "failed"
     assert "store full" in st["error"] and "cap" in st["error"], st["error"]
+
+
+HOG_APP = '''
+import time
+import numpy as np
+from harmony.app import App, ModelSpec, Option
+from harmony.store.blocks import Block
+
+
+class Hog(App):
+    """Builds a large model before its executor is ready (says hello to its
+    daemon), holds it a while, then frees it."""
+    name = "hog"
+    options = [Option("hog_mb", int, 200, "MiB allocated in model_spec"),
+               Option("hold", float, 20.0, "seconds it is held")]
+
+    def read_input(self, part):
+        for b in part.my_blocks():
+            yield Block(b, {"k": np.arange(4, dtype=np.int64)})
+
+    def model_spec(self):
+        hog = np.ones(self.opts.hog_mb * 2**20 // 8)
+        time.sleep(self.opts.hold)
+        del hog
+        return ModelSpec(4, 1)
+
+    def keys(self, blocks):
+        return np.arange(4, dtype=np.int64)
+
+    def compute(self, blocks, keys, rows, step):
+        return np.zeros(rows.shape, dtype=np.float32)
+
+    def objective(self, blocks, keys, rows):
+        return {"objective": 0.0}
+'''
+
+
+def test_oom_killer_counts_an_executor_still_setting_up(small):
+    """#12: an executor over the budget while it builds its model (before
+    it registers with its daemon) is killed, and the error says so; it
+    used to be counted only after its setup."""
+    with Client(small.endpoint) as c:
+        t0 = time.time()
+        job = c.submit("hog.py", HOG_APP, ["--max-epochs", "1"], machines=1)
+        st = wait_state(c, job, ("finished", "failed"), timeout=60)
+        assert st["state"] == "failed", "never killed while setting up"
+        assert time.time() - t0 < 18                  # not after its 20 s of setup
+        err = st["error"]
+        assert "emulated OOM killer" in err and "while setting up" in err, err
+        assert f"budget of {small.budget / MiB:.0f} MiB" in err

@@ -134,6 +134,18 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "grant": {"seq": int, "role": str},
     "preempted": {"seq": int, "seconds": _NUM},   # how long a COMP stood stopped
     "sub_done": {"job": str, "seq": int},
+    # job executor <-> its worker daemon (memory and the α controllers): the
+    # machine's memory as the daemon's latest sample has it, for the
+    # executor's α controller: the budget, the other executors whose input
+    # is loaded (bytes, count), the sample's age in seconds (none: no sample;
+    # the daemon samples only with a budget), and whether another job here
+    # said it is starved (within harmony.worker.daemon_core.STARVED_FRESH_S)
+    "mem_query": {"job": str, "attempt": int, "rid": int},
+    "mem_state": {"rid": int, "budget": int, "others_bytes": int, "others_count": int,
+                  "age": (_NUM, _OPT), "others_starved": bool},
+    # an executor's α controller after its epoch step: its disk ratio, and
+    # whether its reloads stall with no memory to keep more blocks (starved)
+    "alpha_state": {"job": str, "attempt": int, "alpha": _NUM, "starved": bool},
     # job executor -> master
     "exec_ready": {"job": str, "index": int, "attempt": int, "endpoint": str,
                    "num_keys": int, "dim": int, "model_blocks": int, "local_blocks": int,

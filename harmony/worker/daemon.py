@@ -35,13 +35,20 @@ from harmony.store.lmdb_store import sweep_stale
 from harmony.worker import jobckpt
 from harmony.worker.dataservice import DataService
 from harmony.worker.netem import NetEm, job_token
-from harmony.worker.queues import QueueError, ResourceQueues, Sub
+from harmony.worker.daemon_core import (DaemonCore, Deliver, Demote, Done, Grant, OomKill,
+                                        Promote, QueueError, Resume, Stop, Sub)
 
 log = logging.getLogger("harmony.worker")
 
 KILL_GRACE_S = 5.0
 MEM_CHECK_S = 0.1     # how often the executors' memory is sampled (with a budget)
-MEMORY_FILE = "memory.json"   # the latest sample, for the executors' α controllers
+#: what the executors' socket accepts in one frame: their messages (hello,
+#: sub_done, mem_query, alpha_state) are a few dozen bytes; a larger frame
+#: disconnects its sender before it is read (ZMQ_MAXMSGSIZE)
+EXEC_MAX_BYTES = 64 * 1024
+EXEC_LIMITS = M.Limits(max_bytes=EXEC_MAX_BYTES, max_header=EXEC_MAX_BYTES, max_frames=1,
+                       max_str=EXEC_MAX_BYTES, max_bin=1024, max_array=64, max_map=64,
+                       max_depth=4, max_objects=1024)
 
 
 EXECUTOR_NICE = 5
@@ -68,8 +75,11 @@ class ExecProc:
     dir: str
     log_path: str
     term_sent: float | None = None
-    loaded: bool = False          # said hello: its input is loaded
     oom: str = ""                 # why the emulated OOM killer stopped it
+
+    def ident(self) -> bytes:
+        """The socket identity its executor connects to the daemon with."""
+        return f"x:{self.job}:{self.index}:{self.attempt}:{self.proc.pid}".encode()
 
 
 def _launch_error(exc: BaseException) -> str:
@@ -136,27 +146,26 @@ class Daemon:
         for d in sweep_stale(os.path.join(self.state_dir, "store")):
             log.info("cleaned stale job store %s", d)
         self._mem_at = 0.0
-        self.mem_used = 0
-        self.memory_file = os.path.join(self.state_dir, MEMORY_FILE)
         self.ctx = zmq.Context()
         self.sock = make_socket(self.ctx, zmq.DEALER, identity=f"w:{self.name}:{os.getpid()}".encode())
         self.sock.connect(master)
         # executors of this machine talk to the daemon here (subtask queues)
         self.xsock = make_socket(self.ctx, zmq.ROUTER)
+        self.xsock.setsockopt(zmq.MAXMSGSIZE, EXEC_MAX_BYTES)
         self.xendpoint = bind_random(self.xsock, "127.0.0.1")
         # what this machine's disk holds (checkpoint parts, replicas), served
         # to the other machines: the only way anyone else reaches it
         self.data = DataService(self.ctx, self.host, self.state_dir)
         self.data.start()
-        self.queues = ResourceQueues(preempt=preempt)
-        self._stopped_at: dict[tuple[str, int], float] = {}   # preempted COMPs
+        # the subtask queues and the protocol state around them (pure; its
+        # clock is ours: time.monotonic)
+        self.core = DaemonCore(preempt=preempt, memory_budget=int(self.memory),
+                               oom_kill=oom_kill)
+        self.clock = time.monotonic
+        self._netem_primary: int | None = None     # the token last set (None: not yet)
         self.xident: dict[str, bytes] = {}           # job -> executor identity
-        self.pending: dict[str, list[bytes]] = {}    # grants waiting for a hello
-        self.deferred: dict[str, Sub] = {}           # enqueues that overtook a release
         self.events_path = os.path.join(self.state_dir, "queue-events.jsonl")
         self._events = open(self.events_path, "a", buffering=1)
-        self.busy = {"cpu": 0.0, "net": 0.0}
-        self._running: dict[tuple[str, int], tuple[float, str]] = {}  # -> (start, kind)
         self._stats_prev: dict | None = None
         self._cpu_last: dict[int, float] = {}
         self.execs: dict[str, ExecProc] = {}
@@ -314,14 +323,10 @@ class Daemon:
             self._launch(msg)
         elif msg.type == "enqueue":
             sub = Sub(msg["job"], msg["seq"], msg["kind"], float(msg.get("prio") or 0.0))
-            cur = self.queues.current(sub.job)
-            if cur is not None and cur.seq < sub.seq:
-                # the master's enqueue of the next subtask overtook the
-                # executor's release of the previous one: apply it on release
-                self.deferred[sub.job] = sub
-                return
             try:
-                self._apply(self.queues.enqueue(sub))
+                # (deferred by the core if it overtook the release of the job's
+                # previous subtask)
+                self._apply(self.core.enqueue(sub, self.clock()))
             except QueueError as exc:
                 log.warning("enqueue refused: %s", exc)
         elif msg.type == "data_copy":
@@ -380,6 +385,7 @@ class Daemon:
                                           f"executor: {why}"[:4000])
             return
         self.execs[job] = ExecProc(job, msg["index"], msg["attempt"], proc, d, log_path)
+        self.core.started(job, self.clock())      # its memory counts from now
         log.info("started executor %d of %s (attempt %d, pid %d)", msg["index"], job,
                  msg["attempt"], proc.pid)
 
@@ -398,7 +404,6 @@ class Daemon:
                 # the block store: job stores under STATE/store, the budget
                 "state_dir": self.state_dir, "memory": int(self.memory),
                 "memory_set": self.memory_set, "daemon_pid": os.getpid(),
-                "memory_file": self.memory_file if self.memory_set else None,
                 "store_max": self.store_max}
         spec_path = os.path.join(d, "spec.msgpack")
         try:
@@ -422,11 +427,12 @@ class Daemon:
                 start_new_session=True, preexec_fn=_die_with_parent, cwd=d, env=env)
         return proc, log_path
 
-    def _exec_memory(self) -> dict[str, int]:
-        """Anonymous RSS of every executor whose input is loaded."""
+    def _exec_memory(self, jobs) -> dict[str, int]:
+        """Anonymous RSS of these jobs' executors."""
         out = {}
-        for job, ep in self.execs.items():
-            if not ep.loaded or ep.oom:
+        for job in jobs:
+            ep = self.execs.get(job)
+            if ep is None:
                 continue
             try:
                 mi = psutil.Process(ep.proc.pid).memory_info()
@@ -436,35 +442,31 @@ class Daemon:
         return out
 
     def _check_memory(self) -> None:
-        """Sample the executors whose input is loaded (apps parse their input
-        files in memory first; that is not counted), publish the sample for
-        their α controllers (``STATE/memory.json``: budget, anonymous bytes
-        per executor pid), and, with ``oom_kill``, act as the emulated OOM
-        killer: over the budget, SIGKILL the largest, as the kernel would."""
-        use = self._exec_memory()
-        total = sum(use.values())
-        self.mem_used = total
-        pids = {str(self.execs[j].proc.pid): v for j, v in use.items()}
-        tmp = self.memory_file + ".tmp"
-        try:
-            with open(tmp, "w") as fh:
-                json.dump({"t": time.time(), "budget": int(self.memory), "used": total,
-                           "executors": pids}, fh)
-            os.replace(tmp, self.memory_file)
-        except OSError as exc:
-            log.warning("cannot write %s: %s", self.memory_file, exc)
-        if not self.oom_kill or total <= self.memory or not use:
+        """Sample every executor's memory from the moment its process started
+        (input parsing and model setup included) for the core: what the
+        executors' α controllers are told (``mem_query``: the loaded ones)
+        and, with ``oom_kill``, the emulated OOM killer: over the budget,
+        SIGKILL the largest, as the kernel would."""
+        now = self.clock()
+        for kill in self.core.memory(now, self._exec_memory(self.core.memory_jobs())):
+            self._oom_kill(kill)
+
+    def _oom_kill(self, k: OomKill) -> None:
+        ep = self.execs.get(k.job)
+        if ep is None:
             return
-        job = max(use, key=use.get)
-        ep = self.execs[job]
+        setup = "" if k.loaded else " while setting up (before its input was loaded)"
         ep.oom = (f"out of memory: the executors of machine {self.name} used "
-                  f"{total / 2**20:.0f} MiB, over its memory budget of "
-                  f"{self.memory / 2**20:.0f} MiB (--memory); the largest, {job} "
-                  f"({use[job] / 2**20:.0f} MiB), was killed (emulated OOM killer)")
+                  f"{k.total / 2**20:.0f} MiB, over its memory budget of "
+                  f"{k.budget / 2**20:.0f} MiB (--memory); the largest, {k.job} "
+                  f"({k.used / 2**20:.0f} MiB{setup}), was killed (emulated OOM killer)")
         log.warning(ep.oom)
         try:
             with open(ep.log_path, "a") as fh:
                 fh.write(f"harmony-worker: {ep.oom}\n")
+        except OSError:
+            pass
+        try:
             ep.proc.kill()
         except (OSError, ProcessLookupError):
             pass
@@ -478,33 +480,14 @@ class Daemon:
             except ProcessLookupError:
                 pass
 
-    def _preempt(self, what: str, sub: Sub) -> None:
+    def _signal(self, job: str, sig: int) -> None:
         """CPU preemption: stop a long COMP's executor (SIGSTOP to its
-        process group) while a much shorter COMP runs, and continue it
-        after. The executor is told how long it stood still, so that its
-        COMP time (its profile) does not count the other job's COMP."""
-        key = (sub.job, sub.seq)
-        now = time.time()
-        if what == "stop":
-            start, kind = self._running.pop(key, (None, "cpu"))
-            if start is not None:
-                self.busy[kind] += now - start
-            self._stopped_at[key] = now
-        else:
-            stood = now - self._stopped_at.pop(key, now)
-            run = self.queues.cpu_run
-            ident = self.xident.get(sub.job)
-            # (not when its COMP had ended just before the stop reached it)
-            if run is not None and (run.job, run.seq) == key:
-                self._running[key] = (now, sub.kind)
-                if ident is not None:   # before it runs on: it reads this after its COMP
-                    self._xsend(ident, M.encode("preempted", seq=sub.seq, seconds=stood))
-        self._log_event(what, sub, "cpu")
-        ep = self.execs.get(sub.job)
+        process group) while a much shorter COMP runs, continue it after."""
+        ep = self.execs.get(job)
         if ep is None or ep.proc.poll() is not None:
             return
         try:
-            os.killpg(ep.proc.pid, signal.SIGSTOP if what == "stop" else signal.SIGCONT)
+            os.killpg(ep.proc.pid, sig)
         except ProcessLookupError:
             pass
 
@@ -525,7 +508,8 @@ class Daemon:
                     ep.proc.kill()
                 continue
             del self.execs[job]
-            self._drop(job)
+            self.xident.pop(job, None)
+            self._apply(self.core.exited(job, self.clock()))
             tail = _tail(ep.log_path) if code != 0 else ""
             if ep.oom:   # the reason first: the log's tail may be long
                 tail = f"{ep.oom}\n{tail}"
@@ -570,31 +554,45 @@ class Daemon:
                 self._events_warned = now
                 log.warning("cannot write %s: %s", self.events_path, exc)
 
-    def _apply(self, actions: list[tuple]) -> None:
+    def _apply(self, actions: list) -> None:
+        """Carry out the core's actions."""
         for act in actions:
-            if act[0] == "grant":
-                _, sub, role = act
-                self._running[(sub.job, sub.seq)] = (time.time(), sub.kind)
-                self._log_event("grant", sub, role)
-                if role == "primary" and self.netem is not None:
-                    self.netem.set_primary(self.name, job_token(sub.job))
-                payload = M.encode("grant", seq=sub.seq, role=role)
-                ident = self.xident.get(sub.job)
-                if ident is None:
-                    self.pending.setdefault(sub.job, []).append(payload)
-                else:
-                    self._xsend(ident, payload)
-            elif act[0] == "promote":
-                sub = act[1]
+            t = type(act)
+            sub = act.sub
+            if t is Grant:
+                self._log_event("grant", sub, act.role)
+                if not act.held:
+                    self._grant(sub, act.role)
+            elif t is Deliver:
+                self._grant(sub, act.role)
+            elif t is Done:
+                self._log_event("done", sub)
+            elif t is Promote:
                 self._log_event("promote", sub, "primary")
-                if self.netem is not None:
-                    self.netem.set_primary(self.name, job_token(sub.job))
-            elif act[0] == "demote":     # a shorter newcomer leads the link now
-                self._log_event("demote", act[1], "secondary")
-            elif act[0] in ("stop", "resume"):
-                self._preempt(act[0], act[1])
-        if self.netem is not None and self.queues.primary() is None:
-            self.netem.set_primary(self.name, 0)
+            elif t is Demote:     # a shorter newcomer leads the link now
+                self._log_event("demote", sub, "secondary")
+            elif t is Stop:
+                self._log_event("stop", sub, "cpu")
+                self._signal(sub.job, signal.SIGSTOP)
+            elif t is Resume:
+                ident = self.xident.get(sub.job)
+                if act.tell and ident is not None:
+                    # before it runs on: it reads this after its COMP, so its
+                    # COMP time (its profile) does not count the other's COMP
+                    self._xsend(ident, M.encode("preempted", seq=sub.seq, seconds=act.stood))
+                self._log_event("resume", sub, "cpu")
+                self._signal(sub.job, signal.SIGCONT)
+        if self.netem is not None:
+            prim = self.core.primary()
+            token = job_token(prim.job) if prim is not None else 0
+            if token != self._netem_primary:
+                self.netem.set_primary(self.name, token)
+                self._netem_primary = token
+
+    def _grant(self, sub: Sub, role: str) -> None:
+        ident = self.xident.get(sub.job)
+        if ident is not None:
+            self._xsend(ident, M.encode("grant", seq=sub.seq, role=role))
 
     def _xsend(self, ident: bytes, payload: bytes) -> None:
         try:
@@ -603,21 +601,22 @@ class Daemon:
             log.warning("executor unreachable: %s", exc)
 
     def _drop(self, job: str) -> None:
-        now = time.time()
-        for key in [k for k in self._running if k[0] == job]:
-            start, kind = self._running.pop(key)
-            self.busy[kind] += now - start
+        """The job left this machine's queues (killed, relaunched)."""
         self.xident.pop(job, None)
-        self.pending.pop(job, None)
-        self.deferred.pop(job, None)
-        for key in [k for k in self._stopped_at if k[0] == job]:
-            del self._stopped_at[key]
-        self._apply(self.queues.drop_job(job))
+        self._apply(self.core.left(job, self.clock()))
+
+    def _mine(self, ident: bytes, msg: M.Message) -> ExecProc | None:
+        """The executor process that sent ``msg`` (its job, attempt and
+        socket identity), or None."""
+        ep = self.execs.get(msg["job"])
+        if ep is None or ep.attempt != msg["attempt"] or ep.ident() != ident:
+            return None
+        return ep
 
     def _handle_exec(self, frames: list[bytes]) -> None:
         ident = frames[0]
         try:
-            msg = M.decode(frames[1:])
+            msg = M.decode(frames[1:], EXEC_LIMITS)
         except M.ProtocolError as exc:
             log.warning("malformed message from an executor: %s", exc)
             return self._xsend(ident, M.error("bad_message", str(exc)))
@@ -626,29 +625,30 @@ class Daemon:
             if ep is None or ep.attempt != msg["attempt"]:
                 return self._xsend(ident, M.encode("abort", reason="not an executor of this machine"))
             self.xident[msg["job"]] = ident
-            ep.loaded = True
+            acts = self.core.ready(msg["job"], self.clock())
             if self.memory_set:
                 self._check_memory()     # at once: it may be over with its input alone
-            for payload in self.pending.pop(msg["job"], []):
-                self._xsend(ident, payload)
+            self._apply(acts)
         elif msg.type == "sub_done":
             if self.xident.get(msg["job"]) != ident:
                 return self._xsend(ident, M.error("unexpected", "sub_done from a stranger"))
-            key = (msg["job"], msg["seq"])
             try:
-                acts = self.queues.done(*key)
+                acts = self.core.done(msg["job"], msg["seq"], self.clock())
             except QueueError as exc:
                 return self._xsend(ident, M.error("bad_request", str(exc)))
-            # (a COMP that ended just before its stop is no longer "running")
-            start, kind = self._running.pop(key, (None, "cpu" if key in self._stopped_at
-                                                  else "?"))
-            if start is not None:
-                self.busy[kind] += time.time() - start
-            self._log_event("done", Sub(msg["job"], msg["seq"], kind))
-            nxt = self.deferred.pop(msg["job"], None)
-            if nxt is not None:
-                acts += self.queues.enqueue(nxt)
             self._apply(acts)
+        elif msg.type == "mem_query":
+            if self._mine(ident, msg) is None:
+                return self._xsend(ident, M.error("unexpected", "mem_query from a stranger"))
+            v = self.core.memory_view(msg["job"], self.clock())
+            self._xsend(ident, M.encode("mem_state", rid=msg["rid"], budget=v.budget,
+                                        others_bytes=v.others_bytes,
+                                        others_count=v.others_count, age=v.age,
+                                        others_starved=v.others_starved))
+        elif msg.type == "alpha_state":
+            if self._mine(ident, msg) is None:
+                return self._xsend(ident, M.error("unexpected", "alpha_state from a stranger"))
+            self.core.alpha_state(msg["job"], msg["alpha"], msg["starved"], self.clock())
         else:
             self._xsend(ident, M.error("unexpected", f"the daemon does not accept {msg.type!r}"))
 
@@ -670,17 +670,13 @@ class Daemon:
         eg = ing = 0.0
         if self.netem is not None:
             eg, ing, _ = self.netem.counters(self.name)
-        running = {"cpu": 0.0, "net": 0.0}
-        for start, kind in self._running.values():
-            running[kind] += now - start
-        cur = {"t": now, "eg": eg, "in": ing,
-               "q_cpu": self.busy["cpu"] + running["cpu"],
-               "q_net": self.busy["net"] + running["net"]}
+        q_cpu, q_net = self.core.busy(self.clock())
+        cur = {"t": now, "eg": eg, "in": ing, "q_cpu": q_cpu, "q_net": q_net}
         prev, self._stats_prev = self._stats_prev, cur
         if prev is None:
             return {"t": now}
         dt = max(now - prev["t"], 1e-6)
-        mem = sum(self._exec_memory().values())
+        mem = sum(self._exec_memory(self.core.memory_jobs(loaded_only=True)).values())
         out = {"t": now, "dt": dt, "cpu": min(1.0, max(0.0, dcpu) / (dt * self.cpus)),
                "mem": mem / self.memory,
                "q_cpu": min(1.0, (cur["q_cpu"] - prev["q_cpu"]) / dt),

@@ -24,12 +24,18 @@ from harmony.comm import security
 from harmony.comm.zmqutil import bind_random, make_socket
 from harmony.store.checkpoint import CheckpointError, CheckpointStore
 from harmony.store.staging import ChunkStore, StagingError
-from harmony.store.transfer import Assembler, Payload, TransferError, send_payloads
+from harmony.store.transfer import (CHUNK_BYTES, Assembler, Payload, TransferError,
+                                    send_payloads)
 from harmony.worker import jobckpt
 
 log = logging.getLogger("harmony.data")
 
 MAX_PENDING_BYTES = 4 << 30    # half-received replicas held at once
+#: the largest frame the service reads (ZMQ_MAXMSGSIZE: a larger one
+#: disconnects its sender before it is buffered): a block chunk is at most
+#: CHUNK_BYTES; headers (a chunk's, with its payload's array list; a fetch's
+#: list of wanted blocks) are far below the extra MiB
+MAX_FRAME_BYTES = CHUNK_BYTES + (1 << 20)
 
 
 class DataService:
@@ -38,6 +44,7 @@ class DataService:
         self.chunks = ChunkStore(state_dir)      # staged input (harmony data put)
         self.sock = make_socket(ctx, zmq.ROUTER)
         self.sock.setsockopt(zmq.SNDTIMEO, 60_000)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.endpoint = bind_random(self.sock, host)
         self.asm = Assembler(MAX_PENDING_BYTES)
         self.incoming: dict[str, dict[tuple[str, int], bytes]] = {}

@@ -17,7 +17,6 @@ shard is spilled during COMP too.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -107,21 +106,23 @@ def _call(view, fn):
 
 class MachineMemory:
     """This machine's memory budget (``harmony-worker --memory``) and what
-    its executors use (anonymous RSS, psutil over the daemon's children)."""
+    its executors use (anonymous RSS, psutil over the daemon's children).
+    ``query``: asks the daemon for its latest sample (``mem_query`` ->
+    ``mem_state``), None when it does not answer."""
 
-    def __init__(self, spec: dict) -> None:
+    def __init__(self, spec: dict, query=None) -> None:
         self.budget = int(spec.get("memory") or psutil.virtual_memory().total)
         self.explicit = bool(spec.get("memory_set"))
         self.daemon_pid = spec.get("daemon_pid") or os.getppid()
-        self.memory_file = spec.get("memory_file")
+        self.query = query if self.explicit and spec.get("daemon") else None
         self._others = (0, 0)
         self._at = self._loading_at = -1e9
         self._loading = 0
 
     def others(self, max_age: float = 1.0) -> tuple[int, int]:
         """(bytes, count) of the machine's other executors whose input is
-        loaded: from the daemon's latest sample (``STATE/memory.json``, what
-        its OOM killer counts) when fresh, else measured here (then executors
+        loaded: from the daemon's latest sample (``mem_state``) when fresh,
+        else measured here (then executors
         still reading their input count too). Cached ``max_age`` seconds."""
         now = time.monotonic()
         if now - self._at > max_age:
@@ -144,18 +145,12 @@ class MachineMemory:
         return self._loading
 
     def _from_daemon(self) -> tuple[int, int] | None:
-        if not self.memory_file:
+        if self.query is None:
             return None
-        try:
-            with open(self.memory_file) as fh:
-                doc = json.load(fh)
-            if time.time() - float(doc["t"]) > 2.0:
-                return None
-            me = str(os.getpid())
-            others = [int(v) for pid, v in doc["executors"].items() if pid != me]
-            return sum(others), len(others)
-        except (OSError, ValueError, KeyError, TypeError):
+        st = self.query()
+        if st is None or st.get("age") is None or st["age"] > 2.0:
             return None
+        return st["others_bytes"], st["others_count"]
 
     def effective(self, used: int) -> int:
         """The budget, capped by what the machine really has left."""
@@ -210,7 +205,8 @@ class Executor:
         self.stood = 0.0      # seconds its COMPs stood stopped (CPU preemption)
         self._held: list[M.Message] = []   # daemon messages read early
         # the block store
-        self.mem = MachineMemory(spec)
+        self.mem = MachineMemory(spec, query=self._daemon_memory)
+        self._rid = 0
         self.storage: JobStorage | None = None
         self.input: LocalInput | None = None
         self.table: ShardTable | None = None
@@ -536,9 +532,11 @@ class Executor:
         if not opts.spill:
             used, _ = self.mem.others(max_age=0)
             limit = B - used - base
-        elif disk_ratio(opts) is not None:
-            limit = None            # fixed α: placed after reading
         else:
+            # adaptive α, or a fixed one placed after reading: either way the
+            # blocks beyond this go to disk as they are read, so that reading
+            # the input stays under the budget (the daemon's OOM killer counts
+            # an executor from its start)
             limit = int(THRESHOLDS.target * B) - self._others_share() - base
         return {"memory_limit": None if limit is None else max(0, limit),
                 "spill": opts.spill, "budget_note": self._budget_note()}
@@ -638,44 +636,52 @@ class Executor:
                       "reason": self.note})
         return stats
 
-    # Co-located jobs see each other's α state through small files next to
-    # their stores (STATE/store/JOB/alpha.json): a job whose reloads stall
-    # and that finds no memory to keep more blocks is "starved", and jobs
-    # whose reloads hide behind their compute then take more disk-blocks.
-    STARVED_FRESH_S = 10.0
+    # Co-located jobs see each other's α state through their daemon
+    # (``alpha_state`` in, ``mem_state.others_starved`` out): a job whose
+    # reloads stall and that finds no memory to keep more blocks is
+    # "starved", and jobs whose reloads hide behind their compute then take
+    # more disk-blocks.
+    DAEMON_REPLY_S = 1.0      # a daemon that does not answer in this long: no news
 
     def _publish(self, alpha: float, starved: bool) -> None:
-        if self.storage is None:
+        if not self.spec.get("daemon"):
             return
-        path = os.path.join(self.storage.dir, "alpha.json")
         try:
-            with open(path + ".tmp", "w") as fh:
-                json.dump({"pid": os.getpid(), "t": time.time(), "alpha": alpha,
-                           "starved": bool(starved)}, fh)
-            os.replace(path + ".tmp", path)
-        except OSError as exc:
+            self.dsock.send(M.encode("alpha_state", job=self.job, attempt=self.attempt,
+                                     alpha=float(alpha), starved=bool(starved)), zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
             log.debug("cannot publish alpha state: %s", exc)
 
     def _others_starved(self) -> bool:
-        if self.storage is None:
-            return False
-        root = os.path.dirname(self.storage.dir)
-        now = time.time()
+        st = self._daemon_memory()
+        return bool(st is not None and st["others_starved"])
+
+    def _daemon_memory(self) -> dict | None:
+        """The daemon's ``mem_state`` for this executor (None: no daemon, or
+        no answer in DAEMON_REPLY_S). Other daemon messages read meanwhile
+        (grants, preemption news) are kept for :meth:`_sub`."""
+        if not self.spec.get("daemon"):
+            return None
+        self._rid += 1
+        rid = self._rid
         try:
-            names = os.listdir(root)
-        except OSError:
-            return False
-        for name in names:
-            if name == self.job:
-                continue
-            try:
-                with open(os.path.join(root, name, "alpha.json")) as fh:
-                    doc = json.load(fh)
-                if doc.get("starved") and now - float(doc["t"]) < self.STARVED_FRESH_S:
-                    return True
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-        return False
+            self.dsock.send(M.encode("mem_query", job=self.job, attempt=self.attempt, rid=rid),
+                            zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return None
+        deadline = time.monotonic() + self.DAEMON_REPLY_S
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.dsock.poll(int(left * 1000) + 1):
+                return None
+            msg = M.decode(self.dsock.recv_multipart())
+            if msg.type == "mem_state":
+                if msg["rid"] == rid:
+                    return msg.fields
+            elif msg.type == "preempted":
+                self.stood += msg["seconds"]
+            else:
+                self._held.append(msg)
 
     def _fail(self, error: str) -> None:
         log.error("job failed: %s", error)

@@ -26,11 +26,15 @@ network-heavy job's 30 ms COMP waits up to a whole 250 ms COMP of its
 CPU-heavy partner, and its long transfer starts that much later; the
 partner loses only the 30 ms. Still only one COMP runs at a time.
 
-Every call returns the actions for the I/O shell to carry out:
-``("grant", Sub, role)`` with role "cpu", "primary" or "secondary", and
-``("promote", Sub)`` when a running secondary becomes primary, and
-``("demote", Sub)`` when a shorter newcomer takes the primary role from it,
-``("stop", Sub)`` and ``("resume", Sub)`` for a preempted COMP.
+Every call returns the actions (typed records, in the order they are to be
+carried out): :class:`Grant` ``(sub, role)`` with role "cpu", "primary" or
+"secondary"; :class:`Promote` ``(sub)`` when a running secondary becomes
+primary; :class:`Demote` ``(sub)`` when a shorter newcomer takes the primary
+role from it; :class:`Stop` ``(sub)`` and :class:`Resume` ``(sub)`` for a
+preempted COMP. The daemon's protocol core
+(:mod:`harmony.worker.daemon_core`) wraps this queue and adds the state
+around it (executors not ready yet, enqueues that overtook a release, the
+time a preempted COMP stood); it is what the daemon and the simulator drive.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from collections import deque
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sub:
     job: str
     seq: int
@@ -48,6 +52,50 @@ class Sub:
 
 class QueueError(ValueError):
     pass
+
+
+# -- actions ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """``sub`` holds a slot from now: role "cpu", "primary" or "secondary".
+    ``held`` (set by the daemon core only): its executor is not ready yet;
+    the grant reaches it later, as a :class:`Deliver`."""
+    sub: Sub
+    role: str
+    held: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Promote:
+    """The running secondary ``sub`` is the primary now."""
+    sub: Sub
+
+
+@dataclass(frozen=True, slots=True)
+class Demote:
+    """The running primary ``sub`` is the secondary now (a shorter one leads)."""
+    sub: Sub
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop the running COMP ``sub`` (CPU preemption): a short COMP runs."""
+    sub: Sub
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Continue the stopped COMP ``sub``. Filled in by the daemon core:
+    ``stood``, the seconds it stood stopped; ``tell``: it goes on as the
+    running COMP and its executor is ready, so the executor is told
+    ``stood`` (False when its COMP had ended just before the stop reached
+    it: it is only continued, and holds no slot)."""
+    sub: Sub
+    stood: float = 0.0
+    tell: bool = False
+
+
+Action = Grant | Promote | Demote | Stop | Resume
 
 
 PREEMPT_RATIO = 4.0   # a COMP preempts one expected to run >= this many times longer
@@ -64,38 +112,46 @@ class ResourceQueues:
         self.preempt = preempt
         self.net_run: list[Sub] = []        # [primary, secondary]
         self.net_slots = net_slots
+        self._of: dict[str, Sub] = {}       # job -> its subtask here (queued or running)
 
-    def enqueue(self, sub: Sub) -> list[tuple]:
+    def enqueue(self, sub: Sub) -> list:
         if sub.kind not in ("cpu", "net"):
             raise QueueError(f"unknown subtask kind {sub.kind!r}")
-        if self._find(sub.job) is not None:
-            raise QueueError(f"job {sub.job} already has subtask {self._find(sub.job)} queued")
+        cur = self._of.get(sub.job)
+        if cur is not None:
+            raise QueueError(f"job {sub.job} already has subtask {cur} queued")
+        self._of[sub.job] = sub
         (self.cpu_wait if sub.kind == "cpu" else self.net_wait).append(sub)
         return self._grant()
 
-    def done(self, job: str, seq: int) -> list[tuple]:
-        if self.cpu_run is not None and (self.cpu_run.job, self.cpu_run.seq) == (job, seq):
+    def done(self, job: str, seq: int) -> list:
+        run = self.cpu_run
+        if run is not None and run.seq == seq and run.job == job:
             self.cpu_run = None
+            del self._of[job]
             return self._grant()
-        if self.cpu_stopped is not None and \
-                (self.cpu_stopped.job, self.cpu_stopped.seq) == (job, seq):
+        stopped = self.cpu_stopped
+        if stopped is not None and stopped.seq == seq and stopped.job == job:
             # it had ended just before the stop reached it: let it go on
             self.cpu_stopped = None
-            return [("resume", Sub(job, seq, "cpu"))]
+            del self._of[job]
+            return [Resume(stopped)]
         for i, s in enumerate(self.net_run):
-            if (s.job, s.seq) == (job, seq):
+            if s.seq == seq and s.job == job:
                 del self.net_run[i]
-                acts: list[tuple] = []
+                del self._of[job]
+                acts: list = []
                 if i == 0 and self.net_run:
-                    acts.append(("promote", self.net_run[0]))
+                    acts.append(Promote(self.net_run[0]))
                 return acts + self._grant()
         raise QueueError(f"job {job} subtask {seq} is not running here")
 
-    def drop_job(self, job: str) -> list[tuple]:
+    def drop_job(self, job: str) -> list:
         """Forget a job (failed, cancelled, killed): free its slots."""
+        self._of.pop(job, None)
         self.cpu_wait = deque(s for s in self.cpu_wait if s.job != job)
         self.net_wait = deque(s for s in self.net_wait if s.job != job)
-        acts: list[tuple] = []
+        acts: list = []
         if self.cpu_stopped is not None and self.cpu_stopped.job == job:
             self.cpu_stopped = None
         if self.cpu_run is not None and self.cpu_run.job == job:
@@ -103,48 +159,41 @@ class ResourceQueues:
         was_primary = bool(self.net_run) and self.net_run[0].job == job
         self.net_run = [s for s in self.net_run if s.job != job]
         if was_primary and self.net_run:
-            acts.append(("promote", self.net_run[0]))
+            acts.append(Promote(self.net_run[0]))
         return acts + self._grant()
 
     def current(self, job: str) -> Sub | None:
         """The job's subtask that is queued or running here, if any."""
-        return self._find(job)
+        return self._of.get(job)
 
-    def _find(self, job: str) -> Sub | None:
-        for s in (self.cpu_run, self.cpu_stopped, *self.net_run, *self.cpu_wait,
-                  *self.net_wait):
-            if s is not None and s.job == job:
-                return s
-        return None
-
-    def _grant(self) -> list[tuple]:
-        acts: list[tuple] = []
+    def _grant(self) -> list:
+        acts: list = []
         head = self.cpu_wait[0] if self.cpu_wait else None
         if self.cpu_run is None and self.cpu_stopped is not None and not (
                 head and self._bypasses(head, self.cpu_stopped)):
             self.cpu_run, self.cpu_stopped = self.cpu_stopped, None    # it goes on
-            acts.append(("resume", self.cpu_run))
+            acts.append(Resume(self.cpu_run))
         elif self.cpu_run is None and head:
             self.cpu_run = self.cpu_wait.popleft()
             if self.cpu_stopped is not None:
                 self.bypassed += 1
-            acts.append(("grant", self.cpu_run, "cpu"))
+            acts.append(Grant(self.cpu_run, "cpu"))
         elif head and self.cpu_stopped is None and self._bypasses(head, self.cpu_run):
             # the next COMP is short next to the running one: stop the long
             # one while the short one runs (one level deep, grants stay FIFO)
             self.cpu_stopped, self.cpu_run = self.cpu_run, self.cpu_wait.popleft()
             self.bypassed = 1
-            acts += [("stop", self.cpu_stopped), ("grant", self.cpu_run, "cpu")]
+            acts += [Stop(self.cpu_stopped), Grant(self.cpu_run, "cpu")]
         while len(self.net_run) < self.net_slots and self.net_wait:
             s = self.net_wait.popleft()
             if self.net_run and 0 < s.prio < self.net_run[0].prio:
                 # shorter than the running primary: it leads the link
-                acts.append(("demote", self.net_run[0]))
+                acts.append(Demote(self.net_run[0]))
                 self.net_run.insert(0, s)
-                acts.append(("grant", s, "primary"))
+                acts.append(Grant(s, "primary"))
             else:
                 self.net_run.append(s)
-                acts.append(("grant", s, "primary" if len(self.net_run) == 1 else "secondary"))
+                acts.append(Grant(s, "primary" if len(self.net_run) == 1 else "secondary"))
         return acts
 
     def _bypasses(self, short: Sub, long: Sub) -> bool:
