@@ -269,7 +269,10 @@ class MasterCore:
                 self._check_liveness(now)
             if self._dirty:
                 self._dirty = False
-                self._schedule()
+                try:
+                    self._schedule()
+                except Exception:   # a policy bug must not stop the master
+                    log.exception("the scheduler failed; its decision is skipped")
         elif kind is Malformed:
             self.bad_messages += 1
             self._say("malformed", "malformed message from %r: %s", event.ident[:64], event.error)

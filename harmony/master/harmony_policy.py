@@ -103,11 +103,17 @@ def harmony(view: ClusterView) -> Decision:
     # what runs now (finished jobs still in their groups, for on_completion)
     members: dict[str, list[str]] = {}
     machines: dict[str, list[str]] = {}
+    owner: dict[str, str] = {}      # machine -> its group: groups never share a machine
     for j in view.active + view.finished:
         gid = _gid(j)
         members.setdefault(gid, []).append(j.id)
         ms = machines.setdefault(gid, [])
-        ms.extend(m for m in j.workers if m in alive and m not in ms)
+        for m in j.workers:
+            # a finished job's machines may already serve another group (and
+            # a job caught between two groups counts in its first): U and the
+            # plans count each machine once
+            if m in alive and owner.setdefault(m, gid) == gid and m not in ms:
+                ms.append(m)
     cur = Current(tuple(RunningGroup(g, tuple(members[g]), tuple(machines[g]))
                         for g in members if machines[g]), live)
     before = {j.id: frozenset(j.workers) for j in view.active}

@@ -195,6 +195,10 @@ def place(groups: Sequence[PlannedGroup], current: Current,
     for pi, p in enumerate(groups):
         if pi not in match:
             out[pi], pool = tuple(pool[:p.machines]), pool[p.machines:]
+    short = [pi for pi, p in enumerate(groups) if len(out[pi]) != p.machines]
+    if short:       # a bug, never a group without machines (a division by zero later)
+        raise ValueError(f"place: planned groups {short} got {[len(out[i]) for i in short]} "
+                         f"machine(s), not {[groups[i].machines for i in short]}")
     ids = _fresh_ids({o.id for o in current.groups})
     return tuple(RunningGroup(olds[match[pi]].id if pi in match else next(ids),
                               p.jobs, out[pi]) for pi, p in enumerate(groups))

@@ -1,0 +1,620 @@
+"""A discrete-event simulator that drives the real master core.
+
+Nothing here decides anything: :class:`harmony.master.core.MasterCore` (the
+same class the master process runs) receives the messages simulated daemons
+and executors would send, in simulated time, and its commands are carried
+out by simulated machines. Each machine runs the same pure subtask queues
+as a worker daemon (:class:`harmony.worker.daemon_core.DaemonCore`) in the
+harmony mode; in the isolated and naive modes executors run their subtasks
+freely and share the machine's CPU and link (the contention model,
+:class:`Contention`).
+
+What a simulated executor does follows ``harmony/worker/executor.py``:
+``exec_ready`` after a start-up delay; per iteration a PULL (net), a COMP
+(cpu) and a PUSH (net), each reported to the master's synchronizer
+(``sync``) and granted by the machine's queues in queued mode, or separated
+by barriers (``barrier``/``release``) in free mode; an evaluation (net + cpu)
+at each epoch end, ``epoch_done`` with the epoch's timings, ``epoch_report``
+from executor 0, and the checkpoints, pauses and live resizes the master
+asks for (``epoch_sums``), with their transfer times.
+
+Durations come from each job's profile (:class:`SimJob`): per-iteration
+seconds of COMP and of PULL+PUSH on one machine at DoP ``m``.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from harmony.comm import messages as M
+from harmony.master import core as C
+from harmony.sim.contention import CALIBRATED, ContentionModel
+from harmony.worker.daemon_core import DaemonCore, Deliver
+from harmony.worker.queues import Demote, Grant, Promote, Resume, Stop, Sub
+
+log = logging.getLogger("harmony.sim")
+
+INF = float("inf")
+
+
+@dataclass
+class SimJob:
+    """What the engine needs of a job: its profile as a function of DoP."""
+    id: str                         # the trace's job id
+    app: str
+    arrival: float                  # s
+    epochs: int
+    machines: int                   # requested DoP
+    iters: int                      # iterations per epoch (if no plan)
+    profile: Callable[[int], tuple[float, float]]   # m -> (t_cpu, t_net) per iteration
+    eval_cpu: float = 0.0           # s per epoch at DoP 1 (the objective's pass)
+    bytes: float = 0.0              # PULL + PUSH bytes per iteration of one machine
+    link: float = 0.0               # bytes/s of its links (what executors report)
+    model_bytes: float = 0.0
+    input_bytes: float = 0.0
+    error: float = 0.0              # relative error injected into what it reports
+    # per epoch: (simulated iterations, real iterations each); default
+    # ``epochs`` x (``iters``, 1). A simulated iteration of k real ones runs
+    # k x the COMP and the COMM seconds (the simulation's grain).
+    plan: list[tuple[int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.plan:
+            self.plan = [(self.iters, 1)] * self.epochs
+        self.epochs = len(self.plan)
+
+
+@dataclass
+class Contention:
+    """The simulated machines: how subtasks share them, and what the
+    runtime's fixed costs are.
+
+    ``model``: without Harmony's queues, n COMPs (or n transfers) running at
+    once on a machine each progress at ``model.rate(kind, n)`` of their speed
+    alone (:mod:`harmony.sim.contention`: processor sharing plus an
+    interference factor calibrated from measured runs). ``secondary_share``:
+    the part of the link a secondary transfer gets while a primary runs in
+    Harmony's NET queue (the bandwidth the primary leaves idle).
+    ``startup``: seconds from launch to a ready executor, plus its input
+    part read at ``disk`` bytes/s; checkpoints write at ``disk`` and copy
+    their replica, and moved blocks cross links, at ``bandwidth``.
+    """
+    model: ContentionModel = field(default_factory=lambda: CALIBRATED)
+    secondary_share: float = 0.0
+    startup: float = 1.0            # s from launch to exec_ready
+    bandwidth: float = 1.25e9       # bytes/s per machine link (moves, checkpoints)
+    disk: float = 5e8               # bytes/s: checkpoint writes, input reads at launch
+
+
+@dataclass
+class Util:
+    bucket: float
+    cpu: list[float] = field(default_factory=list)    # busy machine-seconds per bucket
+    net: list[float] = field(default_factory=list)
+
+    def add(self, which: list[float], t0: float, t1: float) -> None:
+        b = self.bucket
+        i = int(t0 // b)
+        while t0 < t1:
+            end = min(t1, (i + 1) * b)
+            while len(which) <= i:
+                which.append(0.0)
+            which[i] += end - t0
+            t0, i = end, i + 1
+
+
+class _Res:
+    """One resource of one machine (its CPU or its link): the subtasks
+    using it progress at rates that depend on who else runs (processor
+    sharing), recomputed on every change."""
+    __slots__ = ("sim", "kind", "machine", "running", "last", "version", "busy_since")
+
+    def __init__(self, sim: "Simulator", kind: str, machine: "_Machine") -> None:
+        self.sim, self.kind, self.machine = sim, kind, machine
+        self.running: dict[Any, list] = {}     # key -> [remaining, rate, callback]
+        self.last = 0.0
+        self.version = 0
+        self.busy_since: float | None = None
+
+    def _advance(self, now: float) -> None:
+        dt = now - self.last
+        if dt > 0:
+            for r in self.running.values():
+                r[0] -= dt * r[1]
+            if any(r[1] > 0 for r in self.running.values()):
+                self.sim._busy(self.kind, self.last, now)
+        self.last = now
+
+    def start(self, key: Any, work: float, done: Callable[[], None], now: float) -> None:
+        self._advance(now)
+        self.running[key] = [max(0.0, work), 0.0, done]
+        self._reschedule(now)
+
+    def drop(self, key: Any, now: float) -> None:
+        self._advance(now)
+        if self.running.pop(key, None) is not None:
+            self._reschedule(now)
+
+    def set_rates(self, now: float) -> None:
+        self._advance(now)
+        self._reschedule(now)
+
+    def _reschedule(self, now: float) -> None:
+        self.machine.rates(self)
+        self.version += 1
+        nxt, who = INF, None
+        for key, r in self.running.items():
+            if r[1] > 0:
+                t = now + r[0] / r[1]
+                if t < nxt:
+                    nxt, who = t, key
+        if who is not None:
+            self.sim._at(nxt, self._fire, self.version)
+
+    def _fire(self, version: int) -> None:
+        if version != self.version:
+            return
+        now = self.sim.now
+        self._advance(now)
+        done = [k for k, r in self.running.items() if r[1] > 0 and r[0] <= 1e-9]
+        cbs = [self.running.pop(k)[2] for k in done]
+        self._reschedule(now)
+        for cb in cbs:
+            cb()
+
+
+class _Machine:
+    def __init__(self, sim: "Simulator", name: str, queued: bool) -> None:
+        self.sim, self.name = sim, name
+        self.ident = f"d:{name}".encode()
+        self.cpu = _Res(sim, "cpu", self)
+        self.net = _Res(sim, "net", self)
+        self.q = DaemonCore() if queued else None      # the daemon's own protocol core
+        self.execs: dict[str, "_Exec"] = {}       # job -> its executor here
+        self.roles: dict[tuple[str, int], str] = {}   # queued: running net subtask roles
+        self.stopped: set[tuple[str, int]] = set()
+
+    def rates(self, res: _Res) -> None:
+        c = self.sim.contention
+        run = res.running
+        n = len(run)
+        if not n:
+            return
+        if self.q is not None:            # Harmony's queues decide who runs
+            if res.kind == "cpu":
+                for key, r in run.items():
+                    r[1] = 0.0 if key in self.stopped else 1.0
+            else:
+                prim = self.q.primary()
+                pkey = (prim.job, prim.seq) if prim is not None else None
+                has_primary = pkey in run
+                for key, r in run.items():
+                    r[1] = 1.0 if key == pkey or not has_primary else c.secondary_share
+            return
+        rate = c.model.rate(res.kind, n)
+        for r in run.values():
+            r[1] = rate
+
+    # queue actions (harmony mode), as the daemon carries them out
+    def act(self, actions: list) -> None:
+        now = self.sim.now
+        for a in actions:
+            kind = type(a)
+            if kind is Grant or kind is Deliver:
+                if kind is Grant and a.held:
+                    continue            # delivered once its executor is ready
+                ex = self.execs.get(a.sub.job)
+                if ex is not None:
+                    ex.granted(a.sub.seq)
+            elif kind is Stop:
+                self.stopped.add((a.sub.job, a.sub.seq))
+                self.cpu.set_rates(now)
+            elif kind is Resume:
+                self.stopped.discard((a.sub.job, a.sub.seq))
+                self.cpu.set_rates(now)
+                ex = self.execs.get(a.sub.job)
+                if ex is not None and a.tell:
+                    ex.stood += a.stood
+            elif kind is Promote or kind is Demote:
+                self.net.set_rates(now)
+
+
+class _Exec:
+    """One simulated job executor (see harmony/worker/executor.py)."""
+
+    def __init__(self, sim: "Simulator", job: SimJob, jid: str, machine: _Machine, index: int,
+                 count: int, attempt: int, resume_epoch: int, join: bool) -> None:
+        self.sim, self.job, self.jid, self.machine = sim, job, jid, machine
+        self.index, self.count, self.attempt = index, count, attempt
+        self.ident = f"x:{jid}:{index}:{attempt}:{next(sim._ids)}".encode()
+        self.epoch = resume_epoch
+        self.it = 0
+        self.seq = 0
+        self.queued = False
+        self.step = 0              # 0 pull, 1 comp, 2 push; 3 eval pull, 4 eval comp
+        self.waiting: int | None = None     # the seq it waits a grant for
+        self.alive = True
+        self.stood = 0.0
+        self.tm: dict[str, float] = {}
+        self.t_epoch = 0.0
+        self.inputs: list[list] = []
+        self.join = join
+        self.pending_sums: dict | None = None
+        sim.execs[self.ident] = self
+
+    # -- messages from the master --------------------------------------------------
+    def on(self, mtype: str, f: dict) -> None:
+        if not self.alive:
+            return
+        if mtype == "job_start":
+            self.count = len(f["machines"])
+            self.queued = f["mode"] == "queued"
+            nb = self.sim.input_blocks
+            self.inputs = [[b, int(self.job.input_bytes / nb)] for b in range(nb)
+                           if b % self.count == self.index]
+            self._begin_epoch()
+        elif mtype == "epoch_sums":
+            self._after_epoch(f)
+        elif mtype == "release":
+            self._next_step()
+        elif mtype == "migrate":
+            self._migrate(f)
+        elif mtype == "reconfigured":
+            self.index, self.count = self.new
+            nb = self.sim.input_blocks
+            self.inputs = [[b, int(self.job.input_bytes / nb)] for b in range(nb)
+                           if b % self.count == self.index]
+            self._begin_epoch()
+        elif mtype in ("abort", "leave"):
+            self.kill()
+
+    def kill(self) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        m, now = self.machine, self.sim.now
+        m.cpu.drop((self.jid, self.seq), now)
+        m.net.drop((self.jid, self.seq), now)
+        if m.execs.get(self.jid) is self:
+            del m.execs[self.jid]
+            if m.q is not None:
+                m.act(m.q.left(self.jid, now))
+        self.sim.execs.pop(self.ident, None)
+
+    # -- the epoch loop --------------------------------------------------------------
+    def _begin_epoch(self) -> None:
+        self.tm = {"pull": 0.0, "comp": 0.0, "push": 0.0, "eval": 0.0}
+        self.t_epoch = self.sim.now
+        self.stood0 = self.stood
+        self.it, self.step = 0, 0
+        self._sub()
+
+    def _sub(self) -> None:
+        """Start the current step's subtask (after the synchronizer's grant)."""
+        kind = "cpu" if self.step in (1, 4) else "net"
+        if not self.queued:
+            return self._run(kind)
+        self.seq += 1
+        self.waiting = self.seq           # its grant may come back at once
+        self.sim._send_master(self, "sync", seq=self.seq - 1, next=kind)
+
+    def granted(self, seq: int) -> None:
+        if self.waiting != seq or not self.alive:
+            return
+        self.waiting = None
+        self._run("cpu" if self.step in (1, 4) else "net")
+
+    def _run(self, kind: str) -> None:
+        t_cpu, t_net = self.job.profile(self.count)
+        k = self.job.plan[self.epoch][1]
+        if self.step == 0 or self.step == 2:
+            work = k * t_net / 2
+        elif self.step == 1:
+            work = k * t_cpu
+        elif self.step == 3:
+            work = t_net / 2            # the evaluation pulls the model once
+        else:
+            work = self.job.eval_cpu / self.count
+        res = self.machine.cpu if kind == "cpu" else self.machine.net
+        t0 = self.sim.now
+        res.start((self.jid, self.seq), work, lambda: self._ran(kind, t0), t0)
+
+    def _ran(self, kind: str, t0: float) -> None:
+        if not self.alive:
+            return
+        took = self.sim.now - t0
+        name = ("pull", "comp", "push", "eval", "eval")[self.step]
+        self.tm[name] += took
+        if self.queued:
+            m = self.machine
+            if m.q is not None:
+                m.act(m.q.done(self.jid, self.seq, self.sim.now))
+            self._next_step()
+        elif self.step in (0, 2):      # strict BSP: a barrier after PULL and after PUSH
+            self.sim._send_master(self, "barrier", epoch=self.epoch,
+                                  iter=2 * self.it + (self.step == 2))
+        else:
+            self._next_step()
+
+    def _next_step(self) -> None:
+        if not self.alive:
+            return
+        if self.step == 2:
+            self.it += 1
+            self.step = 0 if self.it < self.job.plan[self.epoch][0] else \
+                3 if self.job.eval_cpu > 0 else None
+            if self.step is None:
+                return self._epoch_done()
+        elif self.step == 4:
+            return self._epoch_done()
+        else:
+            self.step += 1
+        self._sub()
+
+    def _epoch_done(self) -> None:
+        n, k = self.job.plan[self.epoch]
+        tm, iters = self.tm, float(n * k)
+        stood = self.stood - self.stood0
+        e = 1.0 + self.job.error
+        timings = {"pull": tm["pull"] * e, "push": tm["push"] * e,
+                   "comp": max(0.0, tm["comp"] - stood) * e, "stood": stood,
+                   "train": (self.sim.now - self.t_epoch) * e, "iters": iters,
+                   "eval": tm["eval"], "bytes": self.job.bytes * iters * e,
+                   "link": self.job.link, "sync": 0.0}
+        self.sim._send_master(self, "epoch_done", epoch=self.epoch,
+                              sums={"objective": 0.0}, timings=timings)
+
+    def _after_epoch(self, f: dict) -> None:
+        stop = self.epoch + 1 >= self.job.epochs
+        if self.index == 0:
+            self.sim._send_master(self, "epoch_report", epoch=self.epoch,
+                                  metrics={"objective": float(self.job.epochs - self.epoch)},
+                                  stop=stop)
+        ep = self.epoch
+        self.epoch += 1
+        if stop:
+            self.sim._later(self._ckpt_seconds(), self._finish, ep)
+            return
+        if f.get("checkpoint") or f.get("pause"):
+            secs = self._ckpt_seconds()
+            if f.get("pause"):
+                return self.sim._later(secs, self._paused, ep)
+            self.sim._later(secs, self._ckpt_part, ep)
+        if f.get("reconfig"):
+            return self.sim._send_master(self, "at_boundary", epoch=ep, seq=self.seq,
+                                         inputs=self.inputs)
+        self._begin_epoch()
+
+    def _ckpt_seconds(self) -> float:
+        c = self.sim.contention
+        part = (self.job.model_bytes + self.job.input_bytes) / self.count
+        return part / c.disk + part / c.bandwidth
+
+    def _finish(self, ep: int) -> None:
+        part = int((self.job.model_bytes + self.job.input_bytes) / self.count)
+        self.sim._send_master(self, "ckpt_final", epoch=ep, version=1, bytes=part)
+        self.sim._send_master(self, "exec_finished")
+        self.kill()
+
+    def _paused(self, ep: int) -> None:
+        part = int((self.job.model_bytes + self.job.input_bytes) / self.count)
+        self.sim._send_master(self, "exec_paused", attempt=self.attempt, epoch=ep, version=1,
+                              bytes=part)
+        self.kill()
+
+    def _ckpt_part(self, ep: int) -> None:
+        if self.alive:
+            part = int((self.job.model_bytes + self.job.input_bytes) / self.count)
+            self.sim._send_master(self, "ckpt_part", epoch=ep, version=1, bytes=part)
+
+    def _migrate(self, f: dict) -> None:
+        """Send the blocks the plan moves away, receive the ones it moves
+        here; the link is the bottleneck (bytes out or in, the larger)."""
+        nb, mb = self.sim.input_blocks, self.sim.model_blocks
+        size = {"input": self.job.input_bytes / nb, "model": self.job.model_bytes / mb}
+        out = sum(size[k] for k, _, _ in f["sends"])
+        inn = size["model"] * f["expect"]      # an estimate: expect counts blocks
+        self.new = (f["index"], f["count"])    # in force once reconfigured
+        self.seq = f["seq"]
+        self.queued = f["mode"] == "queued"
+        moved = {b for k, b, _ in f["sends"] if k == "input"}
+        self.inputs = [x for x in self.inputs if x[0] not in moved]
+        secs = max(out, inn) / self.sim.contention.bandwidth
+        self.sim._later(secs, lambda: self.sim._send_master(
+            self, "migrated", bytes_out=int(out), bytes_in=int(inn), seconds=secs))
+        self.epoch = f["epoch"] + 1
+
+
+class Simulator:
+    """Simulate ``jobs`` on ``machines`` machines under ``policy`` and
+    ``mode`` (the master's own policy and mode names)."""
+
+    def __init__(self, jobs: list[SimJob], machines: int, policy: str | None = None,
+                 mode: str = "harmony", contention: Contention | None = None,
+                 cpus: int = 16, memory: int = 64 << 30, bucket: float = 10.0,
+                 max_jobs_per_machine: int = 0, input_blocks: int = 16,
+                 model_blocks: int = 16, progress: Callable[[float], None] | None = None,
+                 horizon: float = 1e9) -> None:
+        self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
+        self.contention = contention or Contention()
+        self.core = C.MasterCore(policy=policy, mode=mode, heartbeat_timeout=INF,
+                                 launch_timeout=INF, max_jobs_per_machine=max_jobs_per_machine,
+                                 liveness_every=INF)
+        self.mode, self.policy = mode, self.core.policy_name
+        queued = self.core.queued
+        self.machines = {f"m{i}": _Machine(self, f"m{i}", queued) for i in range(machines)}
+        self.by_ident = {m.ident: m for m in self.machines.values()}
+        self.cpus, self.memory = cpus, memory
+        self.input_blocks, self.model_blocks = input_blocks, model_blocks
+        self.execs: dict[bytes, _Exec] = {}
+        self.util = Util(bucket)
+        self.now = 0.0
+        self._q: list = []
+        self._n = itertools.count()
+        self._ids = itertools.count()
+        self.by_job: dict[str, SimJob] = {}     # master job id -> trace job
+        self.trace_of: dict[str, str] = {}
+        self.decisions: list[dict] = []
+        self.messages = 0
+        self.progress = progress
+        self.horizon = horizon
+        self._client = b"client"
+        self._seq = 0
+
+    # -- the event queue ---------------------------------------------------------------
+    def _at(self, t: float, fn: Callable, *args: Any) -> None:
+        heapq.heappush(self._q, (t, next(self._n), fn, args))
+
+    def _later(self, dt: float, fn: Callable, *args: Any) -> None:
+        self._at(self.now + dt, fn, *args)
+
+    def _busy(self, kind: str, t0: float, t1: float) -> None:
+        self.util.add(self.util.cpu if kind == "cpu" else self.util.net, t0, t1)
+
+    # -- talking to the core -------------------------------------------------------------
+    def _deliver(self, ident: bytes, mtype: str, fields: dict, role: str = "",
+                 name: str = "") -> None:
+        self.messages += 1
+        self._carry(self.core.handle(C.Received(ident, M.Message(mtype, fields, [])),
+                                     self.now))
+
+    def _send_master(self, ex: _Exec, mtype: str, **fields: Any) -> None:
+        fields["job"], fields["index"] = ex.jid, ex.index
+        self._deliver(ex.ident, mtype, fields)
+
+    def _carry(self, commands: list) -> None:
+        for cmd in commands:
+            kind = type(cmd)
+            if kind is C.Send:
+                self._route(cmd)
+            elif kind is C.Admit:
+                self._seq += 1
+                cmd.job.id = f"job-{self._seq:04d}"
+                self.by_job[cmd.job.id] = self._pending_submit
+                self._carry(self.core.handle(C.Admitted(cmd.ident, cmd.job), self.now))
+            elif kind is C.Record:
+                if cmd.stream == "decisions":
+                    self.decisions.append(cmd.obj)
+
+    def _route(self, cmd: C.Send) -> None:
+        to, f = cmd.to, cmd.fields
+        ex = self.execs.get(to)
+        if ex is not None:
+            return ex.on(cmd.type, f)
+        m = self.by_ident.get(to)
+        if m is None:
+            return          # a reply to the client, or to an executor that is gone
+        t = cmd.type
+        if t == "launch":
+            job = self.by_job[f["job"]]
+            if f.get("join"):
+                ex = _Exec(self, job, f["job"], m, f["index"], f["count"], f["attempt"], 0,
+                           True)
+                m.execs[f["job"]] = ex
+                self._later(self._startup(job, f["count"]), self._ready, ex, True)
+                return
+            old = m.execs.get(f["job"])
+            if old is not None:
+                old.kill()
+            resume = (f.get("resume") or {}).get("epoch", 0)
+            ex = _Exec(self, job, f["job"], m, f["index"], f["count"], f["attempt"], resume,
+                       False)
+            m.execs[f["job"]] = ex
+            self._later(self._startup(job, f["count"]), self._ready, ex, False)
+        elif t == "enqueue":
+            if m.q is not None and f["job"] in m.execs:
+                m.act(m.q.enqueue(Sub(f["job"], f["seq"], f["kind"], f["prio"]), self.now))
+        elif t == "kill":
+            ex = m.execs.get(f["job"])
+            if ex is not None:
+                ex.kill()
+
+    def _startup(self, job: SimJob, count: int) -> float:
+        c = self.contention
+        return c.startup + job.input_bytes / count / c.disk
+
+    def _ready(self, ex: _Exec, join: bool) -> None:
+        if not ex.alive:
+            return
+        if ex.machine.q is not None:        # its hello to the daemon
+            ex.machine.act(ex.machine.q.ready(ex.jid, self.now))
+        self._send_master(ex, "exec_ready", attempt=ex.attempt, endpoint=f"sim://{ex.jid}",
+                          num_keys=1024, dim=1, model_blocks=self.model_blocks,
+                          local_blocks=len(ex.inputs), join=join or None)
+
+    def _submit(self, job: SimJob) -> None:
+        self._pending_submit = job
+        self._deliver(self._client, "submit", {"app_name": job.app, "app_source": "",
+                                               "args": [], "machines": job.machines,
+                                               "name": job.id})
+
+    # -- run -----------------------------------------------------------------------------
+    def run(self) -> "Outcome":
+        wall = time.perf_counter()
+        for m in self.machines.values():
+            self._deliver(m.ident, "register", {
+                "name": m.name, "host": "sim", "cpus": self.cpus, "memory": self.memory,
+                "pid": 0, "executors": [], "data_endpoint": f"sim://{m.name}"})
+        for job in self.jobs:
+            self._at(job.arrival, self._submit, job)
+        tick = C.Tick()
+        events = 0
+        last_progress = 0.0
+        while self._q:
+            t = self._q[0][0]
+            if t > self.horizon:
+                break
+            self.now = t
+            while self._q and self._q[0][0] == t:
+                _, _, fn, args = heapq.heappop(self._q)
+                fn(*args)
+                events += 1
+            self._carry(self.core.handle(tick, self.now))
+            if self.progress is not None and events - last_progress >= 5000:
+                last_progress = events
+                self.progress(self._done_fraction())
+        return self._outcome(time.perf_counter() - wall, events)
+
+    def _done_fraction(self) -> float:
+        js = self.core.jobs.values()
+        return sum(1 for j in js if j.state.terminal) / max(1, len(self.jobs))
+
+    def _outcome(self, wall: float, events: int) -> "Outcome":
+        jobs = []
+        for jid, job in sorted(self.core.jobs.items()):
+            sj = self.by_job[jid]
+            jobs.append({"id": sj.id, "job": jid, "app": sj.app, "arrival": sj.arrival,
+                         "start": job.started, "end": job.ended, "state": job.state.value,
+                         "machines": sj.machines, "epochs": len(job.epochs),
+                         "jct": (job.ended - sj.arrival) if job.ended is not None else None})
+        ends = [j["end"] for j in jobs if j["end"] is not None]
+        return Outcome(jobs=jobs, makespan=max(ends) - min(j.arrival for j in self.jobs)
+                       if ends else math.nan, util=self.util, machines=len(self.machines),
+                       decisions=self.decisions, wall=wall, events=events,
+                       messages=self.messages, policy=self.policy, mode=self.mode)
+
+
+@dataclass
+class Outcome:
+    jobs: list[dict]
+    makespan: float
+    util: Util
+    machines: int
+    decisions: list[dict]
+    wall: float
+    events: int
+    messages: int
+    policy: str
+    mode: str
+
+    def utilization(self) -> tuple[float, float]:
+        """Mean CPU and network busy fraction over the makespan."""
+        span = self.makespan * self.machines
+        if not span or math.isnan(span):
+            return (0.0, 0.0)
+        return (sum(self.util.cpu) / span, sum(self.util.net) / span)

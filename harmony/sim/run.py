@@ -1,0 +1,111 @@
+"""Trace in, :class:`~harmony.sim.report.SimResult` out: the simulator's front.
+
+``simulate(trace, machines, setup)`` turns the trace's jobs into what the
+engine needs (:func:`sim_jobs`), runs :class:`~harmony.sim.engine.Simulator`
+on the master core with the setup's policy and mode, and reports per-job
+JCTs, makespan, utilization over time and the scheduler's decisions.
+
+A *setup* names what the master would run: a mode (``isolated``, ``naive``,
+``harmony``: its default policy) or a policy (``harmony-master --policy``),
+optionally both as ``POLICY@MODE``.
+"""
+from __future__ import annotations
+
+import math
+import random
+from typing import Callable
+
+from harmony.master import policy as P
+from harmony.sim.engine import Contention, Outcome, SimJob, Simulator
+from harmony.sim.report import JobResult, SimDecision, SimResult, UtilSample
+from harmony.sim.trace import TraceJob, iteration_profile
+
+#: at most this many simulated iterations per job: longer jobs run k real
+#: iterations per simulated one (k x the COMP and COMM seconds), which keeps
+#: paper-scale runs fast; bench/sim_paper.py measures what it changes
+GRAIN = 60
+#: epochs that run real iterations first: the scheduler's profiling epochs
+#: (harmony.master.policy.PROFILE_SAMPLES) and one more
+FINE_EPOCHS = P.PROFILE_SAMPLES + 1
+
+
+def setup(name: str) -> tuple[str, str]:
+    """(policy, mode) of a setup name (see the module docstring)."""
+    policy, _, mode = name.partition("@")
+    if not mode:
+        if policy in P.MODES:
+            return P.MODES[policy][0], policy
+        mode = "harmony" if policy == "harmony" else "naive"
+    if policy in P.MODES and policy not in P.POLICIES:
+        policy = P.MODES[policy][0]
+    if policy not in P.POLICIES:
+        raise ValueError(f"unknown policy {policy!r}: choose from "
+                         f"{', '.join(sorted(set(P.POLICIES) | set(P.MODES)))}")
+    if mode not in P.MODES:
+        raise ValueError(f"unknown mode {mode!r}: choose from {', '.join(sorted(P.MODES))}")
+    return policy, mode
+
+
+def sim_jobs(trace: list[TraceJob], bandwidth: float, grain: int = GRAIN,
+             error: float = 0.0, seed: int = 1) -> list[SimJob]:
+    """The engine's jobs: profiles from ``iteration_profile`` (the
+    scheduler's own DoP model), iterations grouped by ``grain``, and an
+    optional relative ``error`` injected into what each job reports (its
+    sign drawn per job, seeded)."""
+    rng = random.Random(seed)
+    out = []
+    for tj in trace:
+        ipe, total = tj.iters_per_epoch, tj.iterations
+        # the first epochs run real iterations (the scheduler profiles a job
+        # on them); the rest in at most ``grain`` chunks of k real ones
+        fine = min(total, FINE_EPOCHS * ipe)
+        plan = [(min(ipe, fine - i), 1) for i in range(0, fine, ipe)]
+        rest = total - fine
+        if rest:
+            k = max(ipe, math.ceil(rest / grain))
+            plan += [(1, min(k, rest - i)) for i in range(0, rest, k)]
+        link = tj.link or bandwidth
+
+        def profile(m: int, tj: TraceJob = tj) -> tuple[float, float]:
+            return iteration_profile(tj, m, bandwidth)
+        e = error * (1 if rng.random() < 0.5 else -1) if error else 0.0
+        out.append(SimJob(id=tj.id, app=tj.app, arrival=tj.arrival, epochs=len(plan),
+                          machines=tj.machines, iters=ipe, profile=profile,
+                          eval_cpu=tj.eval_s, bytes=tj.bytes, link=link,
+                          model_bytes=tj.model_bytes, input_bytes=tj.input_bytes, error=e,
+                          plan=plan))
+    return out
+
+
+def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
+             contention: Contention | None = None, bandwidth: float = 1.25e9,
+             grain: int = GRAIN, error: float = 0.0, seed: int = 1, bucket: float | None = None,
+             max_jobs_per_machine: int = 0,
+             progress: Callable[[float], None] | None = None) -> SimResult:
+    policy, mode = setup(name)
+    jobs = sim_jobs(trace, bandwidth, grain, error, seed)
+    if bucket is None:
+        span = max((j.arrival for j in jobs), default=0.0)
+        bucket = max(1.0, span / 200)
+    sim = Simulator(jobs, machines, policy=policy, mode=mode, contention=contention,
+                    bucket=bucket, max_jobs_per_machine=max_jobs_per_machine,
+                    progress=progress)
+    return to_result(sim.run(), name)
+
+
+def to_result(o: Outcome, name: str) -> SimResult:
+    jobs = [JobResult(j["id"], j["app"], j["arrival"], j["start"] if j["start"] is not None
+                      else math.nan, j["end"] if j["end"] is not None else math.nan)
+            for j in o.jobs]
+    b, n = o.util.bucket, o.machines
+    util = [UtilSample(i * b, b, c / (b * n), (o.util.net[i] if i < len(o.util.net) else 0.0)
+                       / (b * n)) for i, c in enumerate(o.util.cpu)]
+    decisions = [SimDecision(d.get("t", 0.0), d.get("note", ""), {
+        k: v for k, v in d.items() if k not in ("t", "note")}) for d in o.decisions]
+    unfinished = [j["id"] for j in o.jobs if j["end"] is None]
+    return SimResult(policy=name, jobs=jobs, util=util, decisions=decisions, mode=o.mode,
+                     machines=n, makespan=o.makespan, meta={
+                         "policy": o.policy, "mode": o.mode, "wall_s": o.wall,
+                         "events": o.events, "messages": o.messages,
+                         "decisions_per_s": len(o.decisions) / o.wall if o.wall else 0.0,
+                         "unfinished": unfinished})
