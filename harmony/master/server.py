@@ -27,6 +27,7 @@ from harmony.comm.zmqutil import make_socket
 from harmony.master import policy as P
 from harmony.master.jobdb import JobDB, JobTableError, TableFull  # noqa: F401 (re-exported)
 from harmony.master.jobs import MAX_ATTEMPTS, Job, JobState
+from harmony.obs import dashboard as obs_dashboard
 from harmony.store import staging
 
 log = logging.getLogger("harmony.master")
@@ -206,7 +207,8 @@ class Master:
                  policy: str | None = None, mode: str = "naive",
                  max_jobs_per_machine: int = 0, keys: security.Keys | None = None,
                  keep_models: int | None = None, recover: bool = False,
-                 master_file: str | None = None) -> None:
+                 master_file: str | None = None, dashboard_port: int | None = None,
+                 dashboard_host: str | None = None) -> None:
         # who may send what: with keys, every peer is authenticated (CURVE)
         # and each message type is accepted only from its role
         self.keys = keys
@@ -275,6 +277,8 @@ class Master:
         self._machines_log = RotatingLog(os.path.join(metrics, "machines.jsonl"))
         self._jobs_log = RotatingLog(os.path.join(metrics, "jobs.jsonl"))
         self._decisions_log = RotatingLog(os.path.join(metrics, "decisions.jsonl"))
+        # [obs hook] dashboard + /metrics in its own thread, fed snapshots (harmony.obs)
+        self.obs = obs_dashboard.start(self, dashboard_host or host, dashboard_port)
         # where daemons find this master (also at ``master_file``: e.g. a
         # local cluster's daemons, which cannot see this state dir)
         self.master_files = [os.path.join(self.state_dir, "master.json")] + (
@@ -336,10 +340,14 @@ class Master:
                 if self._dirty:
                     self._dirty = False
                     self._schedule()
+                if self.obs is not None:        # [obs hook] at most once a second
+                    self.obs.tick(self, now)
         finally:
             self.close()
 
     def close(self) -> None:
+        if self.obs is not None:                # [obs hook]
+            self.obs.stop()
         try:
             self.sock.close(linger=0)
             security.stop_authenticator(self.ctx)
@@ -1629,6 +1637,21 @@ class Master:
             "model_source", job=job.id, state=job.state.value, epoch=int(epoch), parts=srcs,
             final=bool(ck.get("final")) and job.state == JobState.FINISHED, pending=pending,
             app_name=job.app_name, app_source=job.app_source, args=list(job.args)))
+
+    # ---- [obs handlers] observability (harmony.obs): dashboard address, log sources ----
+    READ_ONLY = READ_ONLY | {"dashboard_info", "log_sources"}
+
+    def _on_dashboard_info(self, ident: bytes, msg: M.Message) -> None:
+        info = self.obs.info(*self._peer) if self.obs is not None else {}
+        self._send(ident, M.encode("dashboard", **info))
+
+    def _on_log_sources(self, ident: bytes, msg: M.Message) -> None:
+        job = self.jobs.get(msg["job"])
+        if job is None:
+            return self._send(ident, M.error("unknown_job", f"no job {msg['job']!r}"))
+        self._send(ident, M.encode("log_places", job=job.id, machines=[
+            [w.name, w.data_endpoint] for w in sorted(self.workers.values(), key=lambda w: w.name)
+            if w.alive and w.data_endpoint]))
 
 
 def balance(owner: list[int], n: int) -> list[int]:
