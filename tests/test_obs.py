@@ -1,0 +1,137 @@
+"""The master's dashboard and /metrics (harmony.obs) on a real local cluster
+with two jobs: Prometheus text parsed by the client library's parser, the
+snapshot API, the token, and the page rendered by headless Chromium."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from apps_for_tests import TOY_APP
+from conftest import NMF_APP, wait_state
+from harmony.client import Client
+from harmony.cluster import LocalCluster
+
+
+@pytest.fixture(scope="module")
+def obs_cluster(tmp_path_factory, ratings):
+    cl = LocalCluster(2, str(tmp_path_factory.mktemp("obs-cluster")), port=0,
+                      mode="harmony")
+    cl.start()
+    try:
+        with Client(cl.endpoint) as c:
+            dash = c.dashboard()
+            long = c.submit("toy.py", TOY_APP, ["--max-epochs", "100000", "--sleep", "0.02"],
+                            1, name="long")
+            short = c.submit("nmf.py", NMF_APP.read_text(),
+                             ["--input", ratings, "--max-epochs", "4"], 1)
+            wait_state(c, short, ("finished",))
+            deadline = time.time() + 60
+            while len(c.status(long)["epochs"]) < 3:
+                assert time.time() < deadline
+                time.sleep(0.2)
+        time.sleep(1.5)        # a snapshot published after that
+        yield cl, dash, long, short
+    finally:
+        cl.stop()
+
+
+def _get(url, token=None, header=False):
+    req = urllib.request.Request(url + (f"?token={token}" if token and not header else ""))
+    if token and header:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status, r.read().decode()
+
+
+def test_dashboard_url_and_token(obs_cluster):
+    cl, dash, _, _ = obs_cluster
+    assert cl.dashboard_url and dash["url"] == cl.dashboard_url
+    assert dash["url"].startswith("http://127.0.0.1:") and len(dash["token"]) == 40
+    for path in ("", "api/snapshot", "metrics"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _get(dash["url"] + path)
+        assert e.value.code == 401
+        with pytest.raises(urllib.error.HTTPError):
+            _get(dash["url"] + path, "0" * 40)
+    assert _get(dash["url"] + "healthz")[0] == 200
+
+
+def test_metrics_scrape(obs_cluster):
+    cl, dash, long, short = obs_cluster
+    status, text = _get(dash["url"] + "metrics", dash["token"], header=True)
+    assert status == 200
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    val = lambda fam, **lb: [s.value for s in fams[fam].samples  # noqa: E731
+                             if all(s.labels.get(k) == v for k, v in lb.items())]
+    assert val("harmony_jobs", state="finished") == [1.0]
+    assert val("harmony_jobs", state="running") + val("harmony_jobs", state="profiling") \
+        and sum(val("harmony_jobs", state="running") + val("harmony_jobs",
+                                                            state="profiling")) == 1.0
+    assert fams["harmony_job_epochs"].type == "counter"
+    assert val("harmony_job_epochs", job=short) == [4.0]
+    assert val("harmony_job_epochs", job=long)[0] >= 3
+    with Client(cl.endpoint) as c:
+        st = c.status(short)
+    assert val("harmony_job_objective", job=short) == [st["epochs"][-1]["metrics"]["objective"]]
+    assert val("harmony_job_data_bytes", job=short)[0] > 0
+    assert val("harmony_job_phase_seconds", job=short, phase="comp")[0] > 0
+    assert val("harmony_machine_up", machine="m0") == [1.0]
+    assert val("harmony_machine_up", machine="m1") == [1.0]
+    assert len(val("harmony_machine_utilization", resource="cpu")) == 2
+    assert val("harmony_scheduler_decisions")[0] >= 1
+    assert val("harmony_store_alpha", job=short)            # from the executors' reports
+    assert val("harmony_job_checkpoints", job=short)[0] >= 1    # its final checkpoint
+    for name in ("harmony_job_migrations", "harmony_store_reload_bytes",
+                 "harmony_group_predicted_iteration_seconds"):
+        assert name in fams
+
+
+def test_snapshot_api(obs_cluster):
+    _, dash, long, short = obs_cluster
+    snap = json.loads(_get(dash["url"] + "api/snapshot", dash["token"])[1])
+    jobs = {j["id"]: j for j in snap["jobs"]}
+    assert jobs[short]["state"] == "finished" and jobs[short]["epoch"] == 4
+    assert len(jobs[short]["curve"]) == 4 and jobs[short]["max_epochs"] == 4
+    assert jobs[long]["name"] == "long" and jobs[long]["eta"] is not None
+    assert {m["name"] for m in snap["machines"]} == {"m0", "m1"}
+    assert all(m["timeline"] for m in snap["machines"])
+    assert snap["decisions"] and snap["decisions_total"] >= 1
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (Debian: apt-get "
+                                              "install chromium); CI has only Python")
+def test_dashboard_renders_in_chromium(obs_cluster, tmp_path):
+    _, dash, long, short = obs_cluster
+    url = f"{dash['url']}?token={dash['token']}"
+    args = [CHROMIUM, "--headless", "--disable-gpu", "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000"]
+    if os.geteuid() == 0:
+        args.append("--no-sandbox")
+    r = subprocess.run(args + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
+    dom = r.stdout
+    assert "data-updated=" in dom, (r.stderr[-2000:], dom[:2000])
+    # the job table: one row per job, with its state
+    assert re.search(rf'<tr data-job="{short}" data-state="finished">', dom)
+    assert re.search(rf'<tr data-job="{long}" data-state="(running|profiling)">', dom)
+    # charts with points: each job's objective curve, each machine's utilization
+    obj = dom[dom.index('id="objective"'):]
+    counts = {m.group(1): int(m.group(2)) for m in re.finditer(
+        r'data-name="(job-\d+) [^"]*" data-points="(\d+)"', obj)}
+    assert counts.get(short) == 4 and counts.get(long, 0) >= 3
+    assert dom.count('class="point"') >= 7
+    assert re.search(r'data-machine="m0".*?data-name="CPU" data-points="[1-9]', dom, re.S)
+    assert "<li>" in dom[dom.index('id="decisions"'):] or "<li " in dom
+    if os.environ.get("HARMONY_SCREENSHOT"):     # docs/dashboard.png
+        subprocess.run(args + ["--hide-scrollbars", "--window-size=1400,1250",
+                               f"--screenshot={os.environ['HARMONY_SCREENSHOT']}", url],
+                       capture_output=True, timeout=120)
