@@ -507,6 +507,73 @@ def cmd_dashboard(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_logs(a: argparse.Namespace) -> int:
+    """A job's executor logs, fetched from each machine's data service."""
+    from harmony.obs import logs as L
+    with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
+        places = c.log_sources(a.job)
+        if a.machine:
+            places = [p for p in places if p[0] in a.machine.split(",")]
+            if not places:
+                return _die(f"no live machine named {a.machine} (live: "
+                            f"{', '.join(m for m, _ in c.log_sources(a.job)) or 'none'})")
+        offsets: dict[str, int] = {}
+        shown: dict[str, str] = {}
+        many = len(places) > 1
+        found = False
+        while True:
+            new = False
+            for machine, ep in places:
+                try:
+                    d = L.fetch(c.ctx, ep, a.job, offsets.get(machine, 0),
+                                which=a.attempt, keys=c.keys)
+                except PermissionError as exc:
+                    return _die(f"{machine}: {exc} (logs need a client or reader key)")
+                except (TimeoutError, RuntimeError) as exc:
+                    print(f"harmony: warning: {machine}: {exc}", file=sys.stderr, flush=True)
+                    continue
+                if not d["attempts"]:
+                    continue
+                found = True
+                name = d["attempts"][d["attempt"]][0]
+                if shown.get(machine) != name:      # a new attempt here: from its start
+                    if machine in shown and offsets.get(machine):
+                        offsets[machine] = 0
+                        continue
+                    shown[machine] = name
+                    if a.list:
+                        for n, size, live in d["attempts"]:
+                            print(f"{machine:10} {n:32} {size:>10} bytes"
+                                  f"{'  (running)' if live else ''}")
+                        continue
+                    print(f"==> {machine}: {name}{' (live)' if d['live'] else ''} <==",
+                          flush=True)
+                if a.list:
+                    continue
+                text = d["text"]
+                if text:
+                    new = True
+                    offsets[machine] = d["offset"] + len(text.encode("utf-8", "replace"))
+                    if many and not text.endswith("\n"):
+                        text += "\n"
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+                if d["offset"] + len(d["text"].encode()) < d["size"]:
+                    new = True      # more than one reply's worth: read on at once
+            if a.list or (not a.follow and not new):
+                break
+            if not new:
+                if c.status(a.job)["state"] in ("finished", "failed", "cancelled") and \
+                        not a.follow_forever:
+                    break
+                time.sleep(0.5)
+    if not found:
+        return _die(f"no logs of {a.job} on any live machine (kept "
+                    f"{int(L.KEEP_SECONDS // 86400)} days, at most "
+                    f"{L.KEEP_BYTES >> 20} MiB per machine)")
+    return 0
+
+
 def _repo_app(name: str) -> str:
     path = Path(__file__).resolve().parent.parent / "apps" / name
     if not path.exists():
@@ -744,6 +811,18 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--isolate", action="store_true",
                    help="shared nothing, emulated: each worker in its own mount namespace, "
                         "unable to see the master's or other workers' state dirs (root)")
+    s = with_master(sub.add_parser("logs", help="a job's executor logs, from every machine "
+                                                "that ran it (over ZeroMQ)"))
+    s.add_argument("job")
+    s.add_argument("--machine", default=None, metavar="M",
+                   help="only from these machines (comma-separated)")
+    s.add_argument("--follow", "-f", action="store_true",
+                   help="keep printing new lines until the job ends")
+    s.add_argument("--attempt", type=int, default=None, metavar="K",
+                   help="the K-th log of the job on each machine, oldest first (0, 1, ...; "
+                        "negative from the newest; default the newest); --list lists them")
+    s.add_argument("--list", action="store_true", help="list the logs kept per machine")
+    s.set_defaults(follow_forever=False)
     s = with_master(sub.add_parser("dashboard", help="print the URL of the master's web "
                                                      "dashboard (with this key's token)"))
     s.add_argument("--json", action="store_true")
@@ -798,7 +877,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"jobs": cmd_jobs, "status": cmd_status, "cancel": cmd_cancel, "keys": cmd_keys,
                 "pause": cmd_pause, "resume": cmd_resume, "resize": cmd_resize,
                 "cluster": cmd_cluster, "demo": cmd_demo, "data": cmd_data,
-                "model": cmd_model, "dashboard": cmd_dashboard}[a.cmd](a)
+                "model": cmd_model, "dashboard": cmd_dashboard, "logs": cmd_logs}[a.cmd](a)
     except ClientError as exc:
         return _die(str(exc), 3 if exc.code == "unreachable" else 1)
     except KeyboardInterrupt:

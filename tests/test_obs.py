@@ -135,3 +135,76 @@ def test_dashboard_renders_in_chromium(obs_cluster, tmp_path):
         subprocess.run(args + ["--hide-scrollbars", "--window-size=1400,1250",
                                f"--screenshot={os.environ['HARMONY_SCREENSHOT']}", url],
                        capture_output=True, timeout=120)
+
+
+# -- logs from anywhere (harmony logs) ------------------------------------------------
+def test_logs_of_a_finished_job_are_kept_and_fetched(obs_cluster):
+    from conftest import run_cli
+    cl, _, long, short = obs_cluster
+    r = run_cli("logs", short, "--master", cl.endpoint)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"==> m\d: " + short + r"\.0\.\d+ <==", r.stdout)
+    assert "epoch 3:" in r.stdout and "checkpoint after epoch 3" in r.stdout
+    # a read-only key may read logs too
+    r2 = run_cli("logs", short, "--master", cl.endpoint, env={"HARMONY_KEY_NAME": "reader"})
+    assert r2.returncode == 0 and r2.stdout == r.stdout
+    r = run_cli("logs", short, "--master", cl.endpoint, "--list")
+    assert r.returncode == 0 and f"{short}.0." in r.stdout
+    r = run_cli("logs", long, "--master", cl.endpoint)      # a running job's, live
+    assert r.returncode == 0 and "(live)" in r.stdout and "epoch 1:" in r.stdout
+
+
+def test_logs_follow_until_the_job_ends(obs_cluster):
+    from conftest import run_cli
+    cl, _, _, _ = obs_cluster
+    with Client(cl.endpoint) as c:
+        job = c.submit("toy.py", TOY_APP, ["--max-epochs", "6", "--sleep", "0.1"], 1)
+    r = run_cli("logs", job, "--follow", "--master", cl.endpoint, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "epoch 5:" in r.stdout       # the last epoch: it followed to the end
+
+
+def test_logs_refuse_worker_keys(obs_cluster):
+    import zmq
+    from harmony.comm import security
+    from harmony.obs import logs as L
+    cl, _, _, short = obs_cluster
+    with Client(cl.endpoint) as c:
+        places = c.log_sources(short)
+    worker = security.Keys.load(cl.keys, "worker", "m0")
+    ctx = zmq.Context()
+    try:
+        with pytest.raises(PermissionError, match="not allowed"):
+            L.fetch(ctx, places[0][1], short, keys=worker)
+        # and a reader key still gets only logs from a data service, no checkpoints
+        from harmony.comm import messages as M
+        from harmony.comm.zmqutil import make_socket
+        reader = security.Keys.load(cl.keys, "reader", "reader")
+        s = make_socket(ctx, zmq.DEALER, keys=reader)
+        s.connect(places[0][1])
+        s.send(M.encode("ckpt_manifest", job=short, epoch=3, index=0))
+        assert s.poll(10000)
+        r = M.decode(s.recv_multipart())
+        s.close(linger=0)
+        assert r.type == "error" and r["code"] == "forbidden"
+    finally:
+        ctx.term()
+
+
+def test_kept_logs_have_size_and_age_limits(tmp_path):
+    from harmony.obs import logs as L
+    sd = str(tmp_path)
+    for i in range(5):
+        d = tmp_path / "jobs" / f"job-000{i}.0.1"
+        d.mkdir(parents=True)
+        (d / "executor.log").write_text("x" * 1000)
+        os.utime(d / "executor.log", (1000 + i, 1000 + i))
+        L.retire(sd, str(d), keep_bytes=10**9, keep_seconds=1e12)
+        assert not d.exists()
+    kept = sorted(os.listdir(tmp_path / "logs"))
+    assert kept == [f"job-000{i}.0.1.log" for i in range(5)]
+    assert L.find(sd, "job-0003")[0]["name"] == "job-0003.0.1"
+    assert L.prune(sd, keep_bytes=2500, keep_seconds=1e12) == 3      # the oldest go first
+    assert sorted(os.listdir(tmp_path / "logs")) == ["job-0003.0.1.log", "job-0004.0.1.log"]
+    assert L.prune(sd, keep_bytes=10**9, keep_seconds=60) == 2        # too old
+    assert L.find(sd, "../etc") == [] and L.find(sd, "job-0004") == []
