@@ -574,6 +574,39 @@ def cmd_logs(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(a: argparse.Namespace) -> int:
+    """PNG plots of a run from the master's records: its metrics logs, and
+    the job table if the master still runs."""
+    from harmony.obs import report as R
+    sd = os.path.abspath(a.state_dir or default_state_dir())
+    metrics = a.metrics or os.path.join(sd, "master", "metrics")
+    if not os.path.isdir(metrics):
+        return _die(f"no metrics in {metrics} (a master's STATE/metrics: pass --metrics DIR, "
+                    f"or --state-dir D of a local cluster)", 2)
+    jobs = None
+    master, keys, insecure = a.master, a.keys, a.insecure
+    info = read_info(sd) if master is None else None
+    if info:
+        master = info.get("endpoint")
+        keys = keys or info.get("keys")
+        insecure = insecure or not info.get("keys")
+    if master is not None or info:
+        try:
+            with Client(master, keys=keys, insecure=insecure, timeout_s=5) as c:
+                jobs = [c.status(j["id"]) for j in c.jobs()]
+        except ClientError as exc:
+            print(f"harmony: warning: no job table ({exc}); JCT from the metrics logs, no "
+                  f"objective curves", file=sys.stderr, flush=True)
+    try:
+        paths = R.write(a.out, R.load(metrics, jobs))
+    except R.ReportError as exc:
+        return _die(str(exc))
+    print(f"report of {metrics} in {a.out}:")
+    for p in paths:
+        print(f"  {p}")
+    return 0
+
+
 def _repo_app(name: str) -> str:
     path = Path(__file__).resolve().parent.parent / "apps" / name
     if not path.exists():
@@ -677,7 +710,8 @@ def _target(a: argparse.Namespace) -> None:
     the default local cluster if it runs (wherever its port), else
     tcp://127.0.0.1:5760. A recorded cluster also gives its key set unless
     --keys is given."""
-    if not hasattr(a, "master") or (a.cmd == "cluster" and a.action in ("up", "down")):
+    if not hasattr(a, "master") or a.cmd == "report" or (
+            a.cmd == "cluster" and a.action in ("up", "down")):
         return
     sd = getattr(a, "state_dir", None)
     if sd is not None:
@@ -823,6 +857,14 @@ def main(argv: list[str] | None = None) -> int:
                         "negative from the newest; default the newest); --list lists them")
     s.add_argument("--list", action="store_true", help="list the logs kept per machine")
     s.set_defaults(follow_forever=False)
+    s = with_master(sub.add_parser("report", help="PNG plots of a run (utilization, JCT, "
+                                                  "objectives, predicted vs measured "
+                                                  "iteration time)"))
+    s.add_argument("--out", default="harmony-report", metavar="DIR",
+                   help="where to write them (default ./harmony-report)")
+    s.add_argument("--metrics", default=None, metavar="DIR",
+                   help="a master's STATE/metrics (default: the local cluster's, from "
+                        "--state-dir or the default one)")
     s = with_master(sub.add_parser("dashboard", help="print the URL of the master's web "
                                                      "dashboard (with this key's token)"))
     s.add_argument("--json", action="store_true")
@@ -877,7 +919,8 @@ def main(argv: list[str] | None = None) -> int:
         return {"jobs": cmd_jobs, "status": cmd_status, "cancel": cmd_cancel, "keys": cmd_keys,
                 "pause": cmd_pause, "resume": cmd_resume, "resize": cmd_resize,
                 "cluster": cmd_cluster, "demo": cmd_demo, "data": cmd_data,
-                "model": cmd_model, "dashboard": cmd_dashboard, "logs": cmd_logs}[a.cmd](a)
+                "model": cmd_model, "dashboard": cmd_dashboard, "logs": cmd_logs,
+                "report": cmd_report}[a.cmd](a)
     except ClientError as exc:
         return _die(str(exc), 3 if exc.code == "unreachable" else 1)
     except KeyboardInterrupt:

@@ -208,3 +208,26 @@ def test_kept_logs_have_size_and_age_limits(tmp_path):
     assert sorted(os.listdir(tmp_path / "logs")) == ["job-0003.0.1.log", "job-0004.0.1.log"]
     assert L.prune(sd, keep_bytes=10**9, keep_seconds=60) == 2        # too old
     assert L.find(sd, "../etc") == [] and L.find(sd, "job-0004") == []
+
+
+def test_report_pngs_of_the_run(obs_cluster, tmp_path):
+    pytest.importorskip("matplotlib", reason="harmony report needs matplotlib ([report] extra)")
+    from conftest import run_cli
+    cl, _, long, short = obs_cluster
+    out = tmp_path / "rep"
+    r = run_cli("report", "--state-dir", cl.state_dir, "--out", str(out), timeout=180)
+    assert r.returncode == 0, r.stderr
+    for name in ("utilization.png", "iteration.png", "jct.png", "objective.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+    summary = json.loads((out / "summary.json").read_text())
+    jobs = {j["id"]: j for j in summary["jobs"]}
+    assert jobs[short]["epochs"] == 4 and jobs[short]["state"] == "finished"
+    assert set(summary["machines"]) == {"m0", "m1"}
+    # no master: what the metrics logs hold, said
+    r = run_cli("report", "--metrics", os.path.join(cl.state_dir, "master", "metrics"),
+                "--master", "tcp://127.0.0.1:1", "--out", str(tmp_path / "r2"),
+                env={"HARMONY_CLIENT_TIMEOUT": "1"}, timeout=180)
+    assert r.returncode == 0 and "no job table" in r.stderr
+    assert (tmp_path / "r2" / "utilization.png").exists()
+    assert not (tmp_path / "r2" / "objective.png").exists()
