@@ -903,6 +903,14 @@ def main(argv: list[str] | None = None) -> int:
         n.add_argument("--seed", type=int, default=0)
         mod.add_arguments(n)
 
+    s = sub.add_parser("completion", help="shell completion: eval \"$(harmony completion "
+                                          "bash)\" (zsh: after bashcompinit)")
+    s.add_argument("shell", choices=["bash", "zsh"])
+    if argv and argv[0] == "completion":
+        from harmony.completion import bash_script
+        a = p.parse_args(argv)
+        print(bash_script(p))
+        return 0
     if argv and argv[0] == "submit":
         a, rest = p.parse_known_args(argv)
     else:

@@ -140,3 +140,14 @@ def test_output_and_errors_in_order(up, toy):
     assert all("epoch" not in line and "running" not in line for line in lines[first_fail:])
     with Client(json.load(open(os.path.join(sd, "cluster.json")))["endpoint"]) as c:
         wait_state(c, job, ("failed",))
+
+
+def test_shell_completion_script(tmp_path):
+    r = run_cli("completion", "bash")
+    assert r.returncode == 0 and "complete -o filenames -F _harmony_complete harmony" in r.stdout
+    script = tmp_path / "c.sh"
+    script.write_text(r.stdout)
+    out = subprocess.run(["bash", "-c", f'source {script}; COMP_WORDS=(harmony logs j --fo); '
+                          'COMP_CWORD=3; _harmony_complete; echo "${COMPREPLY[*]}"'],
+                         capture_output=True, text=True, timeout=30)
+    assert out.stdout.split() == ["--follow"], out.stderr
