@@ -231,3 +231,42 @@ def test_report_pngs_of_the_run(obs_cluster, tmp_path):
     assert r.returncode == 0 and "no job table" in r.stderr
     assert (tmp_path / "r2" / "utilization.png").exists()
     assert not (tmp_path / "r2" / "objective.png").exists()
+
+
+def test_snapshot_of_a_master_object_without_io(tmp_path):
+    """build_snapshot reads only the master's attributes (and its decisions log)."""
+    import collections
+    import types
+    from harmony.master.jobs import Job, JobState
+    from harmony.obs import metrics as OM
+    from harmony.obs.snapshot import build_snapshot, max_epochs
+    assert max_epochs(["--max-epochs", "12"]) == 12 and max_epochs(["--max-epochs=3"]) == 3
+    assert max_epochs([]) == 10
+    j = Job(id="job-0001", app_name="nmf.py", app_source="", args=["--max-epochs=7"],
+            machines=1)
+    j.transition(JobState.RUNNING, "go")
+    j.workers = ["m0"]
+    for e in range(3):
+        j.epochs.append({"epoch": e, "metrics": {"objective": 10.0 / (e + 1)},
+                         "timings": {"bytes": 5.0, "comp": 0.1}, "time": time.time()})
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "decisions.jsonl").write_text(
+        json.dumps({"t": 1.0, "note": "arrival of job-0001: stays", "start": {},
+                    "predicted": {"g1": 0.5}}) + "\n")
+    w = types.SimpleNamespace(name="m0", host="h", cpus=2, memory=1, alive=True, last_seen=0,
+                              stats=collections.deque([{"t": 1.0, "cpu": 0.5, "q_cpu": 0.2}]))
+    m = types.SimpleNamespace(jobs={j.id: j}, workers={"m0": w}, runs={}, mode="harmony",
+                              endpoint="tcp://x:1", state_dir=str(tmp_path))
+    snap = build_snapshot(m)
+    json.dumps(snap, allow_nan=False)
+    job = snap["jobs"][0]
+    assert (job["max_epochs"], job["epoch"], job["data_bytes"]) == (7, 3, 15.0)
+    assert job["objective"] == 10.0 / 3 and job["eta"] is not None
+    assert snap["machines"][0]["jobs"] == ["job-0001"]
+    assert snap["decisions"][0]["note"] == "arrival of job-0001: stays"
+    c = OM.SnapshotCollector()
+    c.observe(snap)
+    fams = {f.name: f for f in text_string_to_metric_families(
+        OM.exposition(OM.make_registry(c)).decode())}
+    assert fams["harmony_scheduler_decisions"].samples[0].value == 1
+    assert fams["harmony_queue_busy_ratio"].samples[0].value == 0.2

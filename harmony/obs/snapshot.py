@@ -157,10 +157,26 @@ def _job(job, now: float) -> dict[str, Any]:
     }
 
 
+def _job_cached(cache: dict, job, now: float) -> dict[str, Any]:
+    """A finished, failed or cancelled job's entry does not change: built once."""
+    if not job.state.terminal:
+        cache.pop(job.id, None)
+        return _job(job, now)
+    key = (job.state.value, len(job.epochs), job.ended, len(job.events))
+    hit = cache.get(job.id)
+    if hit is None or hit[0] != key:
+        hit = cache[job.id] = (key, _job(job, now))
+    return hit[1]
+
+
+_caches: dict[int, dict] = {}
+
+
 def build_snapshot(master) -> dict[str, Any]:
     """The master's state now, as a JSON-able dict (see the module doc)."""
     now = time.time()
-    jobs = [_job(j, now) for j in sorted(master.jobs.values(), key=lambda j: j.id)]
+    cache = _caches.setdefault(id(master), {})
+    jobs = [_job_cached(cache, j, now) for j in sorted(master.jobs.values(), key=lambda j: j.id)]
     machines = []
     for w in sorted(master.workers.values(), key=lambda w: w.name):
         samples = list(w.stats)[-TIMELINE:]
