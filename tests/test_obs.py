@@ -61,6 +61,17 @@ def test_dashboard_url_and_token(obs_cluster):
         with pytest.raises(urllib.error.HTTPError):
             _get(dash["url"] + path, "0" * 40)
     assert _get(dash["url"] + "healthz")[0] == 200
+    # the token goes only to client and reader keys
+    from harmony.comm import security
+    from harmony.client import ClientError
+    with Client(cl.endpoint, keys=security.Keys.load(cl.keys, "reader", "reader")) as c:
+        tok = c.dashboard()["token"]
+        assert tok and tok != dash["token"] and _get(dash["url"] + "metrics", tok)[0] == 200
+    with Client(cl.endpoint, keys=security.Keys.load(cl.keys, "worker", "m0")) as c:
+        with pytest.raises(ClientError, match="not allowed"):
+            c.dashboard()
+        with pytest.raises(ClientError, match="not allowed"):
+            c.log_sources("job-0001")
 
 
 def test_metrics_scrape(obs_cluster):

@@ -405,6 +405,9 @@ class Master:
             self._say("malformed", "malformed message from %r: %s", ident[:64], exc)
             self._send(ident, M.error("bad_message", str(exc)))
             return
+        if msg.type in obs_dashboard.MESSAGES:   # [obs hook] answered by harmony.obs
+            return self._send(ident, obs_dashboard.answer(
+                self, msg, *(self.keys.peer(user) if self.keys is not None else ("", ""))))
         handler = getattr(self, "_on_" + msg.type, None)
         if handler is None:
             self.bad_messages += 1
@@ -1637,21 +1640,6 @@ class Master:
             "model_source", job=job.id, state=job.state.value, epoch=int(epoch), parts=srcs,
             final=bool(ck.get("final")) and job.state == JobState.FINISHED, pending=pending,
             app_name=job.app_name, app_source=job.app_source, args=list(job.args)))
-
-    # ---- [obs handlers] observability (harmony.obs): dashboard address, log sources ----
-    READ_ONLY = READ_ONLY | {"dashboard_info", "log_sources"}
-
-    def _on_dashboard_info(self, ident: bytes, msg: M.Message) -> None:
-        info = self.obs.info(*self._peer) if self.obs is not None else {}
-        self._send(ident, M.encode("dashboard", **info))
-
-    def _on_log_sources(self, ident: bytes, msg: M.Message) -> None:
-        job = self.jobs.get(msg["job"])
-        if job is None:
-            return self._send(ident, M.error("unknown_job", f"no job {msg['job']!r}"))
-        self._send(ident, M.encode("log_places", job=job.id, machines=[
-            [w.name, w.data_endpoint] for w in sorted(self.workers.values(), key=lambda w: w.name)
-            if w.alive and w.data_endpoint]))
 
 
 def balance(owner: list[int], n: int) -> list[int]:

@@ -213,6 +213,34 @@ class _Handler(BaseHTTPRequestHandler):
                    extra)
 
 
+# -- the master's messages about observability (answered without its core) ---------
+MESSAGES = frozenset({"dashboard_info", "log_sources"})
+
+
+def answer(master, msg, role: str, name: str) -> bytes:
+    """The reply to a ``MESSAGES`` message from an authenticated ``role``/
+    ``name`` (both "" without keys): the dashboard's URL and this key's token,
+    or which machines' data services hold a job's logs. Client and reader
+    keys only. Reads ``master.keys``, ``master.obs``, ``master.jobs`` and
+    ``master.workers``."""
+    from harmony.comm import messages as M
+    if getattr(master, "keys", None) is not None and role not in ("client", "reader"):
+        log.warning("%s refused from %s %r", msg.type, role or "an unknown key", name)
+        return M.error("forbidden", f"{msg.type!r} is not allowed for this key")
+    if msg.type == "dashboard_info":
+        obs = getattr(master, "obs", None)
+        return M.encode("dashboard", **(obs.info(role, name) if obs is not None else {}))
+    if msg.type == "log_sources":
+        job = master.jobs.get(msg["job"])
+        if job is None:
+            return M.error("unknown_job", f"no job {msg['job']!r}")
+        return M.encode("log_places", job=job.id, machines=[
+            [w.name, w.data_endpoint] for w in sorted(master.workers.values(),
+                                                      key=lambda w: w.name)
+            if w.alive and w.data_endpoint])
+    return M.error("unexpected", f"not an observability message: {msg.type!r}")
+
+
 def start(master, host: str | None, port: int | None) -> ObsServer | None:
     """The master's hook: its dashboard on ``host:port`` (None: no dashboard),
     started; None if the port cannot be bound (logged: the master runs on)."""
