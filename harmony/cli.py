@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import re
 import signal
@@ -15,8 +14,10 @@ from pathlib import Path
 
 from harmony.app import AppError, load_app, option_parser, parse_app_args
 from harmony.client import DEFAULT_KEYS, Client, ClientError, master_address
-from harmony.cluster import ClusterError, LocalCluster, cluster_down, default_state_dir
+from harmony.cluster import (ClusterError, LocalCluster, cluster_down, default_state_dir,
+                             read_info)
 from harmony.comm import security
+from harmony.obs import progress
 from harmony.store import staging
 
 
@@ -34,7 +35,8 @@ def parse_size(text: str) -> int:
 
 
 def _die(msg: str, code: int = 1) -> int:
-    print(f"harmony: error: {msg}", file=sys.stderr)
+    sys.stdout.flush()      # what was printed before the error shows before it
+    print(f"harmony: error: {msg}", file=sys.stderr, flush=True)
     return code
 
 
@@ -96,6 +98,12 @@ def master_main(argv: list[str] | None = None) -> int:
     s.add_argument("--master-file", default=None, metavar="PATH",
                    help="also write this master's endpoint here (JSON), for worker daemons "
                         "started with the same --master-file")
+    s.add_argument("--dashboard-port", type=int, default=None, metavar="P",
+                   help="serve the web dashboard and Prometheus /metrics on port P (0: a "
+                        "free one; default: none); 'harmony dashboard' prints its URL")
+    s.add_argument("--dashboard-host", default="127.0.0.1",
+                   help="address the dashboard binds (default 127.0.0.1; with keys, a "
+                        "token is needed either way)")
     s.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     _setup_logging(a.log_level)
@@ -105,7 +113,8 @@ def master_main(argv: list[str] | None = None) -> int:
         m = Master(a.state_dir, a.host, a.port, heartbeat_timeout=a.heartbeat_timeout,
                    policy=a.policy, mode=a.mode, max_jobs_per_machine=a.max_jobs_per_machine,
                    keys=keys, keep_models=a.keep_models, recover=a.recover,
-                   master_file=a.master_file)
+                   master_file=a.master_file, dashboard_port=a.dashboard_port,
+                   dashboard_host=a.dashboard_host)
     except (StateDirLocked, JobTableError, ValueError, security.SecurityError) as exc:
         return _die(str(exc))
     except Exception as exc:  # e.g. address in use
@@ -189,42 +198,17 @@ def _revision(path: str | None) -> str:
 
 
 # ---------------------------------------------------------------------------- harmony
-def _fmt_metrics(metrics: dict) -> str:
-    parts = []
-    for k, v in metrics.items():
-        if isinstance(v, float) and math.isfinite(v):
-            parts.append(f"{k} {v:.6g}")
-    return "  ".join(parts)
+def _fmt_metrics(metrics: dict, digits: int = 6) -> str:
+    return progress.fmt_metrics(metrics, digits)
 
 
-def follow(client: Client, job: str, out=sys.stdout, poll_s: float = 0.5) -> int:
-    """Print progress of a job until it ends; return 0 iff it finished."""
-    shown, last_state, t0 = 0, None, time.time()
-    while True:
-        st = client.status(job)
-        if len(st["epochs"]) < shown:  # a new attempt restarted from epoch 0
-            shown = 0
-        for ep in st["epochs"][shown:]:
-            print(f"[{time.time() - t0:7.1f}s] {job} epoch {ep['epoch'] + 1:3d}  "
-                  f"{_fmt_metrics(ep['metrics'])}", file=out, flush=True)
-        shown = len(st["epochs"])
-        if st["state"] != last_state:
-            last_state = st["state"]
-            where = f" on {', '.join(st['workers'])}" if st["workers"] and \
-                last_state in ("running", "profiling") else ""
-            why = st["events"][-1][2] if st.get("events") else ""
-            why = f"  ({why})" if why and last_state not in ("finished",) else ""
-            print(f"[{time.time() - t0:7.1f}s] {job} {last_state}{where}{why}", file=out,
-                  flush=True)
-        if st["state"] in ("finished", "failed", "cancelled"):
-            if st["state"] == "finished":
-                final = st["epochs"][-1]["metrics"] if st["epochs"] else {}
-                print(f"{job} finished in {st['elapsed']:.1f}s: {_fmt_metrics(final)}",
-                      file=out, flush=True)
-                return 0
-            print(f"{job} {st['state']}: {st.get('error') or ''}", file=sys.stderr, flush=True)
-            return 1
-        time.sleep(poll_s)
+def follow(client: Client, job: str, out=None, poll_s: float = 0.5,
+           max_epochs: int | None = None, target: float | None = None,
+           json_lines: bool = False) -> int:
+    """Follow a job until it ends (a progress bar on a terminal, plain lines
+    otherwise, JSON lines with ``json_lines``); return 0 iff it finished."""
+    return progress.follow(client, job, out=out, poll_s=poll_s, max_epochs=max_epochs,
+                           target=target, json_lines=json_lines)
 
 
 def _read_app(path: str) -> tuple[str, str]:
@@ -244,7 +228,7 @@ def cmd_submit(a: argparse.Namespace, app_args: list[str]) -> int:
                 f"usage: harmony submit {cls.name}", f"usage: harmony submit {a.app} "
                 "[--machines N] [--wait] [--master URL]"))
             return 0
-        parse_app_args(cls, app_args)  # fail fast on bad options, before the master
+        opts = parse_app_args(cls, app_args)  # fail fast on bad options, before the master
     except AppError as exc:
         return _die(str(exc), 2)
     if a.machines < 1:
@@ -253,10 +237,11 @@ def cmd_submit(a: argparse.Namespace, app_args: list[str]) -> int:
         job = c.submit(name, src, app_args, a.machines, a.name, a.group,
                        checkpoint_every=a.checkpoint_every,
                        checkpoint_seconds=a.checkpoint_seconds)
-        print(job, flush=True)
+        print(json.dumps({"job": job}) if a.json else job, flush=True)
         a._following = job
         if a.wait or a.save_model:
-            rc = follow(c, job)
+            rc = follow(c, job, max_epochs=opts.max_epochs, target=opts.target_objective,
+                        json_lines=a.json)
             if rc == 0 and a.save_model:
                 return save_model(c, job, a.save_model, fresh=False)
             return rc
@@ -284,7 +269,7 @@ def save_model(c: Client, job: str, out: str, fresh: bool | None = None,
 
 
 def cmd_model(a: argparse.Namespace) -> int:
-    with Client(a.master) as c:
+    with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
         return save_model(c, a.job, a.out, fresh=False if a.latest else None,
                           inputs=a.inputs, wait_s=a.timeout)
 
@@ -391,12 +376,12 @@ def cmd_status(a: argparse.Namespace) -> int:
     for line in tops:
         print(line)
     if st["epochs"]:
-        print("epochs:")
-        for ep in st["epochs"]:
-            tm = ep.get("timings", {})
-            t = "  ".join(f"{k} {tm[k]:.3f}s" for k in ("pull", "comp", "push", "sync")
-                          if k in tm)
-            print(f"  {ep['epoch'] + 1:3d}  {_fmt_metrics(ep['metrics'])}   [{t}]")
+        total = st.get("epochs_total", len(st["epochs"]))
+        print(f"epochs     {total}" + (f" (the last {len(st['epochs'])} below)"
+                                       if total > len(st["epochs"]) else "")
+              + "  (full precision: --json)")
+        for line in progress.epoch_table(st["epochs"], st.get("started")):
+            print("  " + line)
     return 0
 
 
@@ -445,8 +430,12 @@ def cmd_cluster(a: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
         return 0
     try:
-        cl = LocalCluster(a.machines, a.state_dir, port=a.port, detach=a.detach, mode=a.mode,
-                          policy=a.policy,
+        default_port = int(os.environ.get("HARMONY_PORT") or 5760)
+        cl = LocalCluster(a.machines, a.state_dir,
+                          port=default_port if a.port is None else a.port,
+                          port_fallback=a.port is None, detach=a.detach, mode=a.mode,
+                          dashboard=a.dashboard_port >= 0,
+                          dashboard_port=max(0, a.dashboard_port), policy=a.policy,
                           cpus_per_machine=a.cpus_per_machine, net_bandwidth=a.net_bandwidth,
                           memory_per_machine=a.memory_per_machine, preempt=a.preempt,
                           max_jobs_per_machine=a.max_jobs_per_machine, isolate=a.isolate,
@@ -457,10 +446,17 @@ def cmd_cluster(a: argparse.Namespace) -> int:
         ep = cl.start()
     except ClusterError as exc:
         return _die(str(exc))
+    if cl.port_note:
+        print(f"{cl.port_note}: using a free port", flush=True)
     print(f"local cluster up ({a.mode} mode): master {ep}, {a.machines} machine(s), "
           f"state in {cl.state_dir}", flush=True)
-    if a.port != 5760 or ep != "tcp://127.0.0.1:5760":
-        print(f"  export HARMONY_MASTER={ep}", flush=True)
+    if ep != "tcp://127.0.0.1:5760" or a.state_dir:
+        print(f"  export HARMONY_MASTER={ep}" + (
+            f"   (or pass --state-dir {a.state_dir} to any harmony command)"
+            if a.state_dir else ""), flush=True)
+    if cl.dashboard_url:
+        url = _dashboard_link(ep, cl.keys, cl.insecure) or cl.dashboard_url
+        print(f"  dashboard {url}", flush=True)
     if cl.insecure:
         print("  WARNING: --insecure: no authentication, no encryption", flush=True)
     elif os.path.abspath(cl.keys) != os.path.abspath(DEFAULT_KEYS):
@@ -479,6 +475,135 @@ def cmd_cluster(a: argparse.Namespace) -> int:
     finally:
         print("stopping local cluster...", flush=True)
         cl.stop()
+    return 0
+
+
+def _dashboard_link(master: str | None, keys=None, insecure: bool = False) -> str | None:
+    """The dashboard's URL with this client's token, from the master."""
+    try:
+        with Client(master, keys=keys, insecure=insecure, timeout_s=5) as c:
+            d = c.dashboard()
+    except ClientError:
+        return None
+    if not d.get("url"):
+        return None
+    return d["url"] + (f"?token={d['token']}" if d.get("token") else "")
+
+
+def cmd_dashboard(a: argparse.Namespace) -> int:
+    with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
+        d = c.dashboard()
+    if not d.get("url"):
+        return _die("this master runs no dashboard ('harmony-master start --dashboard-port "
+                    "P' starts one)")
+    url = d["url"] + (f"?token={d['token']}" if d.get("token") else "")
+    if a.json:
+        print(json.dumps({"url": url, "metrics": d["url"].rstrip("/") + "/metrics",
+                          "token": d.get("token")}))
+    else:
+        print(url)
+        print(f"  Prometheus: {d['url'].rstrip('/')}/metrics"
+              + (f" (header 'Authorization: Bearer {d['token']}')" if d.get("token") else ""))
+    return 0
+
+
+def cmd_logs(a: argparse.Namespace) -> int:
+    """A job's executor logs, fetched from each machine's data service."""
+    from harmony.obs import logs as L
+    with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
+        places = c.log_sources(a.job)
+        if a.machine:
+            places = [p for p in places if p[0] in a.machine.split(",")]
+            if not places:
+                return _die(f"no live machine named {a.machine} (live: "
+                            f"{', '.join(m for m, _ in c.log_sources(a.job)) or 'none'})")
+        offsets: dict[str, int] = {}
+        shown: dict[str, str] = {}
+        many = len(places) > 1
+        found = False
+        while True:
+            new = False
+            for machine, ep in places:
+                try:
+                    d = L.fetch(c.ctx, ep, a.job, offsets.get(machine, 0),
+                                which=a.attempt, keys=c.keys)
+                except PermissionError as exc:
+                    return _die(f"{machine}: {exc} (logs need a client or reader key)")
+                except (TimeoutError, RuntimeError) as exc:
+                    print(f"harmony: warning: {machine}: {exc}", file=sys.stderr, flush=True)
+                    continue
+                if not d["attempts"]:
+                    continue
+                found = True
+                name = d["attempts"][d["attempt"]][0]
+                if shown.get(machine) != name:      # a new attempt here: from its start
+                    if machine in shown and offsets.get(machine):
+                        offsets[machine] = 0
+                        continue
+                    shown[machine] = name
+                    if a.list:
+                        for n, size, live in d["attempts"]:
+                            print(f"{machine:10} {n:32} {size:>10} bytes"
+                                  f"{'  (running)' if live else ''}")
+                        continue
+                    print(f"==> {machine}: {name}{' (live)' if d['live'] else ''} <==",
+                          flush=True)
+                if a.list:
+                    continue
+                text = d["text"]
+                if text:
+                    new = True
+                    offsets[machine] = d["offset"] + len(text.encode("utf-8", "replace"))
+                    if many and not text.endswith("\n"):
+                        text += "\n"
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+                if d["offset"] + len(d["text"].encode()) < d["size"]:
+                    new = True      # more than one reply's worth: read on at once
+            if a.list or (not a.follow and not new):
+                break
+            if not new:
+                if c.status(a.job)["state"] in ("finished", "failed", "cancelled") and \
+                        not a.follow_forever:
+                    break
+                time.sleep(0.5)
+    if not found:
+        return _die(f"no logs of {a.job} on any live machine (kept "
+                    f"{int(L.KEEP_SECONDS // 86400)} days, at most "
+                    f"{L.KEEP_BYTES >> 20} MiB per machine)")
+    return 0
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    """PNG plots of a run from the master's records: its metrics logs, and
+    the job table if the master still runs."""
+    from harmony.obs import report as R
+    sd = os.path.abspath(a.state_dir or default_state_dir())
+    metrics = a.metrics or os.path.join(sd, "master", "metrics")
+    if not os.path.isdir(metrics):
+        return _die(f"no metrics in {metrics} (a master's STATE/metrics: pass --metrics DIR, "
+                    f"or --state-dir D of a local cluster)", 2)
+    jobs = None
+    master, keys, insecure = a.master, a.keys, a.insecure
+    info = read_info(sd) if master is None else None
+    if info:
+        master = info.get("endpoint")
+        keys = keys or info.get("keys")
+        insecure = insecure or not info.get("keys")
+    if master is not None or info:
+        try:
+            with Client(master, keys=keys, insecure=insecure, timeout_s=5) as c:
+                jobs = [c.status(j["id"]) for j in c.jobs()]
+        except ClientError as exc:
+            print(f"harmony: warning: no job table ({exc}); JCT from the metrics logs, no "
+                  f"objective curves", file=sys.stderr, flush=True)
+    try:
+        paths = R.write(a.out, R.load(metrics, jobs))
+    except R.ReportError as exc:
+        return _die(str(exc))
+    print(f"report of {metrics} in {a.out}:")
+    for p in paths:
+        print(f"  {p}")
     return 0
 
 
@@ -514,6 +639,9 @@ def cmd_demo(a: argparse.Namespace) -> int:
                 rc = follow(c, job)
         except (ClusterError, ClientError) as exc:
             return _die(str(exc))
+        except Exception as exc:     # the cause first, then the cluster stops
+            _die(f"{exc.__class__.__name__}: {exc}")
+            raise
         finally:
             cl.stop()
             print("local cluster stopped", flush=True)
@@ -576,8 +704,44 @@ def cmd_data(a: argparse.Namespace) -> int:
     return 0
 
 
+def _target(a: argparse.Namespace) -> None:
+    """The master (and key set) a client command talks to: --master, else
+    the local cluster recorded in --state-dir D, else $HARMONY_MASTER, else
+    the default local cluster if it runs (wherever its port), else
+    tcp://127.0.0.1:5760. A recorded cluster also gives its key set unless
+    --keys is given."""
+    if not hasattr(a, "master") or a.cmd == "report" or (
+            a.cmd == "cluster" and a.action in ("up", "down")):
+        return
+    sd = getattr(a, "state_dir", None)
+    if sd is not None:
+        info = read_info(sd)
+        if info is None:
+            raise ClientError(f"no local cluster runs from {sd} (nothing recorded in "
+                              f"{os.path.join(sd, 'cluster.json')}, or its processes are "
+                              f"gone); 'harmony cluster up --state-dir {sd}' starts one",
+                              "unreachable")
+    elif a.master is None and not os.environ.get("HARMONY_MASTER"):
+        info = read_info(None)
+    else:
+        info = None
+    if not info:
+        return
+    if a.master is None:
+        a.master = info.get("endpoint")
+    if a.keys is None and not a.insecure:
+        if info.get("keys"):
+            a.keys = info["keys"]
+        else:                   # a local cluster started with --insecure
+            a.insecure = True
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:    # output and errors in the order they happen, also through a pipe
+        sys.stdout.reconfigure(line_buffering=True)
+    except (AttributeError, ValueError):
+        pass
     p = argparse.ArgumentParser(prog="harmony", allow_abbrev=False,
                                 description="Harmony: co-located parameter-server training")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -591,6 +755,9 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--insecure", action="store_true",
                         help="talk plain text to a master started with --insecure "
                              "(or HARMONY_INSECURE=1)")
+        sp.add_argument("--state-dir", default=None, metavar="D",
+                        help="the local cluster started with 'harmony cluster up --state-dir "
+                             "D': its master and keys (what it recorded in D)")
         return sp
 
     s = with_master(sub.add_parser("submit", allow_abbrev=False, add_help=False,
@@ -599,7 +766,10 @@ def main(argv: list[str] | None = None) -> int:
                                          "[--master URL] [--name NAME] [app options...]"))
     s.add_argument("app", nargs="?", help="app file; 'harmony submit APP --help' lists its options")
     s.add_argument("--machines", type=int, default=1, help="machines (degree of parallelism)")
-    s.add_argument("--wait", action="store_true", help="follow progress until the job ends")
+    s.add_argument("--wait", action="store_true",
+                   help="follow progress until the job ends (a progress bar on a terminal)")
+    s.add_argument("--json", action="store_true",
+                   help="print the job id, and with --wait its progress, as JSON lines")
     s.add_argument("--name", default=None, help="a label for the job")
     s.add_argument("--group", default=None,
                    help="job group: jobs of one group share the same machines")
@@ -651,8 +821,12 @@ def main(argv: list[str] | None = None) -> int:
     s = with_master(sub.add_parser("cluster", help="local cluster: up, down, status"))
     s.add_argument("action", choices=["up", "down", "status"])
     s.add_argument("--machines", type=int, default=2)
-    s.add_argument("--state-dir", default=None)
-    s.add_argument("--port", type=int, default=5760, help="master port (0 = random)")
+    s.add_argument("--port", type=int, default=None,
+                   help="master port (0 = random; default $HARMONY_PORT or 5760, or a free "
+                        "port if that one is taken)")
+    s.add_argument("--dashboard-port", type=int, default=0,
+                   help="port of the master's web dashboard and /metrics on 127.0.0.1 "
+                        "(default 0: a free one; -1: no dashboard)")
     s.add_argument("--detach", action="store_true", help="return once the cluster is ready")
     s.add_argument("--mode", default="harmony", choices=["isolated", "naive", "harmony"],
                    help="execution mode of the master (see harmony-master start --help)")
@@ -671,6 +845,29 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--isolate", action="store_true",
                    help="shared nothing, emulated: each worker in its own mount namespace, "
                         "unable to see the master's or other workers' state dirs (root)")
+    s = with_master(sub.add_parser("logs", help="a job's executor logs, from every machine "
+                                                "that ran it (over ZeroMQ)"))
+    s.add_argument("job")
+    s.add_argument("--machine", default=None, metavar="M",
+                   help="only from these machines (comma-separated)")
+    s.add_argument("--follow", "-f", action="store_true",
+                   help="keep printing new lines until the job ends")
+    s.add_argument("--attempt", type=int, default=None, metavar="K",
+                   help="the K-th log of the job on each machine, oldest first (0, 1, ...; "
+                        "negative from the newest; default the newest); --list lists them")
+    s.add_argument("--list", action="store_true", help="list the logs kept per machine")
+    s.set_defaults(follow_forever=False)
+    s = with_master(sub.add_parser("report", help="PNG plots of a run (utilization, JCT, "
+                                                  "objectives, predicted vs measured "
+                                                  "iteration time)"))
+    s.add_argument("--out", default="harmony-report", metavar="DIR",
+                   help="where to write them (default ./harmony-report)")
+    s.add_argument("--metrics", default=None, metavar="DIR",
+                   help="a master's STATE/metrics (default: the local cluster's, from "
+                        "--state-dir or the default one)")
+    s = with_master(sub.add_parser("dashboard", help="print the URL of the master's web "
+                                                     "dashboard (with this key's token)"))
+    s.add_argument("--json", action="store_true")
     s = sub.add_parser("keys", help="CurveZMQ key sets")
     ks = s.add_subparsers(dest="action", required=True)
     k = ks.add_parser("init", help="make a key set: the cluster pair, a pair per worker, "
@@ -706,11 +903,20 @@ def main(argv: list[str] | None = None) -> int:
         n.add_argument("--seed", type=int, default=0)
         mod.add_arguments(n)
 
+    s = sub.add_parser("completion", help="shell completion: eval \"$(harmony completion "
+                                          "bash)\" (zsh: after bashcompinit)")
+    s.add_argument("shell", choices=["bash", "zsh"])
+    if argv and argv[0] == "completion":
+        from harmony.completion import bash_script
+        a = p.parse_args(argv)
+        print(bash_script(p))
+        return 0
     if argv and argv[0] == "submit":
         a, rest = p.parse_known_args(argv)
     else:
         a, rest = p.parse_args(argv), []
     try:
+        _target(a)
         if a.cmd == "submit":
             if a.app is None or a.app in ("-h", "--help"):
                 print(submit_help)
@@ -721,7 +927,8 @@ def main(argv: list[str] | None = None) -> int:
         return {"jobs": cmd_jobs, "status": cmd_status, "cancel": cmd_cancel, "keys": cmd_keys,
                 "pause": cmd_pause, "resume": cmd_resume, "resize": cmd_resize,
                 "cluster": cmd_cluster, "demo": cmd_demo, "data": cmd_data,
-                "model": cmd_model}[a.cmd](a)
+                "model": cmd_model, "dashboard": cmd_dashboard, "logs": cmd_logs,
+                "report": cmd_report}[a.cmd](a)
     except ClientError as exc:
         return _die(str(exc), 3 if exc.code == "unreachable" else 1)
     except KeyboardInterrupt:

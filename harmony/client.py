@@ -148,6 +148,16 @@ class Client:
     def resize(self, job: str, machines: int) -> dict:
         return self.request("resize", "ok", job=job, machines=machines).get("info") or {}
 
+    def dashboard(self) -> dict:
+        """The master's dashboard URL and this key's token for it ({} if none)."""
+        m = self.request("dashboard_info", "dashboard")
+        return {"url": m.get("url"), "token": m.get("token")}
+
+    def log_sources(self, job: str) -> list[tuple[str, str]]:
+        """The machines that ran ``job`` and their data services (logs)."""
+        return [(m, ep) for m, ep in self.request("log_sources", "log_places",
+                                                  job=job)["machines"]]
+
     def cluster(self) -> dict:
         m = self.request("cluster_info", "cluster")
         return {"workers": m["workers"], "master": m["master"]}

@@ -6,6 +6,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,6 +52,64 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+def read_info(state_dir: str | None = None) -> dict | None:
+    """The record of the local cluster running from ``state_dir`` (default
+    the default local cluster's): its endpoint, keys, dashboard and pids;
+    None if none runs there (no record, or its processes are gone)."""
+    path = os.path.join(os.path.abspath(state_dir or default_state_dir()), "cluster.json")
+    try:
+        with open(path) as fh:
+            info = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or not _ours(info):
+        return None
+    return info
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether ``host:port`` cannot be bound (as the master would bind it)."""
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as ZeroMQ does
+        s.bind((host, port))
+        return False
+    except OSError:
+        return True
+    finally:
+        s.close()
+
+
+def port_owner(port: int) -> str:
+    """Who listens on TCP ``port`` of this host, in words: a Harmony master
+    names its local cluster (state dir) or state dir, another process its pid
+    and name; "another program" when that cannot be seen."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return "another program"
+    pids = {c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr
+            and c.laddr.port == port and c.pid}
+    for pid in sorted(pids):
+        try:
+            proc = psutil.Process(pid)
+            cmd = proc.cmdline()
+        except psutil.Error:
+            continue
+        if any("harmony.master" in c or c.endswith("harmony-master") for c in cmd):
+            sd = cmd[cmd.index("--state-dir") + 1] if "--state-dir" in cmd[:-1] else None
+            if sd and os.path.basename(os.path.normpath(sd)) == "master" and \
+                    os.path.exists(os.path.join(os.path.dirname(os.path.normpath(sd)),
+                                                "cluster.json")):
+                cl = os.path.dirname(os.path.normpath(sd))
+                return (f"the Harmony master of the local cluster in {cl} (pid {pid}; "
+                        f"'harmony cluster down --state-dir {cl}' stops it)")
+            return (f"a Harmony master (pid {pid}" + (f", state dir {sd}" if sd else "")
+                    + ")")
+        return f"process {pid} ({proc.name()})"
+    return "another program"
+
+
 class LocalCluster:
     def __init__(self, machines: int, state_dir: str | None = None, host: str = "127.0.0.1",
                  port: int = 5760, detach: bool = False, log_level: str = "INFO",
@@ -60,7 +119,9 @@ class LocalCluster:
                  memory_per_machine: int | None = None, store_max: int | None = None,
                  preempt: bool = True, max_jobs_per_machine: int = 0,
                  isolate: bool = False, hide: list[str] | None = None,
-                 keys: str | None = None, insecure: bool = False) -> None:
+                 keys: str | None = None, insecure: bool = False,
+                 port_fallback: bool = False, dashboard: bool = True,
+                 dashboard_port: int = 0) -> None:
         if machines < 1:
             raise ClusterError("--machines must be >= 1")
         self.mode = mode
@@ -86,6 +147,14 @@ class LocalCluster:
         self.max_jobs_per_machine = max_jobs_per_machine
         self.state_dir = os.path.abspath(state_dir or default_state_dir())
         self.host, self.port, self.detach = host, port, detach
+        # a taken port: a free one instead (port_note says why), or an error
+        # that names who holds it
+        self.port_fallback = port_fallback
+        self.port_note = ""
+        # the master's web dashboard and /metrics (harmony.obs), on loopback
+        self.dashboard = dashboard
+        self.dashboard_port = dashboard_port
+        self.dashboard_url: str | None = None
         self.log_level = log_level
         self.heartbeat_timeout = heartbeat_timeout
         self.procs: list[subprocess.Popen] = []
@@ -148,6 +217,13 @@ class LocalCluster:
         sec = ["--insecure"] if self.insecure else ["--keys", self.keys]
         if self.keys:
             init_keys(self.keys, workers=names)
+        if self.port and port_taken(self.host, self.port):
+            owner = port_owner(self.port)
+            if not self.port_fallback:
+                raise ClusterError(f"port {self.port} of {self.host} is taken by {owner}; "
+                                   f"pass --port 0 for a free one (or another port)")
+            self.port_note = f"port {self.port} is taken by {owner}"
+            self.port = 0
         for stale in (mjson, self.master_file):
             if os.path.exists(stale):
                 os.unlink(stale)
@@ -157,7 +233,9 @@ class LocalCluster:
                               "--mode", self.mode,
                               *(["--policy", self.policy] if self.policy else []),
                               "--max-jobs-per-machine", str(self.max_jobs_per_machine),
-                              "--heartbeat-timeout", str(self.heartbeat_timeout), *sec],
+                              "--heartbeat-timeout", str(self.heartbeat_timeout), *sec,
+                              *(["--dashboard-port", str(self.dashboard_port)]
+                                if self.dashboard else [])],
                              "master.log")
         self.procs.append(master)
         deadline = time.time() + timeout
@@ -171,6 +249,7 @@ class LocalCluster:
                 raise ClusterError("master did not come up in time")
             time.sleep(0.05)
         self.endpoint = json.load(open(mjson))["endpoint"]
+        self.dashboard_url = _dashboard_url(mdir) if self.dashboard else None
         netem = None
         if self.rate:
             netem = os.path.join(self.state_dir, "netem.bin")
@@ -220,7 +299,8 @@ class LocalCluster:
             json.dump({"endpoint": self.endpoint, "keys": self.keys,
                        "pids": [p.pid for p in self.procs],
                        "started": [_start_time(p.pid) for p in self.procs],
-                       "machines": self.machines, "mode": self.mode}, fh)
+                       "machines": self.machines, "mode": self.mode,
+                       "dashboard": self.dashboard_url}, fh)
 
     def stop(self, timeout: float = 15.0) -> None:
         stop_pids([p.pid for p in self.procs], timeout)
@@ -239,6 +319,15 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _dashboard_url(master_dir: str) -> str | None:
+    """The dashboard address the master wrote (harmony.obs), without token."""
+    try:
+        with open(os.path.join(master_dir, "dashboard.json")) as fh:
+            return json.load(fh).get("url")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def isolation_unavailable() -> str:

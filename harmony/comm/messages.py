@@ -72,7 +72,8 @@ MASTER_LIMITS = Limits(max_bytes=MASTER_MAX_BYTES, max_header=MASTER_MAX_BYTES,
 #: strings in a field are at most this long unless the field is named below
 MAX_FIELD_STR = 64 * KiB
 _STR_CAPS = {"app_source": None,            # bounded by the header (and MAX_APP_SOURCE)
-             "error": MiB, "log_tail": MiB, "message": MiB, "reason": MiB}
+             "error": MiB, "log_tail": MiB, "message": MiB, "reason": MiB,
+             "text": 4 * MiB}
 
 _OPT = object()  # marker: optional field
 
@@ -221,6 +222,24 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "data_copied": {"name": str, "chunks": list, "to": str, "ok": bool,
                     "error": (str, _OPT)},
 }
+
+
+# -- observability (harmony.obs): dashboard address and token, executor logs --
+SCHEMAS.update({
+    # client -> master: where the dashboard and /metrics are, and this
+    # client's token for them (derived from the cluster key and the client's)
+    "dashboard_info": {},
+    "dashboard": {"url": (str, _OPT), "token": (str, _OPT)},
+    # client -> master: which machines ran a job, and their data services
+    "log_sources": {"job": str},
+    "log_places": {"job": str, "machines": list},   # [[machine, data endpoint]]
+    # client -> a worker's data service: a job's executor logs held there,
+    # from byte ``offset`` of attempt ``attempt`` (default: the newest)
+    "log_read": {"job": str, "offset": (int, _OPT), "attempt": (int, _OPT),
+                 "max_bytes": (int, _OPT)},
+    "log_data": {"job": str, "machine": str, "attempt": int, "offset": int, "text": str,
+                 "size": int, "live": bool, "attempts": list},
+})
 
 
 @dataclass(slots=True)

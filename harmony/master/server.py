@@ -27,6 +27,7 @@ from harmony.master import core as C
 from harmony.master.core import (KEEP_MODELS, MasterCore, Reconfig, Run,  # noqa: F401
                                  Worker, balance)
 from harmony.master.jobdb import JobDB, JobTableError, TableFull  # noqa: F401 (re-exported)
+from harmony.obs import dashboard as obs_dashboard
 
 log = logging.getLogger("harmony.master")
 
@@ -133,7 +134,8 @@ class Master:
                  policy: str | None = None, mode: str = "naive",
                  max_jobs_per_machine: int = 0, keys: security.Keys | None = None,
                  keep_models: int | None = None, recover: bool = False,
-                 master_file: str | None = None) -> None:
+                 master_file: str | None = None, dashboard_port: int | None = None,
+                 dashboard_host: str | None = None) -> None:
         # who may send what: with keys, every peer is authenticated (CURVE)
         # and each message type is accepted only from its role (the core's table)
         self.keys = keys
@@ -181,6 +183,8 @@ class Master:
         metrics = os.path.join(self.state_dir, "metrics")
         self._logs = {name: RotatingLog(os.path.join(metrics, f"{name}.jsonl"))
                       for name in ("machines", "jobs", "decisions")}
+        # [obs hook] dashboard + /metrics in its own thread, fed snapshots (harmony.obs)
+        self.obs = obs_dashboard.start(self, dashboard_host or host, dashboard_port)
         # where daemons find this master (also at ``master_file``: e.g. a
         # local cluster's daemons, which cannot see this state dir)
         self.master_files = [os.path.join(self.state_dir, "master.json")] + (
@@ -229,10 +233,14 @@ class Master:
                             break
                         self._dispatch(frames)
                 self._run(self.core.handle(tick, time.time()))
+                if self.obs is not None:        # [obs hook] at most once a second
+                    self.obs.tick(self)
         finally:
             self.close()
 
     def close(self) -> None:
+        if self.obs is not None:                # [obs hook]
+            self.obs.stop()
         try:
             self.sock.close(linger=0)
             security.stop_authenticator(self.ctx)
@@ -271,6 +279,8 @@ class Master:
         except M.ProtocolError as exc:
             return self._run(self.core.handle(C.Malformed(ident, str(exc)), now))
         role, name = self.keys.peer(user) if self.keys is not None else ("", "")
+        if msg.type in obs_dashboard.MESSAGES:   # [obs hook] answered by harmony.obs
+            return self._send(ident, obs_dashboard.answer(self, msg, role, name))
         self._run(self.core.handle(C.Received(ident, msg, role, name), now))
 
     def _run(self, commands: list) -> None:

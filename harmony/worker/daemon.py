@@ -30,6 +30,7 @@ import zmq
 from harmony.comm import messages as M
 from harmony.comm import security
 from harmony.comm.zmqutil import bind_random, check_endpoint, make_socket
+from harmony.obs import logs as obs_logs
 from harmony.store import staging
 from harmony.store.lmdb_store import sweep_stale
 from harmony.worker import jobckpt
@@ -155,7 +156,7 @@ class Daemon:
         self.xendpoint = bind_random(self.xsock, "127.0.0.1")
         # what this machine's disk holds (checkpoint parts, replicas), served
         # to the other machines: the only way anyone else reaches it
-        self.data = DataService(self.ctx, self.host, self.state_dir)
+        self.data = DataService(self.ctx, self.host, self.state_dir, self.name)
         self.data.start()
         # the subtask queues and the protocol state around them (pure; its
         # clock is ours: time.monotonic)
@@ -500,7 +501,7 @@ class Daemon:
                     ep.proc.kill()
                 continue
             self.retiring.remove(ep)
-            shutil.rmtree(ep.dir, ignore_errors=True)
+            obs_logs.retire(self.state_dir, ep.dir)     # [obs] its log kept (size/age limits)
         for job, ep in list(self.execs.items()):
             code = ep.proc.poll()
             if code is None:
@@ -517,7 +518,7 @@ class Daemon:
             self._send("exec_exited", job=job, index=ep.index, attempt=ep.attempt,
                        code=int(code), log_tail=tail)
             if code == 0 or ep.term_sent is not None:
-                shutil.rmtree(ep.dir, ignore_errors=True)
+                obs_logs.retire(self.state_dir, ep.dir)     # [obs] its log kept (limits)
             else:
                 self._prune_failed()
                 # a killed executor (e.g. by the OOM killer) left its job

@@ -22,6 +22,7 @@ import zmq
 from harmony.comm import messages as M
 from harmony.comm import security
 from harmony.comm.zmqutil import bind_random, make_socket
+from harmony.obs import logs as obs_logs
 from harmony.store.checkpoint import CheckpointError, CheckpointStore
 from harmony.store.staging import ChunkStore, StagingError
 from harmony.store.transfer import (CHUNK_BYTES, Assembler, Payload, TransferError,
@@ -39,8 +40,9 @@ MAX_FRAME_BYTES = CHUNK_BYTES + (1 << 20)
 
 
 class DataService:
-    def __init__(self, ctx: zmq.Context, host: str, state_dir: str) -> None:
+    def __init__(self, ctx: zmq.Context, host: str, state_dir: str, name: str = "") -> None:
         self.state_dir = state_dir
+        self.name = name              # the machine's (in log replies)
         self.chunks = ChunkStore(state_dir)      # staged input (harmony data put)
         self.sock = make_socket(ctx, zmq.ROUTER)
         self.sock.setsockopt(zmq.SNDTIMEO, 60_000)
@@ -76,15 +78,22 @@ class DataService:
                 raise
             ident = frames[0].bytes
             keys = security.current()
-            if keys is not None and len(frames) > 1 and \
-                    keys.peer(frames[1].get("User-Id"))[0] not in ("worker", "client"):
+            role = keys.peer(frames[1].get("User-Id"))[0] if keys is not None and \
+                len(frames) > 1 else None
+            if keys is not None and role not in ("worker", "client", "reader"):
                 self._reply(ident, M.error("forbidden", "the data service serves workers and "
-                                                        "clients, not read-only keys"))
+                                                        "clients, not this key"))
                 continue
             try:
                 msg = M.decode(frames[1:])
             except M.ProtocolError as exc:
                 self._reply(ident, M.error("bad_message", str(exc)))
+                continue
+            # [obs] executor logs: client and reader keys only; the rest: workers, clients
+            if keys is not None and role not in (("client", "reader") if msg.type == "log_read"
+                                                 else ("worker", "client")):
+                self._reply(ident, M.error("forbidden", f"{msg.type!r} is not allowed for "
+                                                        f"this key"))
                 continue
             try:
                 self._handle(ident, msg)
@@ -184,6 +193,10 @@ class DataService:
             log.info("replica of %s part %d (epoch %d) written: %d blocks", job, index, epoch,
                      len(got))
             self._reply(ident, M.encode("blk_done", mid=mid, ok=True, digest=digest))
+        elif msg.type == "log_read":        # [obs] executor logs (harmony.obs.logs)
+            self._reply(ident, M.encode("log_data", **obs_logs.read(
+                self.state_dir, self.name, msg["job"], msg.get("offset") or 0,
+                msg.get("attempt"), msg.get("max_bytes") or obs_logs.READ_MAX)))
         else:
             self._reply(ident, M.error("unexpected",
                                        f"the data service does not accept {msg.type!r}"))

@@ -1,0 +1,254 @@
+"""The master's web dashboard and Prometheus endpoint.
+
+An HTTP server in a daemon thread of the master process. It never touches
+the master's objects: the master's loop publishes a snapshot (a plain dict,
+:func:`harmony.obs.snapshot.build_snapshot`) at most once a second
+(:meth:`ObsServer.tick`), and the server answers from the latest one:
+
+* ``/``, ``/static/...``: one HTML page with a small vanilla JS file that
+  polls ``/api/snapshot`` every second and draws its tables and SVG charts
+  (no build step, no third-party JS);
+* ``/api/snapshot``: the snapshot as JSON;
+* ``/metrics``: Prometheus exposition format (:mod:`harmony.obs.metrics`).
+
+Bound to 127.0.0.1 unless configured. With a key set (every secure
+cluster), every path but ``/healthz`` needs a token: HMAC-SHA256 of a fixed
+label and the client's key name under the cluster's secret key, which the
+master hands only to an authenticated client or reader key
+(``harmony dashboard``); as ``?token=``, an ``Authorization: Bearer``
+header, or the cookie the page sets. A key removed from the set loses its
+token with it.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from harmony.obs import metrics as OM
+from harmony.obs.snapshot import build_snapshot
+
+log = logging.getLogger("harmony.obs")
+
+STATIC = Path(__file__).resolve().parent / "static"
+LABEL = b"harmony-dashboard-v1"
+PUBLISH_EVERY = 1.0
+_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+          ".css": "text/css; charset=utf-8", ".png": "image/png", ".svg": "image/svg+xml"}
+
+
+def token_for(server_secret: bytes, role: str, name: str) -> str:
+    """The dashboard token of the client or reader key ``role``/``name``."""
+    return hmac.new(server_secret, LABEL + f":{role}:{name}".encode(),
+                    hashlib.sha256).hexdigest()[:40]
+
+
+class ObsServer:
+    def __init__(self, host: str, port: int, keys=None, state_dir: str | None = None) -> None:
+        self.keys = keys
+        self.collector = OM.SnapshotCollector()
+        self.registry = OM.make_registry(self.collector)
+        self._snap: dict[str, Any] | None = None
+        self._json: bytes = b"{}"
+        self._last = 0.0
+        obs = self
+
+        class Handler(_Handler):
+            server_obs = obs
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.host, self.port = host, self.httpd.server_address[1]
+        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        self.url = f"http://{'[' + shown + ']' if ':' in shown else shown}:{self.port}/"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="obs-http",
+                                       kwargs={"poll_interval": 0.5}, daemon=True)
+        self.path = os.path.join(state_dir, "dashboard.json") if state_dir else None
+        if self.path:
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as fh:
+                json.dump({"url": self.url, "pid": os.getpid(), "secure": keys is not None}, fh)
+            os.replace(tmp, self.path)
+
+    # -- the master's side (its own thread) ------------------------------------------
+    def start(self) -> "ObsServer":
+        self.thread.start()
+        log.info("dashboard and /metrics on %s%s", self.url,
+                 " (token: 'harmony dashboard')" if self.keys is not None else "")
+        return self
+
+    def tick(self, master, now: float | None = None) -> None:
+        """Publish the master's snapshot, at most once every PUBLISH_EVERY s."""
+        now = time.time() if now is None else now
+        if now - self._last < PUBLISH_EVERY:
+            return
+        self._last = now
+        try:
+            self.publish(build_snapshot(master))
+        except Exception:       # the dashboard must never stop the master
+            log.exception("snapshot failed")
+
+    def publish(self, snap: dict[str, Any]) -> None:
+        self.collector.observe(snap)
+        self._snap = snap
+        self._json = b""          # encoded on demand, in the HTTP thread
+
+    def info(self, role: str, name: str) -> dict[str, Any]:
+        """The URL, and the token of the asking key (``dashboard_info``)."""
+        tok = None
+        if self.keys is not None and self.keys.server_secret is not None and role:
+            tok = token_for(self.keys.server_secret, role, name)
+        return {"url": self.url, "token": tok}
+
+    def stop(self) -> None:
+        try:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+        except Exception:
+            pass
+        if self.path:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+    # -- the HTTP thread -------------------------------------------------------------
+    def snapshot_json(self) -> bytes:
+        snap = self._snap
+        data = self._json
+        if not data:
+            data = json.dumps(snap if snap is not None else {"t": None, "jobs": []},
+                              allow_nan=False, default=str).encode()
+            if snap is self._snap:
+                self._json = data
+        return data
+
+    def allowed(self, token: str | None) -> bool:
+        if self.keys is None:
+            return True
+        if not token or self.keys.server_secret is None:
+            return False
+        for role, name in list(self.keys.known.values()):
+            if role in ("client", "reader") and hmac.compare_digest(
+                    token, token_for(self.keys.server_secret, role, name)):
+                return True
+        return False
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_obs: ObsServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *args: Any) -> None:   # quiet: no line per poll
+        log.debug("http %s", fmt % args)
+
+    def _token(self, query: dict) -> str | None:
+        if "token" in query:
+            return query["token"][0]
+        auth = self.headers.get("Authorization", "")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        for part in self.headers.get("Cookie", "").split(";"):
+            k, _, v = part.strip().partition("=")
+            if k == "harmony_token":
+                return v
+        return None
+
+    def _send(self, code: int, body: bytes, ctype: str, extra: dict | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Security-Policy",
+                         "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' "
+                         "data:")
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        obs = self.server_obs
+        url = urlsplit(self.path)
+        path = url.path
+        if path == "/healthz":
+            return self._send(200, b"ok\n", "text/plain")
+        query = parse_qs(url.query)
+        token = self._token(query)
+        if not obs.allowed(token):
+            return self._send(401, b"a token is needed: 'harmony dashboard' prints the URL "
+                                   b"with yours\n", "text/plain; charset=utf-8",
+                              {"WWW-Authenticate": 'Bearer realm="harmony"'})
+        extra = {}
+        if "token" in query and obs.keys is not None:
+            extra["Set-Cookie"] = (f"harmony_token={token}; Path=/; HttpOnly; "
+                                   f"SameSite=Strict")
+        if path in ("/", "/index.html"):
+            return self._file("index.html", extra)
+        if path.startswith("/static/"):
+            return self._file(path[len("/static/"):], extra)
+        if path == "/api/snapshot":
+            return self._send(200, obs.snapshot_json(), "application/json", extra)
+        if path == "/metrics":
+            return self._send(200, OM.exposition(obs.registry), OM.CONTENT_TYPE, extra)
+        self._send(404, b"not found\n", "text/plain")
+
+    def _file(self, name: str, extra: dict) -> None:
+        p = (STATIC / name).resolve()
+        if STATIC not in p.parents or not p.is_file():
+            return self._send(404, b"not found\n", "text/plain")
+        self._send(200, p.read_bytes(), _TYPES.get(p.suffix, "application/octet-stream"),
+                   extra)
+
+
+# -- the master's messages about observability (answered without its core) ---------
+MESSAGES = frozenset({"dashboard_info", "log_sources"})
+
+
+def answer(master, msg, role: str, name: str) -> bytes:
+    """The reply to a ``MESSAGES`` message from an authenticated ``role``/
+    ``name`` (both "" without keys): the dashboard's URL and this key's token,
+    or which machines' data services hold a job's logs. Client and reader
+    keys only. Reads ``master.keys``, ``master.obs``, ``master.jobs`` and
+    ``master.workers``."""
+    from harmony.comm import messages as M
+    if getattr(master, "keys", None) is not None and role not in ("client", "reader"):
+        log.warning("%s refused from %s %r", msg.type, role or "an unknown key", name)
+        return M.error("forbidden", f"{msg.type!r} is not allowed for this key")
+    if msg.type == "dashboard_info":
+        obs = getattr(master, "obs", None)
+        return M.encode("dashboard", **(obs.info(role, name) if obs is not None else {}))
+    if msg.type == "log_sources":
+        job = master.jobs.get(msg["job"])
+        if job is None:
+            return M.error("unknown_job", f"no job {msg['job']!r}")
+        return M.encode("log_places", job=job.id, machines=[
+            [w.name, w.data_endpoint] for w in sorted(master.workers.values(),
+                                                      key=lambda w: w.name)
+            if w.alive and w.data_endpoint])
+    return M.error("unexpected", f"not an observability message: {msg.type!r}")
+
+
+def start(master, host: str | None, port: int | None) -> ObsServer | None:
+    """The master's hook: its dashboard on ``host:port`` (None: no dashboard),
+    started; None if the port cannot be bound (logged: the master runs on)."""
+    if port is None or port < 0:
+        return None
+    try:
+        return ObsServer(host or "127.0.0.1", port, getattr(master, "keys", None),
+                         getattr(master, "state_dir", None)).start()
+    except OSError as exc:
+        log.error("no dashboard: cannot bind %s:%s: %s", host, port, exc)
+        return None

@@ -1,0 +1,216 @@
+"""The master's state as one plain, JSON-able dict: what the dashboard, the
+Prometheus endpoint and ``harmony report`` read.
+
+:func:`build_snapshot` reads only attributes of the master object
+(``jobs``, ``workers``, ``runs``, ``mode``, ``endpoint``, ``state_dir``) and
+the decisions log it writes (``STATE/metrics/decisions.jsonl``); it never
+changes anything. The master calls it at most once a second, in its own
+loop, and hands the result to the HTTP thread (:mod:`harmony.obs.dashboard`),
+which never touches the master's objects.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from collections import deque
+from typing import Any
+
+#: per-machine utilization samples in a snapshot (one a heartbeat, ~1 s)
+TIMELINE = 300
+#: points of each job's objective curve
+CURVE = 500
+#: recent scheduler decisions
+DECISIONS = 30
+DEFAULT_MAX_EPOCHS = 10     # harmony.app's default --max-epochs
+
+_MAX_EPOCHS = re.compile(r"--max-epochs(?:=(\d+))?$")
+
+
+def max_epochs(args: list) -> int:
+    """A job's --max-epochs from its app options (the default if absent)."""
+    for i, a in enumerate(args):
+        m = _MAX_EPOCHS.match(str(a))
+        if m:
+            val = m.group(1) or (args[i + 1] if i + 1 < len(args) else "")
+            try:
+                return max(1, int(val))
+            except ValueError:
+                return DEFAULT_MAX_EPOCHS
+    return DEFAULT_MAX_EPOCHS
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+class DecisionTail:
+    """The decisions log, read incrementally: the last few and a count."""
+
+    def __init__(self, path: str, keep: int = DECISIONS) -> None:
+        self.path = path
+        self.offset = 0
+        self.count = 0
+        self.recent: deque = deque(maxlen=keep)
+        self._partial = b""
+
+    def poll(self) -> None:
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            return
+        if size < self.offset:          # rotated: the new file from its start
+            self.offset, self._partial = 0, b""
+        if size == self.offset:
+            return
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read(min(size - self.offset, 8 << 20))
+        except OSError:
+            return
+        self.offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(d, dict):
+                self.count += 1
+                self.recent.append(d)
+
+
+_tails: dict[str, DecisionTail] = {}
+
+
+def _decisions(master) -> tuple[list, int]:
+    sd = getattr(master, "state_dir", None)
+    if not sd:
+        return [], 0
+    path = os.path.join(sd, "metrics", "decisions.jsonl")
+    tail = _tails.get(path)
+    if tail is None:
+        tail = _tails[path] = DecisionTail(path)
+    tail.poll()
+    out = []
+    for d in tail.recent:
+        moves = d.get("pause") or {}
+        out.append({"t": d.get("t"), "note": d.get("note", ""),
+                    "start": d.get("start") or {}, "profile": d.get("profile") or {},
+                    "pause": moves, "promote": d.get("promote") or [],
+                    "assign": d.get("assign") or {}, "predicted": d.get("predicted") or {},
+                    "util": d.get("util")})
+    return out, tail.count
+
+
+def _job(job, now: float) -> dict[str, Any]:
+    eps = job.epochs
+    last = eps[-1] if eps else {}
+    metrics = {k: v for k, v in (last.get("metrics") or {}).items() if _num(v) is not None}
+    me = max_epochs(job.args)
+    state = job.state.value
+    terminal = job.state.terminal
+    eta = None
+    if not terminal and eps and job.started:
+        t_last = last.get("time") or now
+        per = (t_last - job.started) / len(eps) if t_last > job.started else None
+        if per:
+            eta = max(0.0, per * max(0, me - len(eps)) - (now - t_last))
+    elif terminal:
+        eta = 0.0
+    curve = [[e["epoch"] + 1, _num((e.get("metrics") or {}).get("objective")), e.get("time")]
+             for e in eps[-CURVE:]]
+    data_bytes = 0.0
+    for e in eps:
+        data_bytes += _num((e.get("timings") or {}).get("bytes")) or 0.0
+    p = job.profile or {}
+    store = {}
+    for m, st in (job.store or {}).items():
+        store[m] = {k: (float(v) if isinstance(v, (int, float)) else v)
+                    for k, v in st.items() if isinstance(v, (int, float, bool, str))}
+    ck = job.checkpoint or None
+    migrations = sum(1 for ev in job.events if len(ev) > 2 and " MiB moved;" in str(ev[2]))
+    return {
+        "id": job.id, "name": job.name or job.app_name, "app": job.app_name, "state": state,
+        "group": job.sched_group or job.group or "", "machines": job.machines,
+        "workers": list(job.workers), "epoch": len(eps), "max_epochs": me,
+        "objective": _num(metrics.get("objective")), "metrics": metrics,
+        "eta": eta, "submitted": job.submitted, "started": job.started, "ended": job.ended,
+        "elapsed": ((job.ended or now) - job.started) if job.started else 0.0,
+        "predicted_iter": _num(job.predicted), "t_iter": _num(p.get("t_iter")),
+        "t_cpu": _num(p.get("t_cpu")), "t_net": _num(p.get("t_net")),
+        "attempt": job.attempt, "error": (job.error or "")[:500],
+        "reason": job.reason, "curve": curve, "data_bytes": data_bytes,
+        "last_timings": {k: v for k, v in (last.get("timings") or {}).items()
+                         if _num(v) is not None},
+        "store": store, "migrations": migrations,
+        "checkpoint": {"epoch": ck.get("epoch"), "time": ck.get("time"),
+                       "final": bool(ck.get("final"))} if isinstance(ck, dict) else None,
+        "note": (job.events[-1][2] if job.events and len(job.events[-1]) > 2 else ""),
+    }
+
+
+def _job_cached(cache: dict, job, now: float) -> dict[str, Any]:
+    """A finished, failed or cancelled job's entry does not change: built once."""
+    if not job.state.terminal:
+        cache.pop(job.id, None)
+        return _job(job, now)
+    key = (job.state.value, len(job.epochs), job.ended, len(job.events))
+    hit = cache.get(job.id)
+    if hit is None or hit[0] != key:
+        hit = cache[job.id] = (key, _job(job, now))
+    return hit[1]
+
+
+_caches: dict[int, dict] = {}
+
+
+def build_snapshot(master) -> dict[str, Any]:
+    """The master's state now, as a JSON-able dict (see the module doc)."""
+    now = time.time()
+    cache = _caches.setdefault(id(master), {})
+    jobs = [_job_cached(cache, j, now) for j in sorted(master.jobs.values(), key=lambda j: j.id)]
+    machines = []
+    for w in sorted(master.workers.values(), key=lambda w: w.name):
+        samples = list(w.stats)[-TIMELINE:]
+        machines.append({
+            "name": w.name, "host": w.host, "cpus": w.cpus, "memory": w.memory,
+            "alive": bool(w.alive), "last_seen": w.last_seen,
+            "jobs": [j["id"] for j in jobs if j["state"] in ("running", "profiling")
+                     and w.name in j["workers"]],
+            "timeline": [{k: s.get(k) for k in ("t", "cpu", "net", "q_cpu", "q_net", "mem")
+                          if k in s} for s in samples]})
+    groups: dict[str, dict] = {}
+    for j in jobs:
+        if j["state"] not in ("running", "profiling") or not j["group"]:
+            continue
+        g = groups.setdefault(j["group"], {"group": j["group"], "jobs": [], "machines": set(),
+                                           "predicted": None, "measured": []})
+        g["jobs"].append(j["id"])
+        g["machines"].update(j["workers"])
+        if j["predicted_iter"] is not None:
+            g["predicted"] = j["predicted_iter"]
+        if j["t_iter"] is not None:
+            g["measured"].append(j["t_iter"])
+    group_list = []
+    for g in sorted(groups.values(), key=lambda g: g["group"]):
+        measured = sum(g["measured"]) / len(g["measured"]) if g["measured"] else None
+        err = (abs(g["predicted"] - measured) / measured
+               if g["predicted"] is not None and measured else None)
+        group_list.append({"group": g["group"], "jobs": g["jobs"],
+                           "machines": sorted(g["machines"]), "predicted": g["predicted"],
+                           "measured": measured, "error": err})
+    decisions, n_decisions = _decisions(master)
+    runs = getattr(master, "runs", {}) or {}
+    return {"t": now, "mode": getattr(master, "mode", ""),
+            "endpoint": getattr(master, "endpoint", ""),
+            "jobs": jobs, "machines": machines, "groups": group_list,
+            "decisions": decisions, "decisions_total": n_decisions,
+            "running_attempts": len(runs)}

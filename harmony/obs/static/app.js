@@ -1,0 +1,236 @@
+// Harmony dashboard: polls /api/snapshot every second and draws tables and
+// SVG charts. Plain JS, no dependencies, no build step.
+"use strict";
+(function () {
+  const COLORS = ["#2f6fdf", "#e0662b", "#2a9d54", "#b8329b", "#8a6d1d", "#1aa3b3",
+                  "#d1344c", "#5b4bd6", "#6f8f2a", "#7a7a7a"];
+  const NS = "http://www.w3.org/2000/svg";
+  const token = new URLSearchParams(location.search).get("token");
+  const api = "api/snapshot" + (token ? "?token=" + encodeURIComponent(token) : "");
+  const $ = (sel) => document.querySelector(sel);
+  const colorOf = {};
+  function color(key) {
+    if (!(key in colorOf)) colorOf[key] = COLORS[Object.keys(colorOf).length % COLORS.length];
+    return colorOf[key];
+  }
+  function el(tag, attrs, text) {
+    const e = document.createElement(tag);
+    for (const k in attrs || {}) e.setAttribute(k, attrs[k]);
+    if (text !== undefined && text !== null) e.textContent = text;
+    return e;
+  }
+  function svgEl(tag, attrs) {
+    const e = document.createElementNS(NS, tag);
+    for (const k in attrs || {}) e.setAttribute(k, attrs[k]);
+    return e;
+  }
+  function num(v, digits) {
+    if (v === null || v === undefined || !isFinite(v)) return "";
+    return Number(v).toPrecision(digits || 6).replace(/\.?0+(e|$)/, "$1");
+  }
+  function dur(s) {
+    if (s === null || s === undefined || !isFinite(s)) return "";
+    s = Math.max(0, s);
+    if (s < 60) return s.toFixed(1) + "s";
+    const m = Math.floor(s / 60), sec = Math.round(s % 60);
+    if (m < 60) return m + "m" + String(sec).padStart(2, "0") + "s";
+    return Math.floor(m / 60) + "h" + String(m % 60).padStart(2, "0") + "m";
+  }
+  function clock(t) { return t ? new Date(t * 1000).toLocaleTimeString() : ""; }
+
+  // A line chart: series = [{name, color, points: [[x, y], ...]}]
+  function lineChart(series, o) {
+    o = Object.assign({w: 520, h: 200, ymin: null, ymax: null, log: false,
+                       xfmt: (x) => num(x, 3), yfmt: (y) => num(y, 3)}, o || {});
+    const pad = {l: 52, r: 10, t: 8, b: 22};
+    const svg = svgEl("svg", {viewBox: `0 0 ${o.w} ${o.h}`, class: "chart"});
+    const tf = (y) => (o.log ? Math.log10(Math.max(y, 1e-300)) : y);
+    let xs = [], ys = [];
+    for (const s of series) for (const p of s.points) {
+      if (p[1] === null || !isFinite(p[1]) || (o.log && p[1] <= 0)) continue;
+      xs.push(p[0]); ys.push(tf(p[1]));
+    }
+    let x0 = Math.min(...xs), x1 = Math.max(...xs);
+    let y0 = o.ymin !== null ? o.ymin : Math.min(...ys);
+    let y1 = o.ymax !== null ? o.ymax : Math.max(...ys);
+    if (!xs.length) { x0 = 0; x1 = 1; y0 = 0; y1 = 1; }
+    if (x1 === x0) { x1 = x0 + 1; }
+    if (y1 === y0) { y1 = y0 + (Math.abs(y0) || 1) * 0.1; y0 = y0 - (Math.abs(y0) || 1) * 0.1; }
+    const X = (x) => pad.l + (x - x0) / (x1 - x0) * (o.w - pad.l - pad.r);
+    const Y = (y) => o.h - pad.b - (y - y0) / (y1 - y0) * (o.h - pad.t - pad.b);
+    svg.appendChild(svgEl("rect", {x: pad.l, y: pad.t, width: o.w - pad.l - pad.r,
+                                   height: o.h - pad.t - pad.b, fill: "none", class: "axis"}));
+    for (let i = 0; i <= 4; i++) {
+      const yv = y0 + (y1 - y0) * i / 4, yy = Y(yv);
+      svg.appendChild(svgEl("line", {x1: pad.l, x2: o.w - pad.r, y1: yy, y2: yy, class: "axis"}));
+      const t = svgEl("text", {x: pad.l - 4, y: yy + 3, "text-anchor": "end"});
+      t.textContent = o.yfmt(o.log ? Math.pow(10, yv) : yv);
+      svg.appendChild(t);
+    }
+    for (let i = 0; i <= 4; i++) {
+      const xv = x0 + (x1 - x0) * i / 4;
+      const t = svgEl("text", {x: X(xv), y: o.h - 6, "text-anchor": "middle"});
+      t.textContent = o.xfmt(xv);
+      svg.appendChild(t);
+    }
+    for (const s of series) {
+      const pts = s.points.filter((p) => p[1] !== null && isFinite(p[1]) && !(o.log && p[1] <= 0));
+      if (!pts.length) continue;
+      const d = pts.map((p, i) => (i ? "L" : "M") + X(p[0]).toFixed(1) + "," +
+                        Y(tf(p[1])).toFixed(1)).join("");
+      svg.appendChild(svgEl("path", {d: d, stroke: s.color, class: "series",
+                                     "data-name": s.name, "data-points": pts.length}));
+      if (pts.length <= 60) {
+        for (const p of pts) {
+          svg.appendChild(svgEl("circle", {cx: X(p[0]).toFixed(1), cy: Y(tf(p[1])).toFixed(1),
+                                           r: 2.2, fill: s.color, class: "point"}));
+        }
+      }
+    }
+    return svg;
+  }
+  function legend(series) {
+    const d = el("div", {class: "legend"});
+    for (const s of series) {
+      const it = el("span");
+      const sw = el("i"); sw.style.background = s.color;
+      it.appendChild(sw); it.appendChild(document.createTextNode(s.name));
+      d.appendChild(it);
+    }
+    return d;
+  }
+  function barChart(groups) {   // predicted vs measured per group
+    const w = 520, h = 26 + 34 * groups.length, pad = 90;
+    const svg = svgEl("svg", {viewBox: `0 0 ${w} ${h}`, class: "chart bars"});
+    const max = Math.max(1e-9, ...groups.map((g) => Math.max(g.predicted || 0, g.measured || 0)));
+    groups.forEach((g, i) => {
+      const y = 8 + i * 34;
+      const t = svgEl("text", {x: 4, y: y + 14}); t.textContent = g.group; svg.appendChild(t);
+      [["predicted", "#9bb7ec"], ["measured", "#2f6fdf"]].forEach(([k, c], j) => {
+        const v = g[k]; if (v === null || v === undefined) return;
+        const bw = (w - pad - 130) * v / max;
+        svg.appendChild(svgEl("rect", {x: pad, y: y + j * 13, width: Math.max(1, bw), height: 11,
+                                       fill: c, class: "bar " + k}));
+        const lt = svgEl("text", {x: pad + bw + 4, y: y + j * 13 + 9});
+        lt.textContent = k + " " + num(v, 3) + "s"; svg.appendChild(lt);
+      });
+    });
+    return svg;
+  }
+
+  function renderJobs(snap) {
+    const tb = $("#jobs tbody");
+    tb.textContent = "";
+    for (const j of snap.jobs) {
+      const tr = el("tr", {"data-job": j.id, "data-state": j.state});
+      const st = el("td"); st.appendChild(el("span", {class: "state " + j.state}, j.state));
+      const cells = [
+        el("td", {}, j.id + (j.name && j.name !== j.app ? " (" + j.name + ")" : "")),
+        el("td", {}, j.app), st, el("td", {}, j.group || "–"),
+        el("td", {}, j.workers.length ? j.workers.join(", ") : String(j.machines)),
+        el("td", {class: "num"}, j.epoch + " / " + j.max_epochs),
+        el("td", {class: "num objective"}, num(j.objective, 8)),
+        el("td", {class: "num"}, j.t_iter !== null ? num(j.t_iter, 3) + "s" : ""),
+        el("td", {class: "num"}, dur(j.elapsed)),
+        el("td", {class: "num"}, j.state === "finished" ? "done" : dur(j.eta)),
+        el("td", {class: "note" + (j.state === "failed" ? " error" : "")},
+           j.state === "failed" ? j.error : (j.reason || j.note)),
+      ];
+      cells.forEach((c) => tr.appendChild(c));
+      tb.appendChild(tr);
+    }
+  }
+  function renderObjective(snap) {
+    const box = $("#objective");
+    const series = snap.jobs.filter((j) => j.curve.length).map((j) => (
+      {name: j.id + " " + j.app, color: color(j.id), points: j.curve.map((p) => [p[0], p[1]])}));
+    const pos = series.every((s) => s.points.every((p) => p[1] === null || p[1] > 0));
+    box.textContent = "";
+    box.appendChild(lineChart(series, {log: pos && series.length > 0, xfmt: (x) => num(x, 3)}));
+    box.appendChild(legend(series));
+  }
+  function renderGroups(snap) {
+    const tb = $("#groups tbody");
+    tb.textContent = "";
+    for (const g of snap.groups) {
+      const tr = el("tr", {"data-group": g.group});
+      [g.group, g.jobs.join(", "), g.machines.join(", ")].forEach((t) => tr.appendChild(el("td", {}, t)));
+      tr.appendChild(el("td", {class: "num"}, g.predicted !== null ? num(g.predicted, 4) + "s" : ""));
+      tr.appendChild(el("td", {class: "num"}, g.measured !== null ? num(g.measured, 4) + "s" : ""));
+      tr.appendChild(el("td", {class: "num"}, g.error !== null ? (100 * g.error).toFixed(1) + "%" : ""));
+      tb.appendChild(tr);
+    }
+    if (!snap.groups.length) {
+      tb.appendChild(el("tr")).appendChild(el("td", {colspan: 6, class: "muted"},
+        "no scheduler groups running"));
+    }
+    const box = $("#groupbars");
+    box.textContent = "";
+    if (snap.groups.length) box.appendChild(barChart(snap.groups));
+  }
+  function renderMachines(snap) {
+    const box = $("#machines");
+    box.textContent = "";
+    for (const m of snap.machines) {
+      const d = el("div", {class: "machine", "data-machine": m.name});
+      d.appendChild(el("h3", {}, m.name + " (" + m.cpus + " cores" + (m.alive ? "" : ", LOST") +
+                          ")" + (m.jobs.length ? ": " + m.jobs.join(", ") : "")));
+      const t0 = snap.t;
+      const pts = (k) => m.timeline.filter((s) => s[k] !== undefined).map((s) => [s.t - t0, s[k]]);
+      const series = [
+        {name: "CPU", color: "#2f6fdf", points: pts("cpu")},
+        {name: "network", color: "#e0662b", points: pts("net")},
+        {name: "CPU queue busy", color: "#2a9d54", points: pts("q_cpu")},
+        {name: "NET queue busy", color: "#b8329b", points: pts("q_net")},
+      ].filter((s) => s.points.length);
+      d.appendChild(lineChart(series, {w: 420, h: 150, ymin: 0, ymax: 1,
+                                       xfmt: (x) => Math.round(x) + "s",
+                                       yfmt: (y) => Math.round(100 * y) + "%"}));
+      d.appendChild(legend(series));
+      box.appendChild(d);
+    }
+  }
+  function renderDecisions(snap) {
+    const ol = $("#decisions");
+    ol.textContent = "";
+    const ds = snap.decisions.slice().reverse();
+    for (const dcs of ds) {
+      const li = el("li");
+      li.appendChild(el("span", {class: "when"}, clock(dcs.t)));
+      const parts = [dcs.note || "decision"];
+      const fmt = (o) => Object.entries(o).map(([k, v]) => k + "→" + (Array.isArray(v) ? v.join(",") : v)).join("; ");
+      if (Object.keys(dcs.profile).length) parts.push("profile " + fmt(dcs.profile));
+      if (Object.keys(dcs.start).length) parts.push("start " + fmt(dcs.start));
+      if (Object.keys(dcs.pause).length) parts.push("move/pause " + fmt(dcs.pause));
+      if (dcs.promote.length) parts.push("promote " + dcs.promote.join(", "));
+      if (Object.keys(dcs.predicted).length) parts.push("predicted " + Object.entries(
+        dcs.predicted).map(([g, v]) => g + " " + num(v, 3) + "s").join(", "));
+      li.appendChild(document.createTextNode(parts.join(" · ")));
+      ol.appendChild(li);
+    }
+    if (!ds.length) ol.appendChild(el("li", {class: "muted"}, "no decisions yet"));
+  }
+  function render(snap) {
+    const by = {};
+    for (const j of snap.jobs) by[j.state] = (by[j.state] || 0) + 1;
+    $("#summary").textContent = snap.mode + " mode · " + snap.endpoint + " · " +
+      snap.machines.filter((m) => m.alive).length + " machine(s) · " +
+      (Object.entries(by).map(([k, v]) => v + " " + k).join(", ") || "no jobs");
+    $("#updated").textContent = "updated " + clock(snap.t);
+    renderJobs(snap); renderObjective(snap); renderGroups(snap); renderMachines(snap);
+    renderDecisions(snap);
+    document.body.setAttribute("data-updated", String(snap.t));
+  }
+  async function poll() {
+    try {
+      const r = await fetch(api, {cache: "no-store", credentials: "same-origin"});
+      if (!r.ok) throw new Error(r.status + " " + (await r.text()));
+      const snap = await r.json();
+      if (snap.t) render(snap);
+    } catch (e) {
+      $("#updated").textContent = "not updated: " + e.message;
+    }
+    setTimeout(poll, 1000);
+  }
+  poll();
+})();

@@ -1,0 +1,283 @@
+"""The master's dashboard and /metrics (harmony.obs) on a real local cluster
+with two jobs: Prometheus text parsed by the client library's parser, the
+snapshot API, the token, and the page rendered by headless Chromium."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from apps_for_tests import TOY_APP
+from conftest import NMF_APP, wait_state
+from harmony.client import Client
+from harmony.cluster import LocalCluster
+
+
+@pytest.fixture(scope="module")
+def obs_cluster(tmp_path_factory, ratings):
+    cl = LocalCluster(2, str(tmp_path_factory.mktemp("obs-cluster")), port=0,
+                      mode="harmony")
+    cl.start()
+    try:
+        with Client(cl.endpoint) as c:
+            dash = c.dashboard()
+            long = c.submit("toy.py", TOY_APP, ["--max-epochs", "100000", "--sleep", "0.02"],
+                            1, name="long")
+            short = c.submit("nmf.py", NMF_APP.read_text(),
+                             ["--input", ratings, "--max-epochs", "4"], 1)
+            wait_state(c, short, ("finished",))
+            deadline = time.time() + 60
+            while len(c.status(long)["epochs"]) < 3:
+                assert time.time() < deadline
+                time.sleep(0.2)
+        time.sleep(1.5)        # a snapshot published after that
+        yield cl, dash, long, short
+    finally:
+        cl.stop()
+
+
+def _get(url, token=None, header=False):
+    req = urllib.request.Request(url + (f"?token={token}" if token and not header else ""))
+    if token and header:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status, r.read().decode()
+
+
+def test_dashboard_url_and_token(obs_cluster):
+    cl, dash, _, _ = obs_cluster
+    assert cl.dashboard_url and dash["url"] == cl.dashboard_url
+    assert dash["url"].startswith("http://127.0.0.1:") and len(dash["token"]) == 40
+    for path in ("", "api/snapshot", "metrics"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _get(dash["url"] + path)
+        assert e.value.code == 401
+        with pytest.raises(urllib.error.HTTPError):
+            _get(dash["url"] + path, "0" * 40)
+    assert _get(dash["url"] + "healthz")[0] == 200
+    # the token goes only to client and reader keys
+    from harmony.comm import security
+    from harmony.client import ClientError
+    with Client(cl.endpoint, keys=security.Keys.load(cl.keys, "reader", "reader")) as c:
+        tok = c.dashboard()["token"]
+        assert tok and tok != dash["token"] and _get(dash["url"] + "metrics", tok)[0] == 200
+    with Client(cl.endpoint, keys=security.Keys.load(cl.keys, "worker", "m0")) as c:
+        with pytest.raises(ClientError, match="not allowed"):
+            c.dashboard()
+        with pytest.raises(ClientError, match="not allowed"):
+            c.log_sources("job-0001")
+
+
+def test_metrics_scrape(obs_cluster):
+    cl, dash, long, short = obs_cluster
+    status, text = _get(dash["url"] + "metrics", dash["token"], header=True)
+    assert status == 200
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    val = lambda fam, **lb: [s.value for s in fams[fam].samples  # noqa: E731
+                             if all(s.labels.get(k) == v for k, v in lb.items())]
+    assert val("harmony_jobs", state="finished") == [1.0]
+    assert val("harmony_jobs", state="running") + val("harmony_jobs", state="profiling") \
+        and sum(val("harmony_jobs", state="running") + val("harmony_jobs",
+                                                            state="profiling")) == 1.0
+    assert fams["harmony_job_epochs"].type == "counter"
+    assert val("harmony_job_epochs", job=short) == [4.0]
+    assert val("harmony_job_epochs", job=long)[0] >= 3
+    with Client(cl.endpoint) as c:
+        st = c.status(short)
+    assert val("harmony_job_objective", job=short) == [st["epochs"][-1]["metrics"]["objective"]]
+    assert val("harmony_job_data_bytes", job=short)[0] > 0
+    assert val("harmony_job_phase_seconds", job=short, phase="comp")[0] > 0
+    assert val("harmony_machine_up", machine="m0") == [1.0]
+    assert val("harmony_machine_up", machine="m1") == [1.0]
+    assert len(val("harmony_machine_utilization", resource="cpu")) == 2
+    assert val("harmony_scheduler_decisions")[0] >= 1
+    assert val("harmony_store_alpha", job=short)            # from the executors' reports
+    assert val("harmony_job_checkpoints", job=short)[0] >= 1    # its final checkpoint
+    for name in ("harmony_job_migrations", "harmony_store_reload_bytes",
+                 "harmony_group_predicted_iteration_seconds"):
+        assert name in fams
+
+
+def test_snapshot_api(obs_cluster):
+    _, dash, long, short = obs_cluster
+    snap = json.loads(_get(dash["url"] + "api/snapshot", dash["token"])[1])
+    jobs = {j["id"]: j for j in snap["jobs"]}
+    assert jobs[short]["state"] == "finished" and jobs[short]["epoch"] == 4
+    assert len(jobs[short]["curve"]) == 4 and jobs[short]["max_epochs"] == 4
+    assert jobs[long]["name"] == "long" and jobs[long]["eta"] is not None
+    assert {m["name"] for m in snap["machines"]} == {"m0", "m1"}
+    assert all(m["timeline"] for m in snap["machines"])
+    assert snap["decisions"] and snap["decisions_total"] >= 1
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (Debian: apt-get "
+                                              "install chromium); CI has only Python")
+def test_dashboard_renders_in_chromium(obs_cluster, tmp_path):
+    _, dash, long, short = obs_cluster
+    url = f"{dash['url']}?token={dash['token']}"
+    args = [CHROMIUM, "--headless", "--disable-gpu", "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000"]
+    if os.geteuid() == 0:
+        args.append("--no-sandbox")
+    r = subprocess.run(args + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
+    dom = r.stdout
+    assert "data-updated=" in dom, (r.stderr[-2000:], dom[:2000])
+    # the job table: one row per job, with its state
+    assert re.search(rf'<tr data-job="{short}" data-state="finished">', dom)
+    assert re.search(rf'<tr data-job="{long}" data-state="(running|profiling)">', dom)
+    # charts with points: each job's objective curve, each machine's utilization
+    obj = dom[dom.index('id="objective"'):]
+    counts = {m.group(1): int(m.group(2)) for m in re.finditer(
+        r'data-name="(job-\d+) [^"]*" data-points="(\d+)"', obj)}
+    assert counts.get(short) == 4 and counts.get(long, 0) >= 3
+    assert dom.count('class="point"') >= 7
+    assert re.search(r'data-machine="m0".*?data-name="CPU" data-points="[1-9]', dom, re.S)
+    assert "<li>" in dom[dom.index('id="decisions"'):] or "<li " in dom
+    if os.environ.get("HARMONY_SCREENSHOT"):     # docs/dashboard.png
+        subprocess.run(args + ["--hide-scrollbars", "--window-size=1400,1250",
+                               f"--screenshot={os.environ['HARMONY_SCREENSHOT']}", url],
+                       capture_output=True, timeout=120)
+
+
+# -- logs from anywhere (harmony logs) ------------------------------------------------
+def test_logs_of_a_finished_job_are_kept_and_fetched(obs_cluster):
+    from conftest import run_cli
+    cl, _, long, short = obs_cluster
+    r = run_cli("logs", short, "--master", cl.endpoint)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"==> m\d: " + short + r"\.0\.\d+ <==", r.stdout)
+    assert "epoch 3:" in r.stdout and "checkpoint after epoch 3" in r.stdout
+    # a read-only key may read logs too
+    r2 = run_cli("logs", short, "--master", cl.endpoint, env={"HARMONY_KEY_NAME": "reader"})
+    assert r2.returncode == 0 and r2.stdout == r.stdout
+    r = run_cli("logs", short, "--master", cl.endpoint, "--list")
+    assert r.returncode == 0 and f"{short}.0." in r.stdout
+    r = run_cli("logs", long, "--master", cl.endpoint)      # a running job's, live
+    assert r.returncode == 0 and "(live)" in r.stdout and "epoch 1:" in r.stdout
+
+
+def test_logs_follow_until_the_job_ends(obs_cluster):
+    from conftest import run_cli
+    cl, _, _, _ = obs_cluster
+    with Client(cl.endpoint) as c:
+        job = c.submit("toy.py", TOY_APP, ["--max-epochs", "6", "--sleep", "0.1"], 1)
+    r = run_cli("logs", job, "--follow", "--master", cl.endpoint, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "epoch 5:" in r.stdout       # the last epoch: it followed to the end
+
+
+def test_logs_refuse_worker_keys(obs_cluster):
+    import zmq
+    from harmony.comm import security
+    from harmony.obs import logs as L
+    cl, _, _, short = obs_cluster
+    with Client(cl.endpoint) as c:
+        places = c.log_sources(short)
+    worker = security.Keys.load(cl.keys, "worker", "m0")
+    ctx = zmq.Context()
+    try:
+        with pytest.raises(PermissionError, match="not allowed"):
+            L.fetch(ctx, places[0][1], short, keys=worker)
+        # and a reader key still gets only logs from a data service, no checkpoints
+        from harmony.comm import messages as M
+        from harmony.comm.zmqutil import make_socket
+        reader = security.Keys.load(cl.keys, "reader", "reader")
+        s = make_socket(ctx, zmq.DEALER, keys=reader)
+        s.connect(places[0][1])
+        s.send(M.encode("ckpt_manifest", job=short, epoch=3, index=0))
+        assert s.poll(10000)
+        r = M.decode(s.recv_multipart())
+        s.close(linger=0)
+        assert r.type == "error" and r["code"] == "forbidden"
+    finally:
+        ctx.term()
+
+
+def test_kept_logs_have_size_and_age_limits(tmp_path):
+    from harmony.obs import logs as L
+    sd = str(tmp_path)
+    for i in range(5):
+        d = tmp_path / "jobs" / f"job-000{i}.0.1"
+        d.mkdir(parents=True)
+        (d / "executor.log").write_text("x" * 1000)
+        os.utime(d / "executor.log", (1000 + i, 1000 + i))
+        L.retire(sd, str(d), keep_bytes=10**9, keep_seconds=1e12)
+        assert not d.exists()
+    kept = sorted(os.listdir(tmp_path / "logs"))
+    assert kept == [f"job-000{i}.0.1.log" for i in range(5)]
+    assert L.find(sd, "job-0003")[0]["name"] == "job-0003.0.1"
+    assert L.prune(sd, keep_bytes=2500, keep_seconds=1e12) == 3      # the oldest go first
+    assert sorted(os.listdir(tmp_path / "logs")) == ["job-0003.0.1.log", "job-0004.0.1.log"]
+    assert L.prune(sd, keep_bytes=10**9, keep_seconds=60) == 2        # too old
+    assert L.find(sd, "../etc") == [] and L.find(sd, "job-0004") == []
+
+
+def test_report_pngs_of_the_run(obs_cluster, tmp_path):
+    pytest.importorskip("matplotlib", reason="harmony report needs matplotlib ([report] extra)")
+    from conftest import run_cli
+    cl, _, long, short = obs_cluster
+    out = tmp_path / "rep"
+    r = run_cli("report", "--state-dir", cl.state_dir, "--out", str(out), timeout=180)
+    assert r.returncode == 0, r.stderr
+    for name in ("utilization.png", "iteration.png", "jct.png", "objective.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+    summary = json.loads((out / "summary.json").read_text())
+    jobs = {j["id"]: j for j in summary["jobs"]}
+    assert jobs[short]["epochs"] == 4 and jobs[short]["state"] == "finished"
+    assert set(summary["machines"]) == {"m0", "m1"}
+    # no master: what the metrics logs hold, said
+    r = run_cli("report", "--metrics", os.path.join(cl.state_dir, "master", "metrics"),
+                "--master", "tcp://127.0.0.1:1", "--out", str(tmp_path / "r2"),
+                env={"HARMONY_CLIENT_TIMEOUT": "1"}, timeout=180)
+    assert r.returncode == 0 and "no job table" in r.stderr
+    assert (tmp_path / "r2" / "utilization.png").exists()
+    assert not (tmp_path / "r2" / "objective.png").exists()
+
+
+def test_snapshot_of_a_master_object_without_io(tmp_path):
+    """build_snapshot reads only the master's attributes (and its decisions log)."""
+    import collections
+    import types
+    from harmony.master.jobs import Job, JobState
+    from harmony.obs import metrics as OM
+    from harmony.obs.snapshot import build_snapshot, max_epochs
+    assert max_epochs(["--max-epochs", "12"]) == 12 and max_epochs(["--max-epochs=3"]) == 3
+    assert max_epochs([]) == 10
+    j = Job(id="job-0001", app_name="nmf.py", app_source="", args=["--max-epochs=7"],
+            machines=1)
+    j.transition(JobState.RUNNING, "go")
+    j.workers = ["m0"]
+    for e in range(3):
+        j.epochs.append({"epoch": e, "metrics": {"objective": 10.0 / (e + 1)},
+                         "timings": {"bytes": 5.0, "comp": 0.1}, "time": time.time()})
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "decisions.jsonl").write_text(
+        json.dumps({"t": 1.0, "note": "arrival of job-0001: stays", "start": {},
+                    "predicted": {"g1": 0.5}}) + "\n")
+    w = types.SimpleNamespace(name="m0", host="h", cpus=2, memory=1, alive=True, last_seen=0,
+                              stats=collections.deque([{"t": 1.0, "cpu": 0.5, "q_cpu": 0.2}]))
+    m = types.SimpleNamespace(jobs={j.id: j}, workers={"m0": w}, runs={}, mode="harmony",
+                              endpoint="tcp://x:1", state_dir=str(tmp_path))
+    snap = build_snapshot(m)
+    json.dumps(snap, allow_nan=False)
+    job = snap["jobs"][0]
+    assert (job["max_epochs"], job["epoch"], job["data_bytes"]) == (7, 3, 15.0)
+    assert job["objective"] == 10.0 / 3 and job["eta"] is not None
+    assert snap["machines"][0]["jobs"] == ["job-0001"]
+    assert snap["decisions"][0]["note"] == "arrival of job-0001: stays"
+    c = OM.SnapshotCollector()
+    c.observe(snap)
+    fams = {f.name: f for f in text_string_to_metric_families(
+        OM.exposition(OM.make_registry(c)).decode())}
+    assert fams["harmony_scheduler_decisions"].samples[0].value == 1
+    assert fams["harmony_queue_busy_ratio"].samples[0].value == 0.2
