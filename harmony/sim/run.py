@@ -24,8 +24,9 @@ from harmony.sim.trace import TraceJob, iteration_profile
 #: iterations per simulated one (k x the COMP and COMM seconds), which keeps
 #: paper-scale runs fast; bench/sim_paper.py measures what it changes
 GRAIN = 60
-#: epochs that run real iterations first: the scheduler's profiling epochs
-#: (harmony.master.policy.PROFILE_SAMPLES) and one more
+#: epochs that run at the trace's own epoch length first (one simulated
+#: iteration of iters_per_epoch real ones each): the scheduler profiles a
+#: job on its first PROFILE_SAMPLES epochs
 FINE_EPOCHS = P.PROFILE_SAMPLES + 1
 
 
@@ -59,15 +60,19 @@ def sim_jobs(trace: list[TraceJob], bandwidth: float, grain: int = GRAIN,
         # the first epochs run real iterations (the scheduler profiles a job
         # on them); the rest in at most ``grain`` chunks of k real ones
         fine = min(total, FINE_EPOCHS * ipe)
-        plan = [(min(ipe, fine - i), 1) for i in range(0, fine, ipe)]
+        plan = [(1, min(ipe, fine - i)) for i in range(0, fine, ipe)]
         rest = total - fine
         if rest:
             k = max(ipe, math.ceil(rest / grain))
             plan += [(1, min(k, rest - i)) for i in range(0, rest, k)]
         link = tj.link or bandwidth
+        memo: dict[int, tuple[float, float]] = {}
 
-        def profile(m: int, tj: TraceJob = tj) -> tuple[float, float]:
-            return iteration_profile(tj, m, bandwidth)
+        def profile(m: int, tj: TraceJob = tj, memo: dict = memo) -> tuple[float, float]:
+            p = memo.get(m)
+            if p is None:
+                p = memo[m] = iteration_profile(tj, m, bandwidth)
+            return p
         e = error * (1 if rng.random() < 0.5 else -1) if error else 0.0
         out.append(SimJob(id=tj.id, app=tj.app, arrival=tj.arrival, epochs=len(plan),
                           machines=tj.machines, iters=ipe, profile=profile,
