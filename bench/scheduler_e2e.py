@@ -95,6 +95,8 @@ def run_mode(spec: str, jobs, times, tmp: str, a) -> dict:
            "pauses": sum(sum(1 for e in s["events"] if e[1] in ("paused", "profiled"))
                          for s in sts.values())}
     res.update(prediction_error(os.path.join(sd, "master", "metrics")))
+    res["statuses"] = list(sts.values())         # for bench/sim_fidelity.py
+    res["metrics_dir"] = os.path.join(sd, "master", "metrics")
     return res
 
 
@@ -171,7 +173,8 @@ def main() -> None:
         for mode in a.modes.split(","):
             r = run_mode(mode, jobs, times, tmp, a)
             results.append(r)
-            print(json.dumps(r), flush=True)
+            print(json.dumps({k: v for k, v in r.items() if k not in ("statuses", "metrics_dir")}),
+                  flush=True)
     base = next((r for r in results if r["mode"].startswith("isolated")), results[0])
     print(f"\nratios against {base['mode']}")
     print(f"\n{'mode':11} {'makespan':>9} {'x iso':>6} {'mean JCT':>9} {'x iso':>6} "

@@ -903,6 +903,8 @@ def main(argv: list[str] | None = None) -> int:
         n.add_argument("--seed", type=int, default=0)
         mod.add_arguments(n)
 
+    from harmony.sim.cli import add_parser as add_sim_parser
+    add_sim_parser(sub)
     s = sub.add_parser("completion", help="shell completion: eval \"$(harmony completion "
                                           "bash)\" (zsh: after bashcompinit)")
     s.add_argument("shell", choices=["bash", "zsh"])
@@ -911,6 +913,9 @@ def main(argv: list[str] | None = None) -> int:
         a = p.parse_args(argv)
         print(bash_script(p))
         return 0
+    if argv and argv[0] == "sim":      # no master, no keys
+        from harmony.sim.cli import cmd_sim
+        return cmd_sim(p.parse_args(argv))
     if argv and argv[0] == "submit":
         a, rest = p.parse_known_args(argv)
     else:

@@ -87,6 +87,8 @@ class Contention:
     model: ContentionModel = field(default_factory=lambda: CALIBRATED)
     secondary_share: float = 0.0
     startup: float = 1.0            # s from launch to exec_ready
+    epoch_overhead: float = 0.0     # s at each epoch end outside COMP/COMM (the sums'
+                                    # round trip, the store's adaptation, logging)
     bandwidth: float = 1.25e9       # bytes/s per machine link (moves, checkpoints)
     disk: float = 5e8               # bytes/s: checkpoint writes, input reads at launch
 
@@ -288,6 +290,8 @@ class _Exec:
 
     # -- the epoch loop --------------------------------------------------------------
     def _begin_epoch(self) -> None:
+        if not self.alive:
+            return
         self.tm = {"pull": 0.0, "comp": 0.0, "push": 0.0, "eval": 0.0}
         self.t_epoch = self.sim.now
         self.stood0 = self.stood
@@ -388,7 +392,11 @@ class _Exec:
         if f.get("reconfig"):
             return self.sim._send_master(self, "at_boundary", epoch=ep, seq=self.seq,
                                          inputs=self.inputs)
-        self._begin_epoch()
+        over = self.sim.contention.epoch_overhead
+        if over > 0:
+            self.sim._later(over, self._begin_epoch)
+        else:
+            self._begin_epoch()
 
     def _ckpt_seconds(self) -> float:
         c = self.sim.contention

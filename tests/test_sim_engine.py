@@ -1,0 +1,137 @@
+"""The simulator drives the master's own core and the daemon's own queue
+core in simulated time (harmony.sim.engine, harmony.sim.run, harmony sim)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from harmony.master.core import MasterCore
+from harmony.sim.engine import Contention, SimJob, Simulator
+from harmony.sim.run import setup, sim_jobs, simulate
+from harmony.sim.trace import TraceJob, save_trace
+from harmony.worker.daemon_core import DaemonCore
+
+
+def job(i: str, arrival: float, cpu: float, net: float, epochs: int = 2, iters: int = 1,
+        machines: int = 1) -> SimJob:
+    return SimJob(id=i, app="nmf", arrival=arrival, epochs=epochs, machines=machines,
+                  iters=iters, profile=lambda m, c=cpu, n=net: (c / m, n))
+
+
+def test_isolated_runs_jobs_one_after_another_to_the_simulated_second():
+    """Start-up 1 s, then per iteration PULL 0.25 + COMP 1.0 + PUSH 0.25:
+    two epochs of one iteration end 4 s after the launch; the second job
+    waits for the machine."""
+    sim = Simulator([job("a", 0.0, 1.0, 0.5), job("b", 0.5, 1.0, 0.5)], 1, mode="isolated")
+    out = sim.run()
+    got = {j["id"]: (j["start"], j["end"], j["state"]) for j in out.jobs}
+    assert got == {"a": (0.0, 4.0, "finished"), "b": (4.0, 8.0, "finished")}
+    assert out.makespan == 8.0
+    cpu, net = out.utilization()
+    assert cpu == pytest.approx(4.0 / 8.0) and net == pytest.approx(2.0 / 8.0)
+
+
+def test_the_engine_runs_the_real_cores():
+    sim = Simulator([job("a", 0.0, 1.0, 0.5)], 2, mode="harmony")
+    assert type(sim.core) is MasterCore
+    assert all(type(m.q) is DaemonCore for m in sim.machines.values())
+    sim.run()
+    (j,) = sim.core.jobs.values()
+    assert j.state.value == "finished" and len(j.epochs) == 2
+    assert j.profile["t_cpu"] > 0 and j.profile["samples"] >= 1     # what executors reported
+
+
+def test_harmony_overlaps_complementary_jobs_that_isolated_runs_in_turn():
+    """A CPU-heavy and a network-heavy job on one machine: the queues run
+    one's COMP during the other's COMM, so both finish sooner than one
+    after the other; naive sharing without the queues pays the contention
+    model's interference."""
+    jobs = [job("cpu", 0.0, 1.0, 0.2, epochs=8, iters=2),
+            job("net", 0.0, 0.2, 1.0, epochs=8, iters=2)]
+    res = {m: Simulator(jobs, 1, mode=m).run() for m in ("isolated", "naive", "harmony")}
+    assert all(j["state"] == "finished" for r in res.values() for j in r.jobs)
+    assert res["harmony"].makespan < 0.8 * res["isolated"].makespan
+    assert res["naive"].makespan > res["harmony"].makespan
+    cpu_h, _ = res["harmony"].utilization()
+    cpu_i, _ = res["isolated"].utilization()
+    assert cpu_h > cpu_i
+
+
+def test_a_pause_and_a_live_resize_complete_in_simulation():
+    """Jobs that arrive while others run make the Harmony policy regroup:
+    moves (live resizes) and pauses go through the core's protocol and
+    every job still finishes with all its epochs."""
+    jobs = [job(f"j{i}", 3.0 * i, 1.0 if i % 2 else 0.2, 0.2 if i % 2 else 1.0,
+                epochs=12, iters=2, machines=2) for i in range(6)]
+    sim = Simulator(jobs, 4, mode="harmony")
+    out = sim.run()
+    assert all(j["state"] == "finished" and j["epochs"] == 12 for j in out.jobs)
+    events = [e[2] for j in sim.core.jobs.values() for e in j.events]
+    assert any("moves to" in e or "waits" in e for e in events)
+    assert out.decisions
+
+
+def test_trace_jobs_keep_their_iterations_whatever_the_grain():
+    tj = TraceJob(id="t", arrival=0.0, app="nmf", iterations=1000, cpu_s=1.0, bytes=1e6,
+                  ref_dop=1, machines=1, iters_per_epoch=5)
+    for grain in (10, 60, 1000):
+        (sj,) = sim_jobs([tj], 1e8, grain=grain)
+        assert sum(n * k for n, k in sj.plan) == 1000
+        assert sj.plan[:4] == [(1, 5)] * 4                 # the profiling epochs
+        assert len(sj.plan) <= 4 + grain
+
+
+def test_setups_name_policies_and_modes():
+    assert setup("isolated") == ("isolated", "isolated")
+    assert setup("harmony") == ("harmony", "harmony")
+    assert setup("colocate") == ("colocate", "naive")
+    assert setup("colocate@harmony") == ("colocate", "harmony")
+    with pytest.raises(ValueError, match="unknown policy"):
+        setup("nope")
+
+
+def test_simulate_reports_every_job(tmp_path):
+    trace = [TraceJob(id=f"t{i}", arrival=5.0 * i, app="lda", iterations=20, cpu_s=0.5,
+                      bytes=2e6, ref_dop=1, machines=1) for i in range(4)]
+    r = simulate(trace, 2, "harmony", bandwidth=1e7)
+    assert sorted(j.id for j in r.jobs) == ["t0", "t1", "t2", "t3"]
+    assert not r.meta["unfinished"] and r.meta["events"] > 0
+    assert all(j.end > j.start >= j.arrival for j in r.jobs)
+
+
+def test_the_cli_runs_compares_and_refuses_a_bad_trace(tmp_path):
+    trace = tmp_path / "t.csv"
+    save_trace([TraceJob(id=f"t{i}", arrival=3.0 * i, app="nmf", iterations=12,
+                         cpu_s=0.3 if i % 2 else 0.05, bytes=3e6 if i % 2 else 2e7,
+                         ref_dop=1, machines=1, iters_per_epoch=2) for i in range(4)], trace)
+    cmd = [sys.executable, "-m", "harmony.cli", "sim"]
+    p = subprocess.run(cmd + ["run", "--trace", str(trace), "--machines", "2", "--policy",
+                              "harmony", "--bandwidth", "1.2e7", "--out", str(tmp_path / "r")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert s["jobs"] == 4 and s["unfinished"] == 0 and s["makespan"] > 0
+    assert (tmp_path / "r" / "harmony.json").stat().st_size > 0
+    p = subprocess.run(cmd + ["compare", "--trace", str(trace), "--machines", "2",
+                              "--bandwidth", "1.2e7", "--out", str(tmp_path / "c")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "isolated" in p.stdout and "harmony" in p.stdout and "x isolated" in p.stdout
+    for png in ("jct_cdf.png", "utilization.png"):
+        assert (tmp_path / "c" / png).read_bytes()[:4] == b"\x89PNG"
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,arrival,app,iterations,cpu_s,bytes,ref_dop,machines\n"
+                   "x,0,nmf,10,-1,5,1,1\n")
+    p = subprocess.run(cmd + ["run", "--trace", str(bad), "--machines", "2"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "bad.csv:2" in p.stderr and "cpu_s" in p.stderr
+
+
+@pytest.mark.slow
+def test_paper_scale_run_finishes_every_job():
+    from harmony.sim.workload import PAPER_BANDWIDTH, generate
+    r = simulate(generate("paper"), 100, "harmony", bandwidth=PAPER_BANDWIDTH)
+    assert len(r.jobs) == 80 and not r.meta["unfinished"]
