@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: demo test test-all bench venv clean
+.PHONY: demo test test-all test-deploy bench venv clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,11 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q
+
+# T2 of the deploy tests (root): site.yml converges a systemd-nspawn fleet of
+# this machine and runs a 2-machine job on it (tests/deploy/test_deploy_t2.py).
+test-deploy: $(STAMP)
+	PYTHONPATH=. $(PY) -m pytest -m deploy_t2 -q -s tests/deploy/test_deploy_t2.py
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'

@@ -137,8 +137,11 @@ def test_units_and_firewall_render_from_the_defaults(tmp_path):
         "tcp dport 22 ip6 saddr @operator6 accept",
         "tcp dport 22 counter drop",
         "tcp dport { 5760, 49152-65535 } ip saddr @fleet4 accept",
+        "tcp dport { 5760, 49152-65535 } ip saddr @client4 accept",
         "tcp dport { 5760, 49152-65535 } counter drop",
     ], rules
+    # No client CIDR by default: the client set is empty.
+    assert "elements" not in re.search(r"set client4 \{(.*?)\}", nft, re.S)[1]
     # The table replaces itself atomically: `nft -f` the file twice is a no-op.
     assert nft.index("table inet harmony\ndelete table inet harmony\n") < nft.index("table inet harmony {")
 
