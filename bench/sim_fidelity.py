@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import scheduler_e2e as E2E  # noqa: E402
 
+from harmony.sim import contention as CM  # noqa: E402
 from harmony.sim.engine import Contention  # noqa: E402
 from harmony.sim.importer import jobs_from_status, load_jobs_log  # noqa: E402
 from harmony.sim.run import simulate  # noqa: E402
@@ -106,7 +107,13 @@ def main() -> None:
         print(f"  {t.dataset:14s} COMP {t.cpu_s:.3f}s COMM {t.net_s or 0:.3f}s per iteration "
               f"at DoP {t.ref_dop}, {t.iterations} iterations, eval {t.eval_s:.3f}s/epoch")
     rows = []
-    for r in runs:
+    variants = [(r, r["mode"], cont) for r in runs]
+    for r in runs:      # naive co-location under the other contention models too
+        if r["mode"].startswith("naive"):
+            for label, model in (("ideal", CM.IDEAL), ("paper-like", CM.PAPER_LIKE)):
+                variants.append((r, f"{r['mode']} ({label})",
+                                 dataclasses.replace(cont, model=model)))
+    for r, label, cont in variants:
         mode = r["mode"].partition(":")[0]
         sts = r["statuses"]
         t0 = min(s["submitted"] for s in sts)
@@ -118,12 +125,12 @@ def main() -> None:
         errs = [abs(sim[n] - real[n]) / real[n] for n in real]
         s_mk = res.get_makespan()
         s_jct = statistics.mean(sim.values())
-        rows.append((r["mode"], r["makespan"], s_mk, r["mean_jct"], s_jct,
+        rows.append((label, r["makespan"], s_mk, r["mean_jct"], s_jct,
                      statistics.median(errs), max(errs)))
-    print(f"\n{'mode':10} {'makespan run':>12} {'sim':>7} {'err':>6} {'mean JCT run':>12} "
+    print(f"\n{'mode':22} {'makespan run':>12} {'sim':>7} {'err':>6} {'mean JCT run':>12} "
           f"{'sim':>7} {'err':>6} {'per-job JCT err median / max':>30}")
     for mode, mk, smk, jct, sjct, med, mx in rows:
-        print(f"{mode:10} {mk:11.1f}s {smk:6.1f}s {100 * (smk - mk) / mk:+5.1f}% "
+        print(f"{mode:22} {mk:11.1f}s {smk:6.1f}s {100 * (smk - mk) / mk:+5.1f}% "
               f"{jct:11.1f}s {sjct:6.1f}s {100 * (sjct - jct) / jct:+5.1f}% "
               f"{100 * med:14.1f}% / {100 * mx:5.1f}%")
 

@@ -1,0 +1,128 @@
+"""Paper-scale simulation: the Harmony paper's workload (80 jobs of NMF, LDA,
+MLR and Lasso, Poisson arrivals; harmony.sim.workload) on 100 machines,
+through the master's own core and policies (harmony.sim).
+
+Prints, side by side in one run: isolated, naive co-location (its best and
+worst placement of the two the master offers: at most 2 jobs per machine,
+and no cap) and harmony — mean/median/p95 JCT, makespan, CPU and network
+utilization, ratios to isolated — then the model-error experiment (a
+relative error injected into every profile the jobs report; the
+dissertation shows Harmony's gain collapsing beyond ~7.5%), the effect of
+the simulation grain, and the simulator's speed (wall time, events,
+decisions per second). With --big, also 1,000 jobs on 1,000 machines.
+
+    python bench/sim_paper.py [--seeds 1] [--errors 0,0.025,0.05,0.075,0.1,0.2]
+        [--plot docs/sim_error.png] [--big]
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harmony.sim.engine import Contention  # noqa: E402
+from harmony.sim.report import summarize  # noqa: E402
+from harmony.sim.run import simulate  # noqa: E402
+from harmony.sim.workload import PAPER_BANDWIDTH, generate  # noqa: E402
+
+
+def run(trace, machines, name, **kw):
+    t = time.perf_counter()
+    r = simulate(trace, machines, name, bandwidth=PAPER_BANDWIDTH, **kw)
+    s = summarize(r)
+    s["wall"] = time.perf_counter() - t
+    s["events"] = r.meta["events"]
+    s["dps"] = r.meta["decisions_per_s"]
+    s["unfinished"] = len(r.meta["unfinished"])
+    return s
+
+
+def row(name, s, base):
+    return (f"{name:22s} {s['mean_jct'] / 3600:7.2f}h {base['mean_jct'] / s['mean_jct']:5.2f}x "
+            f"{s['median_jct'] / 3600:7.2f}h {s['p95_jct'] / 3600:7.2f}h "
+            f"{s['makespan'] / 3600:7.2f}h {base['makespan'] / s['makespan']:5.2f}x "
+            f"{100 * s['cpu_util']:5.1f}% {100 * s['net_util']:5.1f}% "
+            f"{s['wall']:6.1f}s {s['decisions']:5d}" + (f"  UNFINISHED {s['unfinished']}"
+                                                      if s["unfinished"] else ""))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=80)
+    ap.add_argument("--machines", type=int, default=100)
+    ap.add_argument("--seeds", default="1")
+    ap.add_argument("--errors", default="0,0.025,0.05,0.075,0.1,0.2")
+    ap.add_argument("--grains", default="20,60,200")
+    ap.add_argument("--plot", default=None, help="write the model-error plot (PNG) here")
+    ap.add_argument("--big", action="store_true", help="also 1,000 jobs on 1,000 machines")
+    a = ap.parse_args()
+    logging.getLogger("harmony.master").setLevel(logging.ERROR)
+    cont = Contention()
+    print(f"contention model (naive): k_cpu={cont.model.cpu_k} k_net={cont.model.net_k} "
+          f"({cont.model.source}); start-up {cont.startup}s + input/disk; links "
+          f"{PAPER_BANDWIDTH * 8 / 1e9:.1f} Gbit/s")
+    head = (f"{'setup':22s} {'meanJCT':>8} {'x iso':>6} {'median':>8} {'p95':>8} "
+            f"{'makespan':>8} {'x iso':>6} {'CPU':>6} {'net':>6} {'wall':>7} {'dec':>5}")
+    for seed in [int(s) for s in a.seeds.split(",")]:
+        trace = generate("paper", a.jobs, seed)
+        print(f"\n== {len(trace)} jobs (paper mix, seed {seed}) on {a.machines} machines ==")
+        print(head)
+        base = run(trace, a.machines, "isolated", seed=seed)
+        print(row("isolated", base, base), flush=True)
+        for name, kw in (("naive (<=2 jobs/machine)", {"max_jobs_per_machine": 2}),
+                         ("naive (no cap)", {})):
+            print(row(name, run(trace, a.machines, "naive", seed=seed, **kw), base), flush=True)
+        h = run(trace, a.machines, "harmony", seed=seed)
+        print(row("harmony", h, base), flush=True)
+        print(f"harmony: {h['events']} events in {h['wall']:.1f}s "
+              f"({h['events'] / h['wall']:.0f} events/s), {h['decisions']} decisions "
+              f"({h['dps']:.1f} decisions/s of wall time)")
+
+        print("\nmodel error (relative error injected into every reported profile)")
+        print(f"{'error':>6} {'meanJCT x iso':>14} {'makespan x iso':>15}")
+        pts = []
+        for e in [float(x) for x in a.errors.split(",")]:
+            s = h if e == 0 else run(trace, a.machines, "harmony", seed=seed, error=e)
+            pts.append((e, base["mean_jct"] / s["mean_jct"], base["makespan"] / s["makespan"]))
+            print(f"{100 * e:5.1f}% {pts[-1][1]:14.2f} {pts[-1][2]:15.2f}", flush=True)
+        if a.plot:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+            fig, ax = plt.subplots(figsize=(5, 3.2))
+            ax.plot([100 * p[0] for p in pts], [p[1] for p in pts], "o-", label="mean JCT")
+            ax.plot([100 * p[0] for p in pts], [p[2] for p in pts], "s-", label="makespan")
+            ax.axhline(1.0, color="grey", lw=0.8)
+            ax.set_xlabel("profile error injected (%)")
+            ax.set_ylabel("speedup over isolated")
+            ax.set_title(f"{len(trace)} jobs, {a.machines} machines (simulated)")
+            ax.legend()
+            fig.tight_layout()
+            fig.savefig(a.plot, dpi=120)
+            print(f"plot: {a.plot}")
+
+        print("\nsimulation grain (at most N simulated iterations per job)")
+        for g in [int(x) for x in a.grains.split(",")]:
+            s = run(trace, a.machines, "harmony", seed=seed, grain=g)
+            print(f"grain {g:4d}: mean JCT x iso {base['mean_jct'] / s['mean_jct']:.2f}, "
+                  f"makespan x iso {base['makespan'] / s['makespan']:.2f}, wall {s['wall']:.1f}s",
+                  flush=True)
+    if a.big:
+        trace = generate("paper", 1000, 1, mean_gap=24.0)
+        print(f"\n== 1000 jobs on 1000 machines (paper mix, mean gap 24 s) ==")
+        print(head)
+        base = run(trace, 1000, "isolated")
+        print(row("isolated", base, base), flush=True)
+        h = run(trace, 1000, "harmony")
+        print(row("harmony", h, base), flush=True)
+        print(f"harmony: {h['events']} events, {h['decisions']} decisions in {h['wall']:.1f}s")
+
+
+if __name__ == "__main__":
+    main()
