@@ -119,7 +119,8 @@ def main() -> None:
         t0 = min(s["submitted"] for s in sts)
         mine = [dataclasses.replace(by_name[s["name"]], arrival=s["submitted"] - t0,
                                     machines=s["machines"], id=s["name"]) for s in sts]
-        res = simulate(mine, a.machines, mode, contention=cont, bandwidth=link, grain=10**6)
+        res = simulate(mine, a.machines, mode, contention=cont, bandwidth=link, grain=10**6,
+                       cpus=1)
         sim = {j.id: j.jct for j in res.jobs}
         real = {s["name"]: s["ended"] - s["submitted"] for s in sts}
         errs = [abs(sim[n] - real[n]) / real[n] for n in real]

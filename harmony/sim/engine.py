@@ -53,6 +53,8 @@ class SimJob:
     iters: int                      # iterations per epoch (if no plan)
     profile: Callable[[int], tuple[float, float]]   # m -> (t_cpu, t_net) per iteration
     eval_cpu: float = 0.0           # s per epoch at DoP 1 (the objective's pass)
+    net_local: float = 0.0          # s of each iteration's COMM that is CPU work (traffic
+                                    # to the machine's own shard), at any DoP
     bytes: float = 0.0              # PULL + PUSH bytes per iteration of one machine
     link: float = 0.0               # bytes/s of its links (what executors report)
     model_bytes: float = 0.0
@@ -187,16 +189,29 @@ class _Machine:
         n = len(run)
         if not n:
             return
-        if self.q is not None:            # Harmony's queues decide who runs
-            if res.kind == "cpu":
-                for key, r in run.items():
-                    r[1] = 0.0 if key in self.stopped else 1.0
-            else:
-                prim = self.q.primary()
-                pkey = (prim.job, prim.seq) if prim is not None else None
-                has_primary = pkey in run
-                for key, r in run.items():
-                    r[1] = 1.0 if key == pkey or not has_primary else c.secondary_share
+        if res.kind == "cpu":
+            # COMPs use every core of the machine, the local part of a
+            # transfer (serialization, copies to the machine's own shard)
+            # one: all progress at cores / demand when the demand exceeds
+            # the cores; the queues decide which COMPs run (a stopped one
+            # does not), not the transfers' local parts
+            cores = self.sim.cpus
+            comps = sum(1 for key in run if len(key) == 2 and key not in self.stopped)
+            locals_ = n - sum(1 for key in run if len(key) == 2)
+            demand = cores * comps + locals_
+            rate = 1.0 if demand <= cores else cores / demand
+            if self.q is None and comps + locals_ > 1:      # no queues: interference
+                m = comps + locals_
+                rate *= m * c.model.rate("cpu", m)
+            for key, r in run.items():
+                r[1] = 0.0 if key in self.stopped else rate
+            return
+        if self.q is not None:            # Harmony's NET queue: the primary leads
+            prim = self.q.primary()
+            pkey = (prim.job, prim.seq) if prim is not None else None
+            has_primary = pkey in run
+            for key, r in run.items():
+                r[1] = 1.0 if key == pkey or not has_primary else c.secondary_share
             return
         rate = c.model.rate(res.kind, n)
         for r in run.values():
@@ -281,6 +296,7 @@ class _Exec:
         self.alive = False
         m, now = self.machine, self.sim.now
         m.cpu.drop((self.jid, self.seq), now)
+        m.cpu.drop((self.jid, self.seq, "local"), now)
         m.net.drop((self.jid, self.seq), now)
         if m.execs.get(self.jid) is self:
             del m.execs[self.jid]
@@ -316,17 +332,29 @@ class _Exec:
     def _run(self, kind: str) -> None:
         t_cpu, t_net = self.job.profile(self.count)
         k = self.job.plan[self.epoch][1]
+        local = 0.0
         if self.step == 0 or self.step == 2:
-            work = k * t_net / 2
+            work, local = k * t_net / 2, k * self.job.net_local / 2
         elif self.step == 1:
             work = k * t_cpu
-        elif self.step == 3:
-            work = t_net / 2            # the evaluation pulls the model once
+        elif self.step == 3:            # the evaluation pulls the model once
+            work, local = t_net / 2, self.job.net_local / 2
         else:
             work = self.job.eval_cpu / self.count
-        res = self.machine.cpu if kind == "cpu" else self.machine.net
         t0 = self.sim.now
-        res.start((self.jid, self.seq), work, lambda: self._ran(kind, t0), t0)
+        key = (self.jid, self.seq)
+        if kind == "cpu":
+            return self.machine.cpu.start(key, work, lambda: self._ran(kind, t0), t0)
+        local = min(local, work)
+        if local <= 0:
+            return self.machine.net.start(key, work, lambda: self._ran(kind, t0), t0)
+
+        def remote() -> None:     # then what crosses the link
+            if self.alive:
+                self.machine.net.start(key, work - local, lambda: self._ran(kind, t0),
+                                       self.sim.now)
+        # a transfer's local part first: CPU work beside the running COMP
+        self.machine.cpu.start((self.jid, self.seq, "local"), local, remote, t0)
 
     def _ran(self, kind: str, t0: float) -> None:
         if not self.alive:

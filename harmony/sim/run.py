@@ -73,10 +73,13 @@ def sim_jobs(trace: list[TraceJob], bandwidth: float, grain: int = GRAIN,
             if p is None:
                 p = memo[m] = iteration_profile(tj, m, bandwidth)
             return p
+        # COMM's local part (traffic to the machine's own shard: CPU work,
+        # the same at any DoP) is all of it at DoP 1
+        local = iteration_profile(tj, 1, bandwidth)[1] if tj.net_s else 0.0
         e = error * (1 if rng.random() < 0.5 else -1) if error else 0.0
         out.append(SimJob(id=tj.id, app=tj.app, arrival=tj.arrival, epochs=len(plan),
                           machines=tj.machines, iters=ipe, profile=profile,
-                          eval_cpu=tj.eval_s, bytes=tj.bytes, link=link,
+                          eval_cpu=tj.eval_s, bytes=tj.bytes, link=link, net_local=local,
                           model_bytes=tj.model_bytes, input_bytes=tj.input_bytes, error=e,
                           plan=plan))
     return out
@@ -85,7 +88,7 @@ def sim_jobs(trace: list[TraceJob], bandwidth: float, grain: int = GRAIN,
 def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
              contention: Contention | None = None, bandwidth: float = 1.25e9,
              grain: int = GRAIN, error: float = 0.0, seed: int = 1, bucket: float | None = None,
-             max_jobs_per_machine: int = 0,
+             max_jobs_per_machine: int = 0, cpus: int = 8,
              progress: Callable[[float], None] | None = None) -> SimResult:
     policy, mode = setup(name)
     jobs = sim_jobs(trace, bandwidth, grain, error, seed)
@@ -93,7 +96,7 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
         span = max((j.arrival for j in jobs), default=0.0)
         bucket = max(1.0, span / 200)
     sim = Simulator(jobs, machines, policy=policy, mode=mode, contention=contention,
-                    bucket=bucket, max_jobs_per_machine=max_jobs_per_machine,
+                    bucket=bucket, max_jobs_per_machine=max_jobs_per_machine, cpus=cpus,
                     progress=progress)
     return to_result(sim.run(), name)
 
