@@ -131,8 +131,8 @@ class SnapshotCollector:
                     if isinstance(v, (int, float)) and not isinstance(v, bool):
                         fam.add_metric(sv, float(v) * mult)
                 mspill.add_metric(sv, 1.0 if st.get("model_spilled") else 0.0)
-        yield from (epochs, maxe, obj, data, pulled, pushed, phase, it, tcpu, tnet, pred, eta, migr, ck, ckep,
-                    alpha, disk, mem, rel, stall, mspill)
+        yield from (epochs, maxe, obj, data, pulled, pushed, phase, it, tcpu, tnet, pred, eta,
+                    migr, ck, ckep, alpha, disk, mem, rel, stall, mspill)
 
         ml = ["machine"]
         up = GaugeMetricFamily("harmony_machine_up", "1 if the worker sends heartbeats",
@@ -155,7 +155,8 @@ class SnapshotCollector:
                                      "Subtasks granted (the waits counted)", labels=rl)
         qrun = CounterMetricFamily("harmony_queue_run_seconds",
                                    "Seconds subtasks ran (granted, or its held grant "
-                                   "delivered, to done; less the time a preempted COMP stood)", labels=rl)
+                                   "delivered, to done; less the time a preempted COMP stood)",
+                                   labels=rl)
         qdone = CounterMetricFamily("harmony_subtasks",
                                     "Subtasks done (the runs counted)", labels=rl)
         for m in snap.get("machines", []):
