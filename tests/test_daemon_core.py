@@ -4,7 +4,8 @@ the actions expected, rendered short)."""
 import pytest
 
 from harmony.worker.daemon_core import (STARVED_FRESH_S, DaemonCore, Deliver, Demote, Done,
-                                        Grant, OomKill, Promote, QueueError, Resume, Stop, Sub)
+                                        Grant, OomKill, Promote, QueueError, QueueStats, Resume,
+                                        Stop, Sub)
 
 
 def render(a) -> str:
@@ -164,6 +165,60 @@ def test_busy_time_under_an_injected_clock():
     c = DaemonCore()
     run(c, CASES["a job leaves with a granted subtask"])  # a 0-1, b 0-2, c 1-...
     assert c.busy(4.0) == pytest.approx((0.0, 1.0 + 2.0 + 3.0))
+
+
+# (granted, wait s, done, run s) per resource after a case's steps (then
+# more steps, if any): wait = joined the queue -> the executor told (grant
+# or deliver); run = told -> done, less the time a COMP stood stopped
+QUEUE_STATS = {
+    # a1 told at its deliver (0.5), run 0.5-1; b1 queued 0.1-1
+    "executor not ready yet": ([], {"cpu": (2, 0.5 + 0.9, 1, 0.5)}),
+    # L runs 0-2 and 2.5-3 (stood 0.5), s 2-2.5
+    "stop and resume, stood time": ([], {"cpu": (2, 0.0, 2, 2.5 + 0.5)}),
+    # L ran 0-2, its done came while it stood
+    "done of a stopped COMP": ([], {"cpu": (2, 0.0, 2, 2.0 + 0.5)}),
+    # L's grant held 0-1.6 (it was stopped and resumed meanwhile), runs to 2
+    "resume of a held grant is not told": ([(2.0, "done", ("L", 1), ["done L1"])],
+                                           {"cpu": (2, 1.6, 2, 0.5 + 0.4)}),
+    # b1 waits 0.2-1; a2 joins the queue at a1's done (1) and waits to 2
+    "enqueue overtakes the done": ([], {"cpu": (3, 0.8 + 1.0, 2, 1.0 + 1.0)}),
+    # c1 waits 0-1; a1 left holding the primary: never done; b1 0-2
+    "a job leaves with a granted subtask": ([], {"net": (3, 1.0, 1, 2.0)}),
+    "a shorter transfer leads the link": ([], {"net": (2, 0.0, 1, 0.1)}),
+    # L runs 0-1, 1.2-1.2, 1.5-2; s1 1-1.2, s2 (deferred, joins at 1.2) 1.2-1.5
+    "resume then stop again": ([(2.0, "done", ("L", 1), ["done L1"])],
+                               {"cpu": (3, 0.0, 3, 1.5 + 0.2 + 0.3)}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(QUEUE_STATS))
+def test_queue_waits_and_run_times_under_an_injected_clock(name):
+    more, want = QUEUE_STATS[name]
+    c = DaemonCore()
+    run(c, CASES[name] + more)
+    got = c.queue_stats()
+    assert set(got) == {"cpu", "net"}
+    for kind in ("cpu", "net"):
+        g = got[kind]
+        w = want.get(kind, (0, 0.0, 0, 0.0))
+        assert isinstance(g, QueueStats) and (g.granted, g.done) == (w[0], w[2]), kind
+        assert g.wait == pytest.approx(w[1], abs=1e-12), kind
+        assert g.run == pytest.approx(w[3], abs=1e-12), kind
+
+
+def test_queue_stats_of_a_done_before_its_deliver_and_of_a_job_that_left():
+    c = DaemonCore()
+    c.enqueue(S("a", 1, "cpu"), 0.0)                 # held: a not ready
+    c.done("a", 1, 1.5)                              # its wait ends at the done; ran 0
+    c.ready("b", 2.0)
+    c.enqueue(S("b", 1, "net"), 2.0)
+    c.enqueue(S("b", 2, "cpu"), 2.5)                 # deferred
+    c.left("b", 3.0)                                 # b1 told, never done; b2 never joined
+    c.enqueue(S("b", 1, "net"), 4.0)                 # a new executor of b: held, left
+    c.left("b", 5.0)
+    assert c.queue_stats() == {"cpu": QueueStats(1, 1.5, 1, 0.0),
+                               "net": QueueStats(1, 0.0, 0, 0.0)}
+    assert c.busy(5.0) == pytest.approx((1.5, 1.0 + 1.0))
 
 
 def test_refusals_change_nothing():

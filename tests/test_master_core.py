@@ -87,11 +87,18 @@ def test_submit_launch_start_and_finish_without_sockets():
     assert all(c.to(i, "job_start") for i in ex)
     for i, ident in enumerate(ex):
         c.msg(ident, "epoch_done", job=jid, index=i, epoch=0, sums={"objective": 2.0},
-              timings={"comp": 1.0, "pull": 0.5, "push": 0.5, "train": 2.0, "iters": 1})
+              timings={"comp": 1.0 + i, "pull": 0.5, "push": 0.5, "train": 2.0, "iters": 1,
+                       "bytes_pull": 100.0 * (i + 1), "bytes_push": 10.0 * (i + 1),
+                       "bytes": 110.0 * (i + 1)})
     sums = c.to(ex[0], "epoch_sums")
     assert sums and sums[-1].fields["sums"] == {"objective": 4.0}
     c.msg(ex[0], "epoch_report", job=jid, index=0, epoch=0, metrics={"objective": 4.0},
           stop=True)
+    # an epoch's timings: its slowest (largest) machine's, but the bytes
+    # pulled and pushed, summed over the job's machines
+    tm = job.epochs[0]["timings"]
+    assert (tm["comp"], tm["bytes"]) == (2.0, 220.0)
+    assert (tm["bytes_pull"], tm["bytes_push"]) == (300.0, 30.0)
     for i, ident in enumerate(ex):
         c.msg(ident, "exec_finished", job=jid, index=i)
     assert job.state == JobState.FINISHED and job.ended == c.t

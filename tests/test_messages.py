@@ -170,6 +170,14 @@ def test_heartbeat_stats_schema():
     assert M.clean_stats({**ok, "cpu": 10 ** 30}) is None
     assert M.clean_stats({str(i): 1 for i in range(M.MAX_STATS_ENTRIES + 1)}) is None
     assert M.clean_stats([1, 2]) is None
+    # the queues' counters: known, finite and not negative
+    q = {"qg_cpu": 3, "qw_cpu": 0.5, "qd_cpu": 2, "qr_cpu": 1.25,
+         "qg_net": 0, "qw_net": 0.0, "qd_net": 0, "qr_net": 0.0}
+    assert set(q) == M.COUNTER_KEYS
+    assert M.clean_stats({**ok, **q}) == {k: float(v) for k, v in {**ok, **q}.items()}
+    assert M.clean_stats({**ok, "qw_net": -0.1}) is None
+    assert M.clean_stats({**ok, "qg_cpu": math.inf}) is None
+    assert M.clean_stats({**ok, "q_cpu": -0.1}) is not None      # not a counter
 
 
 # -- property-based fuzzing of every decoder ----------------------------------------------

@@ -27,8 +27,10 @@ def obs_cluster(tmp_path_factory, ratings):
     try:
         with Client(cl.endpoint) as c:
             dash = c.dashboard()
+            # the long job on both machines: the short one shares a machine
+            # with it (subtasks wait in the queues there)
             long = c.submit("toy.py", TOY_APP, ["--max-epochs", "100000", "--sleep", "0.02"],
-                            1, name="long")
+                            2, name="long")
             short = c.submit("nmf.py", NMF_APP.read_text(),
                              ["--input", ratings, "--max-epochs", "4"], 1)
             wait_state(c, short, ("finished",))
@@ -99,6 +101,22 @@ def test_metrics_scrape(obs_cluster):
     assert val("harmony_scheduler_decisions")[0] >= 1
     assert val("harmony_store_alpha", job=short)            # from the executors' reports
     assert val("harmony_job_checkpoints", job=short)[0] >= 1    # its final checkpoint
+    # PS bytes by direction, summed over the job's machines (harmony mode:
+    # a PULL and a PUSH per iteration, of the same rows)
+    pulled = val("harmony_job_bytes_pulled", job=short)
+    pushed = val("harmony_job_bytes_pushed", job=short)
+    assert pulled and pushed and pulled[0] > 0 and pushed[0] > 0
+    # per machine and resource, the subtask queues' waits, runs and counts
+    # (harmony mode: every PULL, COMP and PUSH goes through the queues); the
+    # two jobs' COMPs on a shared machine wait for each other
+    for r in ("cpu", "net"):
+        done = val("harmony_subtasks", resource=r)
+        assert len(done) == 2 and max(done) >= 4, (r, done)
+        assert max(val("harmony_subtasks_granted", resource=r)) >= max(done)
+        assert max(val("harmony_queue_run_seconds", resource=r)) > 0
+        assert len(val("harmony_queue_wait_seconds", resource=r)) == 2
+    assert max(val("harmony_queue_wait_seconds", resource="cpu")
+               + val("harmony_queue_wait_seconds", resource="net")) > 0
     for name in ("harmony_job_migrations", "harmony_store_reload_bytes",
                  "harmony_group_predicted_iteration_seconds"):
         assert name in fams
@@ -259,19 +277,28 @@ def test_snapshot_of_a_master_object_without_io(tmp_path):
     j.workers = ["m0"]
     for e in range(3):
         j.epochs.append({"epoch": e, "metrics": {"objective": 10.0 / (e + 1)},
-                         "timings": {"bytes": 5.0, "comp": 0.1}, "time": time.time()})
+                         "timings": {"bytes": 5.0, "bytes_pull": 4.0, "bytes_push": 2.0,
+                                     "comp": 0.1}, "time": time.time()})
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "decisions.jsonl").write_text(
         json.dumps({"t": 1.0, "note": "arrival of job-0001: stays", "start": {},
                     "predicted": {"g1": 0.5}}) + "\n")
     w = types.SimpleNamespace(name="m0", host="h", cpus=2, memory=1, alive=True, last_seen=0,
-                              stats=collections.deque([{"t": 1.0, "cpu": 0.5, "q_cpu": 0.2}]))
+                              stats=collections.deque([{"t": 1.0, "cpu": 0.5, "q_cpu": 0.2,
+                                                        "qg_cpu": 4, "qw_cpu": 0.5,
+                                                        "qd_cpu": 3, "qr_cpu": 1.5,
+                                                        "qg_net": 9, "qw_net": 0.25,
+                                                        "qd_net": 8, "qr_net": 2.0}]))
     m = types.SimpleNamespace(jobs={j.id: j}, workers={"m0": w}, runs={}, mode="harmony",
                               endpoint="tcp://x:1", state_dir=str(tmp_path))
     snap = build_snapshot(m)
     json.dumps(snap, allow_nan=False)
     job = snap["jobs"][0]
     assert (job["max_epochs"], job["epoch"], job["data_bytes"]) == (7, 3, 15.0)
+    assert (job["bytes_pulled"], job["bytes_pushed"]) == (12.0, 6.0)
+    assert snap["machines"][0]["queues"] == {
+        "cpu": {"granted": 4, "wait": 0.5, "done": 3, "run": 1.5},
+        "net": {"granted": 9, "wait": 0.25, "done": 8, "run": 2.0}}
     assert job["objective"] == 10.0 / 3 and job["eta"] is not None
     assert snap["machines"][0]["jobs"] == ["job-0001"]
     assert snap["decisions"][0]["note"] == "arrival of job-0001: stays"
@@ -281,3 +308,14 @@ def test_snapshot_of_a_master_object_without_io(tmp_path):
         OM.exposition(OM.make_registry(c)).decode())}
     assert fams["harmony_scheduler_decisions"].samples[0].value == 1
     assert fams["harmony_queue_busy_ratio"].samples[0].value == 0.2
+    val = lambda fam, **lb: [(x.name, x.value) for x in fams[fam].samples  # noqa: E731
+                             if all(x.labels.get(k) == v for k, v in lb.items())]
+    assert val("harmony_job_bytes_pulled", job="job-0001") == [
+        ("harmony_job_bytes_pulled_total", 12.0)]
+    assert val("harmony_job_bytes_pushed", job="job-0001") == [
+        ("harmony_job_bytes_pushed_total", 6.0)]
+    for fam, r, v in (("harmony_queue_wait_seconds", "cpu", 0.5),
+                      ("harmony_queue_run_seconds", "net", 2.0),
+                      ("harmony_subtasks_granted", "net", 9), ("harmony_subtasks", "cpu", 3)):
+        assert fams[fam].type == "counter"
+        assert val(fam, machine="m0", resource=r) == [(fam + "_total", v)]

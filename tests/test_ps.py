@@ -53,6 +53,11 @@ def test_push_applies_update_function_per_key(shards):
     assert np.array_equal(after, expect)
     untouched = client.pull(np.array([1, 2, 3]))
     assert np.array_equal(untouched[:, 0], [1, 2, 3])
+    # data bytes (a key and a row each) by direction, and per peer both
+    row = 8 + DIM * 4
+    assert client.push_bytes == len(keys) * row
+    assert client.pull_bytes == (len(keys) + 3) * row
+    assert sum(client.peer_bytes) == client.pull_bytes + client.push_bytes
 
 
 def test_unknown_keys_and_bad_shapes_error_clearly(shards):

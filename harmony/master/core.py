@@ -53,6 +53,9 @@ MAX_STATUS_EPOCHS = 1000    # epochs returned by a status request
 KEEP_MODELS = 20
 MAX_APP_SOURCE = M.MAX_APP_SOURCE
 MAX_EXECUTORS = 1024        # job executors a daemon may report in one heartbeat
+#: an epoch's timings are those of its slowest (largest) machine, but for
+#: these: summed over the job's machines (the job's PS bytes pulled, pushed)
+SUMMED_TIMINGS = frozenset({"bytes_pull", "bytes_push"})
 
 
 # -- commands (core -> shell) ---------------------------------------------------------
@@ -1178,7 +1181,8 @@ class MasterCore:
                     total[k] = total.get(k, 0.0) + v
             for k, v in tim.items():
                 if isinstance(v, (int, float)):
-                    timings[k] = max(timings.get(k, 0.0), float(v))
+                    timings[k] = (timings.get(k, 0.0) + float(v) if k in SUMMED_TIMINGS
+                                  else max(timings.get(k, 0.0), float(v)))
         del run.sums[ep]
         run.timings[ep] = timings
         rc = run.reconfig

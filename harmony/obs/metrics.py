@@ -62,6 +62,12 @@ class SnapshotCollector:
         data = CounterMetricFamily("harmony_job_data_bytes",
                                    "Bytes pulled and pushed (PS data, all epochs; per "
                                    "epoch the largest of the job's machines)", labels=jl)
+        pulled = CounterMetricFamily("harmony_job_bytes_pulled",
+                                     "PS data bytes pulled (keys out, rows in), all the job's "
+                                     "machines, epochs done (this attempt)", labels=jl)
+        pushed = CounterMetricFamily("harmony_job_bytes_pushed",
+                                     "PS data bytes pushed (keys and deltas), all the job's "
+                                     "machines, epochs done (this attempt)", labels=jl)
         phase = GaugeMetricFamily("harmony_job_phase_seconds",
                                   "Seconds per phase in the latest epoch (slowest machine)",
                                   labels=jl + ["phase"])
@@ -102,6 +108,8 @@ class SnapshotCollector:
             if j.get("objective") is not None:
                 obj.add_metric(lv, j["objective"])
             data.add_metric(lv, j.get("data_bytes") or 0.0)
+            pulled.add_metric(lv, j.get("bytes_pulled") or 0.0)
+            pushed.add_metric(lv, j.get("bytes_pushed") or 0.0)
             for p in PHASES:
                 v = (j.get("last_timings") or {}).get(p)
                 if v is not None:
@@ -123,8 +131,8 @@ class SnapshotCollector:
                     if isinstance(v, (int, float)) and not isinstance(v, bool):
                         fam.add_metric(sv, float(v) * mult)
                 mspill.add_metric(sv, 1.0 if st.get("model_spilled") else 0.0)
-        yield from (epochs, maxe, obj, data, phase, it, tcpu, tnet, pred, eta, migr, ck, ckep,
-                    alpha, disk, mem, rel, stall, mspill)
+        yield from (epochs, maxe, obj, data, pulled, pushed, phase, it, tcpu, tnet, pred, eta,
+                    migr, ck, ckep, alpha, disk, mem, rel, stall, mspill)
 
         ml = ["machine"]
         up = GaugeMetricFamily("harmony_machine_up", "1 if the worker sends heartbeats",
@@ -138,6 +146,19 @@ class SnapshotCollector:
                                   labels=ml + ["resource"])
         mjobs = GaugeMetricFamily("harmony_machine_jobs", "Jobs running on the machine",
                                   labels=ml)
+        rl = ml + ["resource"]
+        qwait = CounterMetricFamily("harmony_queue_wait_seconds",
+                                    "Seconds subtasks waited in a queue (enqueued to granted; "
+                                    "a grant held for an executor not ready: to its delivery)",
+                                    labels=rl)
+        qgrant = CounterMetricFamily("harmony_subtasks_granted",
+                                     "Subtasks granted (the waits counted)", labels=rl)
+        qrun = CounterMetricFamily("harmony_queue_run_seconds",
+                                   "Seconds subtasks ran (granted, or its held grant "
+                                   "delivered, to done; less the time a preempted COMP stood)",
+                                   labels=rl)
+        qdone = CounterMetricFamily("harmony_subtasks",
+                                    "Subtasks done (the runs counted)", labels=rl)
         for m in snap.get("machines", []):
             up.add_metric([m["name"]], 1.0 if m["alive"] else 0.0)
             cpus.add_metric([m["name"]], m["cpus"])
@@ -149,7 +170,11 @@ class SnapshotCollector:
             for r in ("cpu", "net"):
                 if last.get(f"q_{r}") is not None:
                     qbusy.add_metric([m["name"], r], last[f"q_{r}"])
-        yield from (up, cpus, util, qbusy, mjobs)
+            for r, q in (m.get("queues") or {}).items():
+                for fam, key in ((qwait, "wait"), (qgrant, "granted"), (qrun, "run"),
+                                 (qdone, "done")):
+                    fam.add_metric([m["name"], r], q[key])
+        yield from (up, cpus, util, qbusy, mjobs, qwait, qgrant, qrun, qdone)
 
         gl = ["group"]
         gp = GaugeMetricFamily("harmony_group_predicted_iteration_seconds",

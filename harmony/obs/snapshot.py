@@ -26,6 +26,7 @@ CURVE = 500
 DECISIONS = 30
 DEFAULT_MAX_EPOCHS = 10     # harmony.app's default --max-epochs
 
+_QUEUE_KEYS = (("qg", "granted"), ("qw", "wait"), ("qd", "done"), ("qr", "run"))
 _MAX_EPOCHS = re.compile(r"--max-epochs(?:=(\d+))?$")
 
 
@@ -127,9 +128,12 @@ def _job(job, now: float) -> dict[str, Any]:
         eta = 0.0
     curve = [[e["epoch"] + 1, _num((e.get("metrics") or {}).get("objective")), e.get("time")]
              for e in eps[-CURVE:]]
-    data_bytes = 0.0
+    data_bytes = pulled = pushed = 0.0
     for e in eps:
-        data_bytes += _num((e.get("timings") or {}).get("bytes")) or 0.0
+        tm = e.get("timings") or {}
+        data_bytes += _num(tm.get("bytes")) or 0.0
+        pulled += _num(tm.get("bytes_pull")) or 0.0     # these two: all its machines
+        pushed += _num(tm.get("bytes_push")) or 0.0
     p = job.profile or {}
     store = {}
     for m, st in (job.store or {}).items():
@@ -148,6 +152,7 @@ def _job(job, now: float) -> dict[str, Any]:
         "t_cpu": _num(p.get("t_cpu")), "t_net": _num(p.get("t_net")),
         "attempt": job.attempt, "error": (job.error or "")[:500],
         "reason": job.reason, "curve": curve, "data_bytes": data_bytes,
+        "bytes_pulled": pulled, "bytes_pushed": pushed,
         "last_timings": {k: v for k, v in (last.get("timings") or {}).items()
                          if _num(v) is not None},
         "store": store, "migrations": migrations,
@@ -180,13 +185,19 @@ def build_snapshot(master) -> dict[str, Any]:
     machines = []
     for w in sorted(master.workers.values(), key=lambda w: w.name):
         samples = list(w.stats)[-TIMELINE:]
+        last = samples[-1] if samples else {}
+        # the subtask queues' counters since the daemon started (see
+        # harmony.comm.messages.COUNTER_KEYS); {} from a daemon without them
+        queues = {r: {name: last[f"{k}_{r}"] for k, name in _QUEUE_KEYS}
+                  for r in ("cpu", "net") if all(f"{k}_{r}" in last for k, _ in _QUEUE_KEYS)}
         machines.append({
             "name": w.name, "host": w.host, "cpus": w.cpus, "memory": w.memory,
             "alive": bool(w.alive), "last_seen": w.last_seen,
             "jobs": [j["id"] for j in jobs if j["state"] in ("running", "profiling")
                      and w.name in j["workers"]],
             "timeline": [{k: s.get(k) for k in ("t", "cpu", "net", "q_cpu", "q_net", "mem")
-                          if k in s} for s in samples]})
+                          if k in s} for s in samples],
+            "queues": queues})
     groups: dict[str, dict] = {}
     for j in jobs:
         if j["state"] not in ("running", "profiling") or not j["group"]:

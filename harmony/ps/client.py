@@ -48,6 +48,10 @@ class PSClient:
         # data bytes (keys + rows) moved to/from each peer's shard, as the
         # network sees them; the profiler splits local from remote traffic
         self.peer_bytes = [0] * len(self.peers)
+        # the same data bytes, all peers, by direction of the operation: PULL
+        # (keys out, rows in) and PUSH (keys and deltas out)
+        self.pull_bytes = 0
+        self.push_bytes = 0
         self.redirects = 0      # sub-requests a shard redirected (ownership moved)
 
     def close(self) -> None:
@@ -177,6 +181,7 @@ class PSClient:
         replies = self._rounds(keys, send)
         for p, sel, n, _ in replies:
             self.peer_bytes[p] += n * (8 + self.dim * self.dtype.itemsize)
+            self.pull_bytes += n * (8 + self.dim * self.dtype.itemsize)
             if self.throttle is not None:
                 self.throttle(p, n * 8, "out")
                 self.throttle(p, n * self.dim * self.dtype.itemsize, "in")
@@ -214,5 +219,6 @@ class PSClient:
             return rid
         for p, sel, n, _ in self._rounds(keys, send):
             self.peer_bytes[p] += n * (8 + self.dim * self.dtype.itemsize)
+            self.push_bytes += n * (8 + self.dim * self.dtype.itemsize)
             if self.throttle is not None:
                 self.throttle(p, n * (8 + self.dim * self.dtype.itemsize), "out")

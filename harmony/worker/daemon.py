@@ -656,7 +656,9 @@ class Daemon:
     def _stats(self, now: float) -> dict:
         """Utilization of this machine since the last heartbeat: CPU from the
         executors' CPU time (psutil), network from the emulated links, and
-        the busy time of both subtask queues."""
+        the busy time of both subtask queues; and the queues' counters
+        since the daemon started (``qg_R``, ``qw_R``, ``qd_R``, ``qr_R`` per
+        resource R: granted, wait seconds, done, run seconds)."""
         dcpu = 0.0
         seen: dict[int, float] = {}
         for ep in self.execs.values():
@@ -685,4 +687,7 @@ class Daemon:
         if self.netem is not None:
             out["net"] = min(1.0, max(cur["eg"] - prev["eg"], cur["in"] - prev["in"])
                              / (dt * self.netem.rate))
+        for r, q in self.core.queue_stats().items():
+            out[f"qg_{r}"], out[f"qw_{r}"] = q.granted, q.wait
+            out[f"qd_{r}"], out[f"qr_{r}"] = q.done, q.run
         return out

@@ -95,7 +95,15 @@ queued or holding a slot here; not a deferred one), ``primary() -> Sub |
 None``, ``is_ready(job) -> bool``, ``busy(now) -> (cpu_s, net_s)``: seconds
 the CPU slot and the network slots (summed over both) were held since the
 core was made, running subtasks counted up to ``now`` (a stopped COMP does
-not count while it stands).
+not count while it stands), ``queue_stats() -> {"cpu": QueueStats, "net":
+QueueStats}``: per resource, since the core was made, ``granted``
+subtasks that reached their executor and their ``wait`` (seconds from
+joining the queue to the executor being told: the grant, or the
+``Deliver`` of a held grant; a deferred subtask joins the queue at the
+``done`` that releases it), ``done`` subtasks and their ``run`` (seconds
+from the executor being told to ``done``, less the time a COMP stood
+stopped). Sums and counts only: a subtask counts when it is told (wait)
+and when it is done (run); one that leaves first adds nothing more.
 
 Executor memory (the real daemon only; a simulator need not call these):
 
@@ -139,7 +147,7 @@ from harmony.worker.queues import (Demote, Grant, Promote, QueueError, ResourceQ
                                    Stop, Sub)
 
 __all__ = ["DaemonCore", "Sub", "QueueError", "Grant", "Deliver", "Promote", "Demote", "Stop",
-           "Resume", "Done", "OomKill", "MemoryView", "STARVED_FRESH_S"]
+           "Resume", "Done", "OomKill", "MemoryView", "QueueStats", "STARVED_FRESH_S"]
 
 #: how long a job's "starved" α state counts for the other jobs here (seconds)
 STARVED_FRESH_S = 10.0
@@ -179,6 +187,29 @@ class MemoryView:
     others_starved: bool
 
 
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One resource's subtask counters (see :meth:`DaemonCore.queue_stats`)."""
+    granted: int
+    wait: float
+    done: int
+    run: float
+
+
+class _Acct:
+    """A subtask's times for the queue counters: joined the queue at
+    ``enq``; ``told`` its executor; ran ``acc`` seconds up to ``since``
+    (None: not running now)."""
+    __slots__ = ("kind", "enq", "told", "acc", "since")
+
+    def __init__(self, kind: str, enq: float) -> None:
+        self.kind = kind
+        self.enq = enq
+        self.told = False
+        self.acc = 0.0
+        self.since: float | None = None
+
+
 class _Proc:
     __slots__ = ("loaded", "killed")
 
@@ -198,6 +229,9 @@ class DaemonCore:
         self._stopped: dict[tuple[str, int], tuple[float, Sub]] = {}   # stopped since
         self._busy_cpu = 0.0
         self._busy_net = 0.0
+        # queue counters: per resource [granted, wait s, done, run s]
+        self._acct: dict[tuple[str, int], _Acct] = {}
+        self._qs = {"cpu": [0, 0.0, 0, 0.0], "net": [0, 0.0, 0, 0.0]}
         # executor memory
         self.memory_budget = int(memory_budget)
         self.oom_kill = oom_kill
@@ -214,7 +248,24 @@ class DaemonCore:
         if cur is not None and cur.seq < sub.seq:
             self._deferred[sub.job] = sub
             return []
-        return self._fill(self.queues.enqueue(sub), now)
+        return self._join(sub, now)
+
+    def _join(self, sub: Sub, now: float) -> list:
+        acts = self.queues.enqueue(sub)          # raises QueueError: nothing changed
+        self._acct[(sub.job, sub.seq)] = _Acct(sub.kind, now)
+        return self._fill(acts, now)
+
+    def _tell(self, key: tuple[str, int], now: float) -> None:
+        """The executor of subtask ``key`` is told its grant now: its wait ends."""
+        a = self._acct.get(key)
+        if a is None or a.told:
+            return
+        a.told = True
+        q = self._qs[a.kind]
+        q[0] += 1
+        q[1] += now - a.enq
+        if key not in self._stopped:
+            a.since = now
 
     def ready(self, job: str, now: float) -> list:
         self._ready.add(job)
@@ -222,7 +273,11 @@ class DaemonCore:
         if p is not None:
             p.loaded = True
         held = self._held.pop(job, None)
-        return [Deliver(g.sub, g.role) for g in held] if held else []
+        if not held:
+            return []
+        for g in held:
+            self._tell((g.sub.job, g.sub.seq), now)
+        return [Deliver(g.sub, g.role) for g in held]
 
     def done(self, job: str, seq: int, now: float) -> list:
         acts = self.queues.done(job, seq)        # raises QueueError: nothing changed
@@ -236,12 +291,19 @@ class DaemonCore:
                 self._busy_net += now - r[0]
         else:      # a stopped COMP that had ended before its stop: Resume follows
             sub = self._stopped[key][1] if key in self._stopped else Sub(job, seq, "cpu")
+        a = self._acct.get(key)
+        if a is not None:
+            self._tell(key, now)            # no-op unless done before its grant was delivered
+            del self._acct[key]
+            q = self._qs[a.kind]
+            q[2] += 1
+            q[3] += a.acc + (now - a.since if a.since is not None else 0.0)
         out = [Done(sub)]
         if acts:
             out += self._fill(acts, now)
         nxt = self._deferred.pop(job, None)
         if nxt is not None:
-            out += self._fill(self.queues.enqueue(nxt), now)
+            out += self._join(nxt, now)
         return out
 
     def left(self, job: str, now: float) -> list:
@@ -253,6 +315,8 @@ class DaemonCore:
                 self._busy_net += now - start
         for key in [k for k in self._stopped if k[0] == job]:
             del self._stopped[key]
+        for key in [k for k in self._acct if k[0] == job]:
+            del self._acct[key]
         self._ready.discard(job)
         self._held.pop(job, None)
         self._deferred.pop(job, None)
@@ -270,6 +334,8 @@ class DaemonCore:
                 if s.job not in self._ready:
                     a = Grant(s, a.role, True)
                     self._held.setdefault(s.job, []).append(a)
+                else:
+                    self._tell((s.job, s.seq), now)
             elif t is Stop:
                 s = a.sub
                 key = (s.job, s.seq)
@@ -277,6 +343,10 @@ class DaemonCore:
                 if r is not None:
                     self._busy_cpu += now - r[0]
                 self._stopped[key] = (now, s)
+                c = self._acct.get(key)
+                if c is not None and c.since is not None:
+                    c.acc += now - c.since
+                    c.since = None
             elif t is Resume:
                 s = a.sub
                 key = (s.job, s.seq)
@@ -286,6 +356,9 @@ class DaemonCore:
                 going = run is not None and run.seq == s.seq and run.job == s.job
                 if going:
                     self._running[key] = (now, s)
+                    c = self._acct.get(key)
+                    if c is not None and c.told:
+                        c.since = now
                 a = Resume(s, stood, going and s.job in self._ready)
             out.append(a)
         return out
@@ -308,6 +381,9 @@ class DaemonCore:
             else:
                 net += now - start
         return cpu, net
+
+    def queue_stats(self) -> dict[str, QueueStats]:
+        return {k: QueueStats(q[0], q[1], q[2], q[3]) for k, q in self._qs.items()}
 
     # -- executor memory -----------------------------------------------------------
     def started(self, job: str, now: float) -> None:

@@ -765,6 +765,7 @@ class Executor:
             self.net_wait = 0.0
             stood0 = self.stood
             moved = list(self.client.peer_bytes)
+            pulled, pushed = self.client.pull_bytes, self.client.push_bytes
             t_epoch = time.perf_counter()
             client = self.client
             for it, ids in enumerate(groups):
@@ -818,10 +819,12 @@ class Executor:
             tm["sync"] -= tm["pull"] + tm["comp"] + tm["push"] + tm["stood"]
             tm["train"] = time.perf_counter() - t_epoch
             tm["iters"] = float(len(groups))
-            # PULL/PUSH data bytes of the epoch's iterations, all and to other
-            # machines, and this machine's link rate (0: not known)
+            # PULL/PUSH data bytes of the epoch's iterations: pulled, pushed,
+            # both, and to other machines; this machine's link rate (0: not known)
             delta = [b - a for a, b in zip(moved, self.client.peer_bytes)]
-            tm["bytes"] = float(sum(delta))
+            tm["bytes_pull"] = float(self.client.pull_bytes - pulled)
+            tm["bytes_push"] = float(self.client.push_bytes - pushed)
+            tm["bytes"] = tm["bytes_pull"] + tm["bytes_push"]
             tm["remote_bytes"] = float(sum(delta) - delta[self.index])
             tm["link"] = float(self.netem.rate) if self.netem is not None else 0.0
             t0 = time.perf_counter()
