@@ -269,7 +269,10 @@ class MasterCore:
         elif kind is Tick:
             if now - self._last_check >= self.liveness_every:
                 self._last_check = now
-                self._check_liveness(now)
+                try:
+                    self._check_liveness(now)
+                except Exception:   # a bug here must not stop the master either
+                    log.exception("the liveness check failed")
             if self._dirty:
                 self._dirty = False
                 try:
