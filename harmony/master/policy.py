@@ -139,8 +139,29 @@ _harmony.preempts = True      # type: ignore[attr-defined]
 _harmony.queued = True        # type: ignore[attr-defined]
 
 
+def _muri(view: ClusterView) -> Decision:
+    from harmony.master.muri_policy import muri
+    return muri(view)
+
+
+_muri.preempts = True         # type: ignore[attr-defined]
+_muri.queued = True           # type: ignore[attr-defined]
+
+
+def _slaq(view: ClusterView) -> Decision:
+    from harmony.master.slaq_policy import slaq
+    return slaq(view)
+
+
+def _slaq_maxmin(view: ClusterView) -> Decision:
+    from harmony.master.slaq_policy import slaq_maxmin
+    return slaq_maxmin(view)
+
+
+_slaq.preempts = _slaq_maxmin.preempts = True     # type: ignore[attr-defined]
+
 POLICIES = {"least-loaded": least_loaded, "colocate": least_loaded, "isolated": isolated,
-            "harmony": _harmony}
+            "harmony": _harmony, "muri": _muri, "slaq": _slaq, "slaq-maxmin": _slaq_maxmin}
 # execution modes: placement policy, and whether subtasks go through the queues
 MODES = {"isolated": ("isolated", False), "naive": ("colocate", False),
          "harmony": ("harmony", True)}
