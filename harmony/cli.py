@@ -17,6 +17,7 @@ from harmony.client import DEFAULT_KEYS, Client, ClientError, master_address
 from harmony.cluster import (ClusterError, LocalCluster, cluster_down, default_state_dir,
                              read_info)
 from harmony.comm import security
+from harmony.master import policy as P
 from harmony.obs import progress
 from harmony.store import staging
 
@@ -80,7 +81,7 @@ def master_main(argv: list[str] | None = None) -> int:
                    help="isolated: disjoint machines per job; naive: shared machines, no "
                         "coordination; harmony (default): shared machines, subtask queues + "
                         "synchronizer, and the Harmony scheduler")
-    s.add_argument("--policy", default=None, choices=["harmony", "colocate", "isolated"],
+    s.add_argument("--policy", default=None, choices=sorted(P.POLICIES),
                    help="placement policy (default: the mode's: harmony, colocate or isolated)")
     s.add_argument("--heartbeat-timeout", type=float, default=5.0,
                    help="seconds without heartbeat before a worker is declared lost")
@@ -830,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--detach", action="store_true", help="return once the cluster is ready")
     s.add_argument("--mode", default="harmony", choices=["isolated", "naive", "harmony"],
                    help="execution mode of the master (see harmony-master start --help)")
-    s.add_argument("--policy", default=None, choices=["harmony", "colocate", "isolated"],
+    s.add_argument("--policy", default=None, choices=sorted(P.POLICIES),
                    help="placement policy (default: the mode's)")
     s.add_argument("--cpus-per-machine", type=int, default=None,
                    help="emulate machines of C cores each (CPU affinity)")

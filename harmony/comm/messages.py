@@ -91,7 +91,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     # client -> master
     "submit": {"app_name": str, "app_source": str, "args": list, "machines": int,
                "name": (str, _OPT), "group": (str, _OPT),
-               "checkpoint_every": (int, _OPT), "checkpoint_seconds": (_NUM, _OPT)},
+               "checkpoint_every": (int, _OPT), "checkpoint_seconds": (_NUM, _OPT),
+               # seconds after submission; a Utility spec of the JCT (OASiS, MLFS)
+               "deadline": (_NUM, _OPT), "utility": (str, _OPT)},
     "submitted": {"job": str},
     "list_jobs": {},
     "jobs": {"jobs": list},

@@ -31,6 +31,7 @@ simulator (:mod:`harmony.sim.engine`) drive this same class.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import signal
 from collections import deque
@@ -390,9 +391,20 @@ class MasterCore:
         # a job is accepted only once its record is on disk (the shell numbers
         # it and writes it strictly, then answers Admitted or AdmitFailed);
         # while the table cannot be written new jobs are refused, never half kept
+        deadline, utility = msg.get("deadline"), msg.get("utility") or ""
+        if deadline is not None and not (math.isfinite(deadline) and deadline > 0):
+            return self._send(ident, _err("bad_request", "a deadline must be > 0 seconds"))
+        if utility:
+            from harmony.sim.trace import Utility
+            try:
+                utility = Utility.parse(utility).spec()
+            except ValueError as exc:
+                return self._send(ident, _err("bad_request", str(exc)))
         job = Job(id="", app_name=msg["app_name"], app_source=src, args=list(msg["args"]),
                   machines=msg["machines"], name=msg.get("name") or "",
-                  group=msg.get("group") or "", submitted=self.now, entered=self.now)
+                  group=msg.get("group") or "", submitted=self.now, entered=self.now,
+                  deadline=None if deadline is None else self.now + float(deadline),
+                  utility=utility)
         if every is not None:
             job.ckpt_every = int(every)
         if secs is not None:
@@ -662,8 +674,10 @@ class MasterCore:
                           if j.state == JobState.WAITING or (
                               j.state in (JobState.PAUSED, JobState.PROFILED) and not j.held)),
                          key=lambda j: (j.submitted, j.id))
-        if self.policy is P.POLICIES["harmony"]:
-            return self._schedule_harmony(live, waiting)
+        if getattr(self.policy, "preempts", False):
+            return self._schedule_full(live, waiting)
+        # a start-only policy (least-loaded, isolated): it only starts waiting jobs
+        self._ended = []
         for job in waiting:
             job.reason = "no live workers" if not live else ""
         if not waiting or not live:
@@ -671,14 +685,7 @@ class MasterCore:
         # a job larger than the live cluster waits without blocking the others
         waiting = [j for j in waiting if j.machines <= len(live)] + \
             [j for j in waiting if j.machines > len(live)]
-        placed = self._placed()
-        view = P.ClusterView(
-            workers=tuple(P.WorkerView(w.name, w.cpus, w.memory, len(placed.get(w.name, ())),
-                                       tuple(sorted({j.group for j in placed.get(w.name, ())
-                                                     if j.group})))
-                          for w in sorted(live, key=lambda w: w.name)),
-            waiting=tuple(P.JobView(j.id, j.machines, j.submitted, j.group) for j in waiting),
-            max_jobs=self.max_jobs)
+        view = self._view(live, waiting)
         start = self.policy(view).start
         load = {w.name: w.jobs for w in view.workers}
         for machines in start.values():
@@ -701,6 +708,36 @@ class MasterCore:
         remote = p.get("bytes", 0.0) / link if link > 0 else 0.0
         return (p["t_cpu"], p["t_net"], int(p["machines"]), remote)
 
+    def _job_view(self, j: Job, **kw: Any) -> P.JobView:
+        """What every policy sees of a job: its request, state, profile, where
+        it runs, its progress (iterations done, objective) after its last
+        ``P.PROGRESS_POINTS`` epochs, and its deadline and utility if any."""
+        progress, done = [], 0.0
+        for e in j.epochs:
+            done += float((e.get("timings") or {}).get("iters") or 1.0)
+            obj = (e.get("metrics") or {}).get("objective")
+            if isinstance(obj, (int, float)) and math.isfinite(obj):
+                progress.append((done, float(obj)))
+        return P.JobView(j.id, j.machines, j.submitted, j.group, state=j.state.value,
+                         workers=tuple(j.workers), sched_group=j.sched_group,
+                         epochs=len(j.epochs), progress=tuple(progress[-P.PROGRESS_POINTS:]),
+                         deadline=j.deadline, utility=j.utility, **kw)
+
+    def _view(self, live: list[Worker], waiting: list[Job]) -> P.ClusterView:
+        placed = self._placed()
+        active = sorted((j for j in self.jobs.values() if j.state.active),
+                        key=lambda j: (j.submitted, j.id))
+        return P.ClusterView(
+            workers=tuple(P.WorkerView(w.name, w.cpus, w.memory, len(placed.get(w.name, ())),
+                                       tuple(sorted({j.group for j in placed.get(w.name, ())
+                                                     if j.group})))
+                          for w in sorted(live, key=lambda w: w.name)),
+            waiting=tuple(self._job_view(j, profile=self._view_profile(j, 1)) for j in waiting),
+            active=tuple(self._job_view(
+                j, profile=self._view_profile(j, P.PROFILE_SAMPLES if j.state ==
+                                              JobState.PROFILING else 1)) for j in active),
+            finished=tuple(self._ended), max_jobs=self.max_jobs, now=self.now)
+
     def _note_ended(self, job: Job) -> None:
         """An active job leaves its group: the Harmony policy's completion event."""
         if job.state.active and job.workers:
@@ -709,26 +746,13 @@ class MasterCore:
                                          workers=tuple(job.workers),
                                          sched_group=job.sched_group))
 
-    def _schedule_harmony(self, live: list[Worker], waiting: list[Job]) -> None:
-        """The Harmony scheduler (harmony.master.harmony_policy): decisions
-        wait while a pause it asked for is still in flight."""
+    def _schedule_full(self, live: list[Worker], waiting: list[Job]) -> None:
+        """A policy that may start, profile, pause, move and promote jobs
+        (harmony, muri, slaq): its decisions wait while a pause or a resize
+        is still in flight, then the whole decision is applied."""
         if not live or any(r.pausing or r.reconfig for r in self.runs.values()):
             return
-        active = sorted((j for j in self.jobs.values() if j.state.active),
-                        key=lambda j: (j.submitted, j.id))
-        placed = self._placed()
-        view = P.ClusterView(
-            workers=tuple(P.WorkerView(w.name, w.cpus, w.memory, len(placed.get(w.name, ())))
-                          for w in sorted(live, key=lambda w: w.name)),
-            waiting=tuple(P.JobView(j.id, j.machines, j.submitted, state=j.state.value,
-                                    profile=self._view_profile(j, 1)) for j in waiting),
-            active=tuple(P.JobView(
-                j.id, j.machines, j.submitted, state=j.state.value,
-                profile=self._view_profile(j, P.PROFILE_SAMPLES if j.state == JobState.PROFILING
-                                           else 1),
-                workers=tuple(j.workers), sched_group=j.sched_group) for j in active),
-            finished=tuple(self._ended))
-        dec = self.policy(view)
+        dec = self.policy(self._view(live, waiting))
         self._ended = []
         if not (dec.profile or dec.start or dec.pause or dec.promote):
             self._set_predictions(dec)
@@ -746,9 +770,10 @@ class MasterCore:
             self._persist("save", job)
         for jid, to in dec.pause.items():
             job = self.jobs[jid]
-            why = (f"regrouped: moves to {', '.join(to)}" if to else
+            who = "regrouped" if self.policy_name == "harmony" else self.policy_name
+            why = (f"{who}: moves to {', '.join(to)}" if to else
                    "profiled; waits for a group" if job.state == JobState.PROFILING else
-                   "regrouped: waits")
+                   f"{who}: waits")
             # a move of a running job is a live resize (its blocks move over
             # the network); a pause and a resume elsewhere only if not possible
             if not (to and self.resize_job(job, list(to), why)):

@@ -87,6 +87,8 @@ class Job:
     sched_group: str = ""              # the scheduler's group, if any
     predicted: float | None = None     # its group's predicted iteration time (s)
     store: dict[str, dict] = field(default_factory=dict)     # machine -> latest store stats
+    deadline: float | None = None      # absolute (master clock), if submitted with one
+    utility: str = ""                  # its utility of the JCT (a Utility spec), if any
 
     def update_profile(self, timings: dict[str, float], machines: int,
                        weight: float = 0.3) -> None:
@@ -185,4 +187,5 @@ _RECORD_TYPES: dict[str, Any] = {
     "error": str, "events": list, "state_time": dict, "entered": (int, float), "group": str,
     "reason": str, "profile": dict, "resume": dict, "ckpt_every": int,
     "ckpt_seconds": (int, float), "checkpoint": dict, "move": dict, "held": bool,
-    "sched_group": str, "predicted": (int, float), "store": dict}
+    "sched_group": str, "predicted": (int, float), "store": dict,
+    "deadline": (int, float), "utility": str}

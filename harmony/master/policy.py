@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PROFILE_SAMPLES = 3     # Harmony: epochs of profile before a job is placed by it
+PROGRESS_POINTS = 32    # JobView.progress: the last this many (iterations, objective) points
 MIN_GAIN = 0.05         # Harmony: no regrouping for less than this gain in U
 
 
@@ -34,6 +35,13 @@ class JobView:
     profile: tuple[float, ...] | None = None
     workers: tuple[str, ...] = ()                      # where it runs (active jobs)
     sched_group: str = ""                              # its scheduler group, if any
+    # what the loss- and deadline-aware policies (slaq, ...) also look at
+    epochs: int = 0                                    # epochs done (this attempt's)
+    # (iterations done, objective) after each of its last PROGRESS_POINTS
+    # epochs that reported an objective, oldest first
+    progress: tuple[tuple[float, float], ...] = ()
+    deadline: float | None = None      # absolute time (the view's clock), if it has one
+    utility: str = ""                  # harmony.sim.trace.Utility spec, if it has one
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,7 @@ class ClusterView:
     active: tuple[JobView, ...] = ()  # running and profiling jobs
     finished: tuple[JobView, ...] = ()  # active jobs that ended since the last decision
     max_jobs: int = 0                 # colocate: jobs per machine at most (0: no limit)
+    now: float = 0.0                  # the master's clock (deadlines are on it)
 
 
 @dataclass
@@ -121,8 +130,38 @@ def _harmony(view: ClusterView) -> Decision:
     return harmony(view)
 
 
+# A policy with ``preempts = True`` gets its whole Decision applied by the
+# master (start, profile, pause, move, promote) and is not called while a
+# pause or a resize is in flight; the others (start-only) only start waiting
+# jobs. ``queued = True``: its default execution mode is ``harmony`` (the
+# subtask queues), e.g. for ``harmony sim run --policy NAME``.
+_harmony.preempts = True      # type: ignore[attr-defined]
+_harmony.queued = True        # type: ignore[attr-defined]
+
+
+def _muri(view: ClusterView) -> Decision:
+    from harmony.master.muri_policy import muri
+    return muri(view)
+
+
+_muri.preempts = True         # type: ignore[attr-defined]
+_muri.queued = True           # type: ignore[attr-defined]
+
+
+def _slaq(view: ClusterView) -> Decision:
+    from harmony.master.slaq_policy import slaq
+    return slaq(view)
+
+
+def _slaq_maxmin(view: ClusterView) -> Decision:
+    from harmony.master.slaq_policy import slaq_maxmin
+    return slaq_maxmin(view)
+
+
+_slaq.preempts = _slaq_maxmin.preempts = True     # type: ignore[attr-defined]
+
 POLICIES = {"least-loaded": least_loaded, "colocate": least_loaded, "isolated": isolated,
-            "harmony": _harmony}
+            "harmony": _harmony, "muri": _muri, "slaq": _slaq, "slaq-maxmin": _slaq_maxmin}
 # execution modes: placement policy, and whether subtasks go through the queues
 MODES = {"isolated": ("isolated", False), "naive": ("colocate", False),
          "harmony": ("harmony", True)}

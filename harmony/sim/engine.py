@@ -64,6 +64,11 @@ class SimJob:
     # ``epochs`` x (``iters``, 1). A simulated iteration of k real ones runs
     # k x the COMP and the COMM seconds (the simulation's grain).
     plan: list[tuple[int, int]] = field(default_factory=list)
+    # the objective it reports after k real iterations (the trace's loss
+    # curve; None: the epochs left, a countdown)
+    loss: Callable[[float], float] | None = None
+    deadline: float | None = None   # s after arrival, submitted with the job
+    utility: str = ""               # a Utility spec, submitted with the job
 
     def __post_init__(self) -> None:
         if not self.plan:
@@ -405,7 +410,7 @@ class _Exec:
         stop = self.epoch + 1 >= self.job.epochs
         if self.index == 0:
             self.sim._send_master(self, "epoch_report", epoch=self.epoch,
-                                  metrics={"objective": float(self.job.epochs - self.epoch)},
+                                  metrics={"objective": self._objective()},
                                   stop=stop)
         ep = self.epoch
         self.epoch += 1
@@ -425,6 +430,14 @@ class _Exec:
             self.sim._later(over, self._begin_epoch)
         else:
             self._begin_epoch()
+
+    def _objective(self) -> float:
+        """What the app prints after this epoch: its loss after the real
+        iterations done so far, or (no curve) the epochs left."""
+        if self.job.loss is None:
+            return float(self.job.epochs - self.epoch)
+        done = sum(n * k for n, k in self.job.plan[:self.epoch + 1])
+        return float(self.job.loss(done))
 
     def _ckpt_seconds(self) -> float:
         c = self.sim.contention
@@ -587,7 +600,11 @@ class Simulator:
         self._pending_submit = job
         self._deliver(self._client, "submit", {"app_name": job.app, "app_source": "",
                                                "args": [], "machines": job.machines,
-                                               "name": job.id})
+                                               "name": job.id,
+                                               **({"deadline": job.deadline}
+                                                  if job.deadline else {}),
+                                               **({"utility": job.utility}
+                                                  if job.utility else {})})
 
     # -- run -----------------------------------------------------------------------------
     def run(self) -> "Outcome":

@@ -36,7 +36,7 @@ def setup(name: str) -> tuple[str, str]:
     if not mode:
         if policy in P.MODES:
             return P.MODES[policy][0], policy
-        mode = "harmony" if policy == "harmony" else "naive"
+        mode = "harmony" if getattr(P.POLICIES.get(policy), "queued", False) else "naive"
     if policy in P.MODES and policy not in P.POLICIES:
         policy = P.MODES[policy][0]
     if policy not in P.POLICIES:
@@ -81,7 +81,9 @@ def sim_jobs(trace: list[TraceJob], bandwidth: float, grain: int = GRAIN,
                           machines=tj.machines, iters=ipe, profile=profile,
                           eval_cpu=tj.eval_s, bytes=tj.bytes, link=link, net_local=local,
                           model_bytes=tj.model_bytes, input_bytes=tj.input_bytes, error=e,
-                          plan=plan))
+                          plan=plan, loss=tj.curve.loss if tj.curve is not None else None,
+                          deadline=tj.deadline,
+                          utility=tj.utility.spec() if tj.utility is not None else ""))
     return out
 
 
