@@ -11,8 +11,8 @@ dissertation shows Harmony's gain collapsing beyond ~7.5%), the effect of
 the simulation grain, and the simulator's speed (wall time, events,
 decisions per second). With --big, also 1,000 jobs on 1,000 machines.
 
-    python bench/sim_paper.py [--seeds 1] [--errors 0,0.025,0.05,0.075,0.1,0.2]
-        [--plot docs/sim_error.png] [--big]
+    python bench/sim_paper.py [--seeds 1,2,3] [--errors 0,0.025,0.05,0.075,0.1,0.2]
+        [--policies muri,slaq] [--plot docs/sim_error.png] [--big]
 """
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ def main() -> None:
     ap.add_argument("--grains", default="20,60,200")
     ap.add_argument("--plot", default=None, help="write the model-error plot (PNG) here")
     ap.add_argument("--big", action="store_true", help="also 1,000 jobs on 1,000 machines")
+    ap.add_argument("--policies", default="muri,slaq", help="other policies to compare")
     a = ap.parse_args()
     logging.getLogger("harmony.master").setLevel(logging.ERROR)
     cont = Contention()
@@ -69,6 +70,7 @@ def main() -> None:
           f"{PAPER_BANDWIDTH * 8 / 1e9:.1f} Gbit/s")
     head = (f"{'setup':22s} {'meanJCT':>8} {'x iso':>6} {'median':>8} {'p95':>8} "
             f"{'makespan':>8} {'x iso':>6} {'CPU':>6} {'net':>6} {'wall':>7} {'dec':>5}")
+    errs: dict[float, list[tuple[float, float]]] = {}
     for seed in [int(s) for s in a.seeds.split(",")]:
         trace = generate("paper", a.jobs, seed)
         print(f"\n== {len(trace)} jobs (paper mix, seed {seed}) on {a.machines} machines ==")
@@ -80,32 +82,19 @@ def main() -> None:
             print(row(name, run(trace, a.machines, "naive", seed=seed, **kw), base), flush=True)
         h = run(trace, a.machines, "harmony", seed=seed)
         print(row("harmony", h, base), flush=True)
+        for name in [p for p in a.policies.split(",") if p]:
+            print(row(name, run(trace, a.machines, name, seed=seed), base), flush=True)
         print(f"harmony: {h['events']} events in {h['wall']:.1f}s "
               f"({h['events'] / h['wall']:.0f} events/s), {h['decisions']} decisions "
               f"({h['dps']:.1f} decisions/s of wall time)")
 
         print("\nmodel error (relative error injected into every reported profile)")
         print(f"{'error':>6} {'meanJCT x iso':>14} {'makespan x iso':>15}")
-        pts = []
         for e in [float(x) for x in a.errors.split(",")]:
             s = h if e == 0 else run(trace, a.machines, "harmony", seed=seed, error=e)
-            pts.append((e, base["mean_jct"] / s["mean_jct"], base["makespan"] / s["makespan"]))
-            print(f"{100 * e:5.1f}% {pts[-1][1]:14.2f} {pts[-1][2]:15.2f}", flush=True)
-        if a.plot:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-            fig, ax = plt.subplots(figsize=(5, 3.2))
-            ax.plot([100 * p[0] for p in pts], [p[1] for p in pts], "o-", label="mean JCT")
-            ax.plot([100 * p[0] for p in pts], [p[2] for p in pts], "s-", label="makespan")
-            ax.axhline(1.0, color="grey", lw=0.8)
-            ax.set_xlabel("profile error injected (%)")
-            ax.set_ylabel("speedup over isolated")
-            ax.set_title(f"{len(trace)} jobs, {a.machines} machines (simulated)")
-            ax.legend()
-            fig.tight_layout()
-            fig.savefig(a.plot, dpi=120)
-            print(f"plot: {a.plot}")
+            errs.setdefault(e, []).append((base["mean_jct"] / s["mean_jct"],
+                                           base["makespan"] / s["makespan"]))
+            print(f"{100 * e:5.1f}% {errs[e][-1][0]:14.2f} {errs[e][-1][1]:15.2f}", flush=True)
 
         print("\nsimulation grain (at most N simulated iterations per job)")
         for g in [int(x) for x in a.grains.split(",")]:
@@ -113,9 +102,30 @@ def main() -> None:
             print(f"grain {g:4d}: mean JCT x iso {base['mean_jct'] / s['mean_jct']:.2f}, "
                   f"makespan x iso {base['makespan'] / s['makespan']:.2f}, wall {s['wall']:.1f}s",
                   flush=True)
+    seeds = len(a.seeds.split(","))
+    print(f"\nmodel error, mean over {seeds} seed(s)")
+    pts = []
+    for e, v in sorted(errs.items()):
+        pts.append((e, statistics.mean(x for x, _ in v), statistics.mean(y for _, y in v)))
+        print(f"{100 * e:5.1f}%  mean JCT x iso {pts[-1][1]:.2f}  makespan x iso {pts[-1][2]:.2f}")
+    if a.plot and pts:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.plot([100 * p[0] for p in pts], [p[1] for p in pts], "o-", label="mean JCT")
+        ax.plot([100 * p[0] for p in pts], [p[2] for p in pts], "s-", label="makespan")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xlabel("profile error injected (%)")
+        ax.set_ylabel("harmony's speedup over isolated")
+        ax.set_title(f"{a.jobs} jobs, {a.machines} machines, {seeds} seed(s) (simulated)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(a.plot, dpi=120)
+        print(f"plot: {a.plot}")
     if a.big:
         trace = generate("paper", 1000, 1, mean_gap=24.0)
-        print(f"\n== 1000 jobs on 1000 machines (paper mix, mean gap 24 s) ==")
+        print("\n== 1000 jobs on 1000 machines (paper mix, mean gap 24 s) ==")
         print(head)
         base = run(trace, 1000, "isolated")
         print(row("isolated", base, base), flush=True)
