@@ -124,6 +124,8 @@ def main() -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="cProfile the replay and print the top N functions by own time")
     ap.add_argument("--limit", type=int, default=0, help="replay only the first N calls")
+    ap.add_argument("--only", default="", help="replay only these calls (comma-separated "
+                    "indices), e.g. the slowest while profiling")
     ap.add_argument("--cpu", action="store_true",
                     help="time with the process CPU clock (steadier on a shared machine)")
     args = ap.parse_args()
@@ -133,6 +135,8 @@ def main() -> int:
         calls = pickle.load(f)
     if args.limit:
         calls = calls[:args.limit]
+    if args.only:
+        calls = [calls[int(i)] for i in args.only.split(",")]
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
