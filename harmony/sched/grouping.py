@@ -1059,6 +1059,57 @@ def _k_steps(n: int, literal: bool) -> list[int]:
     return ks
 
 
+def _candidates(work: np.ndarray, base: np.ndarray, remote: np.ndarray | None, machines: int,
+                ks: Sequence[int], literal: bool, memo: dict
+                ) -> list[tuple[float, list[list[int]], np.ndarray]]:
+    """``schedule``'s plan (score, groups, allocation) for each job-set size
+    in ``ks`` (prefixes of the jobs), the best over its n_G candidates after
+    fine-tuning (see ``schedule``); the _reshape fine-tuning of all of them
+    runs side by side (``_reshape_all``)."""
+    out, cands_k, reshape = [], [], []
+    for k in ks:
+        w, n = work[:k], base[:k]
+        r = None if remote is None else remote[:k]
+        if literal:
+            out.append(_plan_for(w, n, r, machines, _n_groups(w, n, r, machines)))
+            continue
+        cands = [_plan_for(w, n, r, machines, n_g)
+                 for n_g in _candidate_n_groups(w, n, r, machines)]
+        if k <= _REFINE_MAX_JOBS:   # refine the most promising n_G values
+            bound = _score_bound(w, n, machines)
+            top = sorted(range(len(cands)), key=lambda i: -cands[i][0])
+            for i in top[:_REFINE_TOP] if r is None else top:
+                if cands[i][0] >= bound * (1 - 1e-6):
+                    continue        # nothing to gain
+                _, groups, alloc = cands[i]
+                if r is not None and len(groups) <= _REFINE_MAX_GROUPS:
+                    reshape.append((len(cands_k), i))
+                    continue
+                elif 1 < len(groups) <= _REFINE_MAX_GROUPS:
+                    alloc = _refine(w, n, r, groups, alloc, machines)
+                else:
+                    continue
+                cands[i] = (score(*_evaluate(w, n, r, groups, alloc, machines)[1:]),
+                            groups, alloc)
+        cands_k.append((k, cands))
+    if reshape:     # indices below k: the whole arrays serve every prefix
+        allocs = _reshape_all(work, base, remote,
+                              [cands_k[c][1][i][1:] for c, i in reshape], machines, memo)
+        for (c, i), alloc in zip(reshape, allocs):
+            k, cands = cands_k[c]
+            w, n = work[:k], base[:k]
+            r = None if remote is None else remote[:k]
+            groups = cands[i][1]
+            cands[i] = (score(*_evaluate(w, n, r, groups, alloc, machines)[1:]), groups, alloc)
+    for _, cands in cands_k:
+        cand = cands[0]
+        for c in cands[1:]:        # largest n_G first: ties keep more groups
+            if c[0] > cand[0]:
+                cand = c
+        out.append(cand)
+    return out
+
+
 def schedule(profiles: Sequence[Profile], machines: int, literal: bool = False) -> Plan:
     """Algorithm 1: the plan that maximizes U over growing prefixes of
     ``profiles``; jobs not in it are returned in ``waiting``, in order.
@@ -1114,47 +1165,27 @@ def schedule(profiles: Sequence[Profile], machines: int, literal: bool = False) 
     memo: dict = {}     # ``_reshape``'s looks at groups of jobs: the same for every k
     seen: list[tuple[int, tuple[float, list[list[int]], np.ndarray]]] = []
     best_s, best_k = -1.0, 0
-    for k in _k_steps(len(profiles), literal):
-        w, n = work[:k], base[:k]
-        r = None if remote is None else remote[:k]
-        if literal:
-            cand = _plan_for(w, n, r, machines, _n_groups(w, n, r, machines))
-        else:
-            cands = [_plan_for(w, n, r, machines, n_g)
-                     for n_g in _candidate_n_groups(w, n, r, machines)]
-            if k <= _REFINE_MAX_JOBS:   # refine the most promising n_G values
-                bound = _score_bound(w, n, machines)
-                top = sorted(range(len(cands)), key=lambda i: -cands[i][0])
-                reshape = []        # all _reshape'd side by side (_reshape_all)
-                for i in top[:_REFINE_TOP] if r is None else top:
-                    if cands[i][0] >= bound * (1 - 1e-6):
-                        continue        # nothing to gain
-                    _, groups, alloc = cands[i]
-                    if r is not None and len(groups) <= _REFINE_MAX_GROUPS:
-                        reshape.append(i)
-                        continue
-                    elif 1 < len(groups) <= _REFINE_MAX_GROUPS:
-                        alloc = _refine(w, n, r, groups, alloc, machines)
-                    else:
-                        continue
-                    cands[i] = (score(*_evaluate(w, n, r, groups, alloc, machines)[1:]),
-                                groups, alloc)
-                if reshape:
-                    allocs = _reshape_all(w, n, r, [cands[i][1:] for i in reshape], machines,
-                                          memo)
-                    for i, alloc in zip(reshape, allocs):
-                        groups = cands[i][1]
-                        cands[i] = (score(*_evaluate(w, n, r, groups, alloc, machines)[1:]),
-                                    groups, alloc)
-            cand = cands[0]
-            for c in cands[1:]:        # largest n_G first: ties keep more groups
-                if c[0] > cand[0]:
-                    cand = c
-        seen.append((k, cand))
-        if cand[0] > best_s:
-            best_s, best_k = cand[0], k
-        elif literal or k >= max(2 * best_k, best_k + 3):
-            break
+    ks = _k_steps(len(profiles), literal)
+    pos = 0
+    while pos < len(ks):
+        # the job-set sizes surely tried next, worked out together so that
+        # their _reshape looks batch (_reshape_all): the search stops only at
+        # a k >= max(2 * best_k, best_k + 3), and best_k never shrinks
+        end = pos + 1
+        if not literal:
+            stop = max(2 * best_k, best_k + 3)
+            while end < len(ks) and ks[end - 1] < stop and ks[end] <= _REFINE_MAX_JOBS:
+                end += 1
+        chunk = ks[pos:end]
+        pos = end
+        for k, cand in zip(chunk, _candidates(work, base, remote, machines, chunk, literal,
+                                              memo)):
+            seen.append((k, cand))
+            if cand[0] > best_s:
+                best_s, best_k = cand[0], k
+            elif literal or k >= max(2 * best_k, best_k + 3):
+                pos = len(ks)
+                break
     # fewer jobs: the smallest job set whose U is within _FEWER_JOBS of the best
     floor = best_s * (1 - (0.0 if literal else _FEWER_JOBS))
     best_k, best = next((k, c) for k, c in seen if c[0] >= floor)
