@@ -646,15 +646,55 @@ def _row_sides(rows: np.ndarray) -> tuple[tuple, tuple]:
     return _row_sides_cached(rows.tobytes(), rows.shape)
 
 
+def _split_sums(rows: np.ndarray, u: list[int], work: np.ndarray, base: np.ndarray,
+                remote: np.ndarray, lists: tuple[list[float], list[float], list[float]]
+                ) -> tuple[tuple[float, float, float], list[tuple[float, float, float]]]:
+    """For ``_best_splits``: the totals (work, base, remote) of jobs ``u``
+    as ``w.sum()`` gives them, and per row of ``rows`` side A's sums as
+    ``rows @ w`` gives them (on at most three jobs a side holds at most two,
+    whose sum is the same in any order: added here in plain Python)."""
+    work_l, base_l, remote_l = lists
+    ws, ns, rs = [work_l[j] for j in u], [base_l[j] for j in u], [remote_l[j] for j in u]
+    totals = (_np_sum(ws), _np_sum(ns), _np_sum(rs))
+    if len(u) > 3:
+        x = np.array(u)
+        return totals, list(zip((rows @ work[x]).tolist(), (rows @ base[x]).tolist(),
+                                (rows @ remote[x]).tolist()))
+    row_sums = []
+    for side in _row_sides(rows)[0]:
+        wa = na = qa = 0.0
+        for j in side:
+            wa += ws[j]
+            na += ns[j]
+            qa += rs[j]
+        row_sums.append((wa, na, qa))
+    return totals, row_sums
+
+
+@lru_cache(maxsize=None)
+def _padded_cached(key: bytes, shape: tuple[int, int], width: int) -> np.ndarray:
+    rows = np.frombuffer(key, dtype=bool).reshape(shape)
+    out = np.zeros((shape[0], width), dtype=bool)
+    out[:, :shape[1]] = rows
+    return _frozen(out)
+
+
+def _padded(rows: np.ndarray, width: int) -> np.ndarray:
+    """``rows`` with False columns added up to ``width``."""
+    return _padded_cached(rows.tobytes(), rows.shape, width)
+
+
 def _best_splits(items: Sequence[tuple[np.ndarray, list[int], int, int]],
                  work: np.ndarray, base: np.ndarray, remote: np.ndarray,
-                 lists: tuple[list[float], list[float], list[float]]
+                 lists: tuple[list[float], list[float], list[float]], cache: dict
                  ) -> list[tuple[float, int, int]]:
     """``_best_split(rows, work[u], base[u], remote[u], mt, m_now)`` for each
     item (rows, u, mt, m_now) with mt > _ALL_SPLITS and remote COMM, the
     same results bit for bit, with the work on the candidate machine splits
     done once for all items: numpy's per-call cost is most of the time on
-    one pair's few rows. ``lists`` holds work, base and remote as lists.
+    one pair's few rows. ``lists`` holds work, base and remote as lists;
+    ``cache`` keeps ``_split_sums`` per job set and rows between calls on
+    the same arrays.
 
     Every number comes from the same float operations as in
     ``_best_split``: an item's side-A sums are its own ``rows @ w``
@@ -664,28 +704,22 @@ def _best_splits(items: Sequence[tuple[np.ndarray, list[int], int, int]],
     Jobs are padded to the largest item with zeros, which ``max`` ignores
     (every job time is >= 0); ties go, as ``np.argmax`` over the (splits,
     rows) array, to the first split, then the first row."""
-    work_l, base_l, remote_l = lists
-    n_rows, n_jobs, sides, sums, padded = [], [], [], [], []
+    n_rows, sides, sums, padded, masks = [], [], [], [], []
     width = max(len(u) for _, u, _, _ in items)
     pad = len(work)
     for rows, u, mt, m_now in items:
         n_rows.append(len(rows))
-        n_jobs.append(len(u))
-        ws, ns, rs = [work_l[j] for j in u], [base_l[j] for j in u], [remote_l[j] for j in u]
-        sums.append((_np_sum(ws), _np_sum(ns), _np_sum(rs), mt, m_now))
+        # what depends on the jobs alone (not on the machines) is kept in
+        # ``cache``: the same job set comes back on other machine counts
+        key = (tuple(u), id(rows))     # rows: from _pair_rows' cache, never freed
+        got = cache.get(key)
+        if got is None:
+            got = cache[key] = _split_sums(rows, u, work, base, remote, lists)
+        totals, row_sums = got
+        sums.append((*totals, mt, m_now))
+        sides.extend(row_sums)
         padded.append(u + [pad] * (width - len(u)))
-        if len(u) <= 3:
-            for side in _row_sides(rows)[0]:
-                wa = na = qa = 0.0
-                for j in side:
-                    wa += ws[j]
-                    na += ns[j]
-                    qa += rs[j]
-                sides.append((wa, na, qa))
-        else:
-            x = np.array(u)
-            sides.extend(zip((rows @ work[x]).tolist(), (rows @ base[x]).tolist(),
-                             (rows @ remote[x]).tolist()))
+        masks.append(_padded(rows, width))
     total = len(sides)
     item = np.repeat(np.arange(len(items)), n_rows)            # item of each row
     starts = np.cumsum(n_rows) - n_rows
@@ -697,9 +731,7 @@ def _best_splits(items: Sequence[tuple[np.ndarray, list[int], int, int]],
     w = np.append(work, 0.0)[idx]
     n = np.append(base, 0.0)[idx]
     nr = np.append(remote, 0.0)[idx]
-    in_a = np.zeros((total, width), dtype=bool)
-    for rows, lo in zip((it[0] for it in items), starts.tolist()):
-        in_a[lo:lo + len(rows), :rows.shape[1]] = rows
+    in_a = np.concatenate(masks)
     in_b = (idx != pad) & ~in_a
     # as _best_split from here on, elementwise over all rows at once
     ra = (wa + qa) / np.maximum(na + qa, 1e-12)
@@ -845,6 +877,7 @@ class _Looks:
         self.work, self.base, self.remote, self.machines, self.memo = \
             work, base, remote, machines, memo
         self.lists = (work.tolist(), base.tolist(), None if remote is None else remote.tolist())
+        self.sums: dict = {}        # _best_splits' per job set sums
 
     def value(self, g: list[int], m: int) -> float:
         key = (tuple(g), m)
@@ -880,7 +913,7 @@ class _Looks:
             done.append((key, now, u, rows, hit))
         if batch:
             hits = _best_splits([(rows, u, mt, ma_now) for *_, u, rows, mt, ma_now in batch],
-                                work, base, remote, self.lists)
+                                work, base, remote, self.lists, self.sums)
             done += [(key, now, u, rows, hit)
                      for (key, now, u, rows, *_), hit in zip(batch, hits)]
         for key, now, u, rows, (v, i, ma) in done:
