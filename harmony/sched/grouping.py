@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+import math
 
 import numpy as np
 
@@ -39,6 +41,7 @@ _ALL_SPLITS = 8         # remote > 0: every machine split of pairs on up to 8 ma
 _RESHAPE_ROUNDS = 3     # remote > 0: rounds of re-splits, merges and splits (_reshape)
 _EXHAUSTIVE_PAIR = 8    # every split of two groups up to this many jobs, else moves/swaps
 _FEWER_JOBS = 5e-3      # the smallest job set within this fraction of the best U wins
+_BATCH_MIN = 2          # _Looks.settle: re-splits batched (_best_splits) from this many on
 
 
 @dataclass(frozen=True)
@@ -408,6 +411,54 @@ def _group_value(w: np.ndarray, nb: np.ndarray, nr: np.ndarray | None, m: float)
     return (CPU_WEIGHT * cpu + (1 - CPU_WEIGHT) * net) * m / t
 
 
+def _np_sum(x: Sequence[float]) -> float:
+    """``float(np.array(x).sum())`` bit for bit, on a list: numpy adds up a
+    float64 array pairwise (eight running sums over blocks of up to 128,
+    halves above that), which plain left-to-right addition matches only
+    below eight terms."""
+    n = len(x)
+    if n < 8:
+        r = 0.0
+        for v in x:
+            r += v
+        return r
+    if n > 128:
+        h = n // 2
+        h -= h % 8
+        return _np_sum(x[:h]) + _np_sum(x[h:])
+    r = list(x[:8])
+    i, end = 8, n - n % 8
+    while i < end:
+        for k in range(8):
+            r[k] += x[i + k]
+        i += 8
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    for v in x[end:]:
+        res += v
+    return res
+
+
+def _group_value_l(work: list[float], base: list[float], remote: list[float] | None,
+                   g: Sequence[int], m: int) -> float:
+    """``_group_value`` of jobs ``g`` (indices into the lists ``work``,
+    ``base``, ``remote``) on ``m`` machines, the same float for float, in
+    plain Python: on a handful of jobs numpy's per-call cost is most of it."""
+    if not g:
+        return 0.0
+    w = [work[j] for j in g]
+    if remote is None:
+        n = [base[j] for j in g]
+    else:
+        f = 1.0 - 1.0 / float(m)
+        n = [base[j] + remote[j] * f for j in g]
+    cpu, net = _np_sum(w) / m, _np_sum(n)
+    t = max(cpu, net, max(wj / m + nj for wj, nj in zip(w, n)))
+    if t <= 0:
+        return 0.0
+    return (CPU_WEIGHT * cpu + (1 - CPU_WEIGHT) * net) * m / t
+
+
+@lru_cache(maxsize=None)
 def _pair_rows(a: int, b: int) -> np.ndarray:
     """Candidate splits of the union of two groups (sizes a and b, the first
     a columns being group A) into two non-empty groups, as boolean rows
@@ -416,7 +467,7 @@ def _pair_rows(a: int, b: int) -> np.ndarray:
     s = a + b
     if s <= _EXHAUSTIVE_PAIR:
         masks = np.arange(1, 2 ** (s - 1))     # the last job always in B
-        return ((masks[:, None] >> np.arange(s)) & 1).astype(bool)
+        return _frozen(((masks[:, None] >> np.arange(s)) & 1).astype(bool))
     base = np.zeros(s, dtype=bool)
     base[:a] = True
     rows = [base]
@@ -433,7 +484,19 @@ def _pair_rows(a: int, b: int) -> np.ndarray:
     r[np.arange(a * b), ia] = False
     r[np.arange(a * b), a + ib] = True
     rows.extend(r)
-    return np.array(rows)
+    return _frozen(np.array(rows))
+
+
+def _frozen(x: np.ndarray) -> np.ndarray:
+    x.setflags(write=False)     # cached and shared: nobody may change it
+    return x
+
+
+@lru_cache(maxsize=None)
+def _split_rows(n: int) -> np.ndarray:
+    """Candidate splits of one group of ``n`` jobs in two (``_reshape``'s
+    splits): every split up to _EXHAUSTIVE_PAIR jobs, else each job alone."""
+    return _pair_rows(n - 1, 1) if n <= _EXHAUSTIVE_PAIR else _frozen(~np.eye(n, dtype=bool))
 
 
 def _best_split(rows: np.ndarray, w: np.ndarray, n: np.ndarray, nr: np.ndarray | None,
@@ -500,6 +563,197 @@ def _best_split_all(rows: np.ndarray, w: np.ndarray, n: np.ndarray, nr: np.ndarr
     v = _pair_value(wa / ma, na + qa * fa, ja, ma) + _pair_value(wb / mb, nb + qb * fb, jb, mb)
     c, i = np.unravel_index(int(np.argmax(v)), v.shape)
     return float(v[c, i]), int(i), int(ma[c, 0])
+
+
+def _best_split_small(rows: np.ndarray, w: list[float], n: list[float], nr: list[float],
+                      mt: int, m_now: int) -> tuple[float, int, int]:
+    """``_best_split`` with remote COMM and mt > _ALL_SPLITS for at most
+    three jobs (lists ``w``, ``n``, ``nr``), the same result bit for bit, in
+    plain Python: there numpy's per-call cost is nearly all of the time.
+    Each side of a split of three jobs holds at most two, whose sum is the
+    same in any order, so ``rows @ w`` is exact here; the totals are added
+    left to right like numpy's ``sum`` of fewer than eight numbers.
+    Everything else is ``_best_split``'s float operations, on the distinct
+    (row, machines of A) only; ties go, as ``np.argmax`` over its (splits,
+    rows) array, to the first candidate split, then the first row."""
+    assert len(w) <= 3
+    sw = sn = sq = 0.0
+    for wj, nj, rj in zip(w, n, nr):
+        sw += wj
+        sn += nj
+        sq += rj
+    hi = mt - 1
+    cw, nw = CPU_WEIGHT, 1 - CPU_WEIGHT
+    side_a, side_b = _row_sides(rows)
+    at_a: dict[int, list[float]] = {}     # machines -> each job's time on them
+    at_b: dict[int, list[float]] = {}
+    values = []                          # per row: {machines of A: value}
+    cands = []                           # per row: the 7 candidate machines of A
+    for ia, ib in zip(side_a, side_b):
+        wa = na = qa = 0.0
+        for j in ia:
+            wa += w[j]
+            na += n[j]
+            qa += nr[j]
+        wb, nb, qb = sw - wa, sn - na, sq - qa
+        ra = (wa + qa) / max(na + qa, 1e-12)
+        rb = (wb + qb) / max(nb + qb, 1e-12)
+        prop = mt * ra / max(ra + rb, 1e-12)
+        # clip(floor(x)) == floor(clip(x)) on [1, mt - 1], and clamping to
+        # +-1e18 first keeps math.floor off infinities without changing it
+        ra, rb, prop = (min(max(x, -1e18), 1e18) for x in (ra, rb, prop))
+        cs = [min(max(c, 1), hi) for c in (math.floor(ra), math.ceil(ra), mt - math.floor(rb),
+                                           mt - math.ceil(rb), math.floor(prop),
+                                           math.ceil(prop), m_now)]
+        cands.append(cs)
+        vals: dict[int, float] = {}
+        for ma in cs:
+            if ma in vals:
+                continue
+            mb = mt - ma
+            fa, fb = 1.0 - 1.0 / ma, 1.0 - 1.0 / mb
+            ta = at_a.get(ma)
+            if ta is None:
+                ta = at_a[ma] = [wj / ma + nj + rj * fa for wj, nj, rj in zip(w, n, nr)]
+            tb = at_b.get(mb)
+            if tb is None:
+                tb = at_b[mb] = [wj / mb + nj + rj * fb for wj, nj, rj in zip(w, n, nr)]
+            cpu, net = wa / ma, na + qa * fa
+            t = max(cpu, net, 0.0, *[ta[j] for j in ia])
+            va = (cw * cpu + nw * net) * ma / (t if t > 0 else 1.0)
+            cpu, net = wb / mb, nb + qb * fb
+            t = max(cpu, net, 0.0, *[tb[j] for j in ib])
+            vals[ma] = va + (cw * cpu + nw * net) * mb / (t if t > 0 else 1.0)
+        values.append(vals)
+    best, bi, bm = -math.inf, 0, 0
+    for c in range(7):
+        for i, (cs, vals) in enumerate(zip(cands, values)):
+            v = vals[cs[c]]
+            if v > best:
+                best, bi, bm = v, i, cs[c]
+    return best, bi, bm
+
+
+@lru_cache(maxsize=None)
+def _row_sides_cached(key: bytes, shape: tuple[int, int]) -> tuple[tuple, tuple]:
+    rows = np.frombuffer(key, dtype=bool).reshape(shape)
+    return (tuple(tuple(np.flatnonzero(r).tolist()) for r in rows),
+            tuple(tuple(np.flatnonzero(~r).tolist()) for r in rows))
+
+
+def _row_sides(rows: np.ndarray) -> tuple[tuple, tuple]:
+    """Per row, the job positions in side A and in side B."""
+    return _row_sides_cached(rows.tobytes(), rows.shape)
+
+
+def _split_sums(rows: np.ndarray, u: list[int], work: np.ndarray, base: np.ndarray,
+                remote: np.ndarray, lists: tuple[list[float], list[float], list[float]]
+                ) -> tuple[tuple[float, float, float], list[tuple[float, float, float]]]:
+    """For ``_best_splits``: the totals (work, base, remote) of jobs ``u``
+    as ``w.sum()`` gives them, and per row of ``rows`` side A's sums as
+    ``rows @ w`` gives them (on at most three jobs a side holds at most two,
+    whose sum is the same in any order: added here in plain Python)."""
+    work_l, base_l, remote_l = lists
+    ws, ns, rs = [work_l[j] for j in u], [base_l[j] for j in u], [remote_l[j] for j in u]
+    totals = (_np_sum(ws), _np_sum(ns), _np_sum(rs))
+    if len(u) > 3:
+        x = np.array(u)
+        return totals, list(zip((rows @ work[x]).tolist(), (rows @ base[x]).tolist(),
+                                (rows @ remote[x]).tolist()))
+    row_sums = []
+    for side in _row_sides(rows)[0]:
+        wa = na = qa = 0.0
+        for j in side:
+            wa += ws[j]
+            na += ns[j]
+            qa += rs[j]
+        row_sums.append((wa, na, qa))
+    return totals, row_sums
+
+
+@lru_cache(maxsize=None)
+def _padded_cached(key: bytes, shape: tuple[int, int], width: int) -> np.ndarray:
+    rows = np.frombuffer(key, dtype=bool).reshape(shape)
+    out = np.zeros((shape[0], width), dtype=bool)
+    out[:, :shape[1]] = rows
+    return _frozen(out)
+
+
+def _padded(rows: np.ndarray, width: int) -> np.ndarray:
+    """``rows`` with False columns added up to ``width``."""
+    return _padded_cached(rows.tobytes(), rows.shape, width)
+
+
+def _best_splits(items: Sequence[tuple[np.ndarray, list[int], int, int]],
+                 work: np.ndarray, base: np.ndarray, remote: np.ndarray,
+                 lists: tuple[list[float], list[float], list[float]], cache: dict
+                 ) -> list[tuple[float, int, int]]:
+    """``_best_split(rows, work[u], base[u], remote[u], mt, m_now)`` for each
+    item (rows, u, mt, m_now) with mt > _ALL_SPLITS and remote COMM, the
+    same results bit for bit, with the work on the candidate machine splits
+    done once for all items: numpy's per-call cost is most of the time on
+    one pair's few rows. ``lists`` holds work, base and remote as lists;
+    ``cache`` keeps ``_split_sums`` per job set and rows between calls on
+    the same arrays.
+
+    Every number comes from the same float operations as in
+    ``_best_split``: an item's side-A sums are its own ``rows @ w``
+    products (BLAS's summation order), except on at most three jobs, where
+    a side holds at most two and any order gives the same sum; totals are
+    added as numpy's ``sum`` does (``_np_sum``); the rest is elementwise.
+    Jobs are padded to the largest item with zeros, which ``max`` ignores
+    (every job time is >= 0); ties go, as ``np.argmax`` over the (splits,
+    rows) array, to the first split, then the first row."""
+    n_rows, sides, sums, padded, masks = [], [], [], [], []
+    width = max(len(u) for _, u, _, _ in items)
+    pad = len(work)
+    for rows, u, mt, m_now in items:
+        n_rows.append(len(rows))
+        # what depends on the jobs alone (not on the machines) is kept in
+        # ``cache``: the same job set comes back on other machine counts
+        key = (tuple(u), id(rows))     # rows: from _pair_rows' cache, never freed
+        got = cache.get(key)
+        if got is None:
+            got = cache[key] = _split_sums(rows, u, work, base, remote, lists)
+        totals, row_sums = got
+        sums.append((*totals, mt, m_now))
+        sides.extend(row_sums)
+        padded.append(u + [pad] * (width - len(u)))
+        masks.append(_padded(rows, width))
+    total = len(sides)
+    item = np.repeat(np.arange(len(items)), n_rows)            # item of each row
+    starts = np.cumsum(n_rows) - n_rows
+    sw, sn, sq, mt, m_now = np.array(sums, dtype=float)[item].T
+    wa, na, qa = np.array(sides).T
+    wb, nb, qb = sw - wa, sn - na, sq - qa
+    # each row's jobs, padded with zeros; in_a: side A, in_b: side B
+    idx = np.array(padded)[item]
+    w = np.append(work, 0.0)[idx]
+    n = np.append(base, 0.0)[idx]
+    nr = np.append(remote, 0.0)[idx]
+    in_a = np.concatenate(masks)
+    in_b = (idx != pad) & ~in_a
+    # as _best_split from here on, elementwise over all rows at once
+    ra = (wa + qa) / np.maximum(na + qa, 1e-12)
+    rb = (wb + qb) / np.maximum(nb + qb, 1e-12)
+    prop = mt * ra / np.maximum(ra + rb, 1e-12)
+    ma = np.minimum(np.maximum(np.stack([np.floor(ra), np.ceil(ra), mt - np.floor(rb),
+                                         mt - np.ceil(rb), np.floor(prop), np.ceil(prop),
+                                         m_now]), 1), mt - 1)      # (splits, rows)
+    mb = mt - ma
+    fa, fb = 1.0 - 1.0 / ma, 1.0 - 1.0 / mb
+    ja = np.where(in_a, w / ma[:, :, None] + n + nr * fa[:, :, None], 0.0).max(2)
+    jb = np.where(in_b, w / mb[:, :, None] + n + nr * fb[:, :, None], 0.0).max(2)
+    v = _pair_value(wa / ma, na + qa * fa, ja, ma) + _pair_value(wb / mb, nb + qb * fb, jb, mb)
+    # per item, the first maximum in (split, row) order
+    top = np.maximum.reduceat(v.max(0), starts)
+    key = np.where(v == top[item], np.arange(len(v))[:, None] * total + np.arange(total),
+                   len(v) * total).min(0)
+    out = []
+    for lo, f in zip(starts.tolist(), np.minimum.reduceat(key, starts).tolist()):
+        c, r = divmod(f, total)
+        out.append((float(v[c, r]), r - lo, int(ma[c, r])))
+    return out
 
 
 def _refine(work: np.ndarray, base: np.ndarray, remote: np.ndarray | None,
@@ -573,80 +827,163 @@ def _reshape(work: np.ndarray, base: np.ndarray, remote: np.ndarray | None,
     Tnet, 160 instances of 5-8 jobs) the worst plan was 0.93 of the prefix
     optimum with ``_refine`` on the three best n_G, 0.945 with ``_refine``
     on every n_G, and 0.996 with these moves on every n_G (``schedule``)."""
-    alloc_l = [int(x) for x in alloc]
-    memo = {} if memo is None else memo
+    return _reshape_all(work, base, remote, [(groups, alloc)], machines, memo, rounds)[0]
 
-    def sub(idx) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        return work[idx], base[idx], None if remote is None else remote[idx]
 
-    def value(g: list[int], m: int) -> float:
+def _reshape_all(work: np.ndarray, base: np.ndarray, remote: np.ndarray | None,
+                 plans: Sequence[tuple[list[list[int]], np.ndarray]], machines: int,
+                 memo: dict | None = None, rounds: int = _RESHAPE_ROUNDS) -> list[np.ndarray]:
+    """``_reshape`` of each (groups, alloc) of ``plans`` (groups updated in
+    place; returns the allocations), run side by side so that the re-splits
+    all of them look at are worked out together, in batches
+    (``_best_splits``). Each plan goes through exactly ``_reshape``'s steps;
+    a look's outcome depends on its key alone (``memo`` only caches), so
+    the order in which looks are worked out changes nothing. Each round
+    first asks for the re-splits of every pair as the groups stand (those
+    that an earlier change in the round makes moot cost a little extra
+    work, no change of outcome), then for any further one on its way."""
+    looks = _Looks(work, base, remote, machines, {} if memo is None else memo)
+    runs = [looks.reshape(groups, alloc, rounds) for groups, alloc in plans]
+    out: list = [None] * len(runs)
+    asks: dict[int, list[tuple]] = {}
+
+    def advance(i: int) -> None:
+        try:
+            asks[i] = next(runs[i])
+        except StopIteration as stop:
+            out[i] = stop.value
+
+    for i in range(len(runs)):
+        advance(i)
+    while asks:
+        todo: dict = {}
+        for i in sorted(asks):
+            for ask in asks[i]:
+                if ask[0] not in looks.memo:
+                    todo.setdefault(ask[0], ask)
+        looks.settle(list(todo.values()))
+        for i in sorted(asks):
+            del asks[i]
+            advance(i)
+    return out
+
+
+class _Looks:
+    """``_reshape``'s looks at groups of jobs (their values, and their best
+    re-splits), cached in ``memo`` by job indices and machines."""
+
+    def __init__(self, work: np.ndarray, base: np.ndarray, remote: np.ndarray | None,
+                 machines: int, memo: dict) -> None:
+        self.work, self.base, self.remote, self.machines, self.memo = \
+            work, base, remote, machines, memo
+        self.lists = (work.tolist(), base.tolist(), None if remote is None else remote.tolist())
+        self.sums: dict = {}        # _best_splits' per job set sums
+
+    def value(self, g: list[int], m: int) -> float:
         key = (tuple(g), m)
-        v = memo.get(key)
+        v = self.memo.get(key)
         if v is None:
-            v = memo[key] = _group_value(*sub(g), m)
+            v = self.memo[key] = _group_value_l(*self.lists, g, m)
         return v
 
-    def resplit(ga: list[int], ma_now: int, gb: list[int], mt: int, now: float
-                ) -> tuple[list[int], list[int], int] | None:
-        """The best re-split of ga + gb on mt machines if it gains, else None
-        (gb empty: the best split of ga in two)."""
-        key = ("split", tuple(ga), ma_now, tuple(gb), mt)
-        if key not in memo:
-            u = np.array(ga + gb)
-            n = len(u)
-            if gb:
-                rows = _pair_rows(len(ga), len(gb))
+    def settle(self, asks: list[tuple]) -> None:
+        """Work out the re-splits ``asks`` (key, ga, ma_now, gb, mt, now):
+        into ``memo`` the new split (jobs of A, jobs of B, machines of A) if
+        it gains more than 0.01% of M, else None."""
+        work, base, remote, machines = self.work, self.base, self.remote, self.machines
+        single, batch = [], []
+        for key, ga, ma_now, gb, mt, now in asks:
+            u = ga + gb
+            rows = _pair_rows(len(ga), len(gb)) if gb else _split_rows(len(u))
+            (batch if remote is not None and mt > _ALL_SPLITS else single).append(
+                (key, now, u, rows, mt, ma_now))
+        if len(batch) < _BATCH_MIN:
+            single += batch
+            batch = []
+        done = []
+        for key, now, u, rows, mt, ma_now in single:
+            if remote is not None and mt > _ALL_SPLITS and len(u) <= 3:
+                work_l, base_l, remote_l = self.lists
+                hit = _best_split_small(rows, [work_l[j] for j in u], [base_l[j] for j in u],
+                                        [remote_l[j] for j in u], mt, ma_now)
             else:
-                rows = _pair_rows(n - 1, 1) if n <= _EXHAUSTIVE_PAIR else \
-                    ~np.eye(n, dtype=bool)
-            v, i, ma = _best_split(rows, *sub(u), mt, ma_now)
-            memo[key] = (u[rows[i]].tolist(), u[~rows[i]].tolist(), ma) \
+                x = np.array(u)
+                hit = _best_split(rows, work[x], base[x], None if remote is None else remote[x],
+                                  mt, ma_now)
+            done.append((key, now, u, rows, hit))
+        if batch:
+            hits = _best_splits([(rows, u, mt, ma_now) for *_, u, rows, mt, ma_now in batch],
+                                work, base, remote, self.lists, self.sums)
+            done += [(key, now, u, rows, hit)
+                     for (key, now, u, rows, *_), hit in zip(batch, hits)]
+        for key, now, u, rows, (v, i, ma) in done:
+            a, b = _row_sides(rows)
+            self.memo[key] = ([u[j] for j in a[i]], [u[j] for j in b[i]], ma) \
                 if v > now + 1e-4 * machines else None
-        return memo[key]
 
-    for _ in range(rounds):
-        changed = False
-        for a in range(len(groups)):                     # (1) pair re-splits
-            for b in range(a + 1, len(groups)):
-                ga, gb, mt = groups[a], groups[b], alloc_l[a] + alloc_l[b]
-                now = value(ga, alloc_l[a]) + value(gb, alloc_l[b])
-                if now >= mt * (1 - _REFINE_SKIP):
+    def reshape(self, groups: list[list[int]], alloc: np.ndarray, rounds: int):
+        """``_reshape`` as a generator: it yields the looks it needs next
+        (lists of ``settle``'s asks), to be in ``memo`` when it resumes, and
+        returns the allocation."""
+        alloc_l = [int(x) for x in alloc]
+        memo, value, machines = self.memo, self.value, self.machines
+        for _ in range(rounds):
+            changed = False
+            for a in range(len(groups)):                 # (1) pair re-splits
+                for b in range(a + 1, len(groups)):
+                    ga, gb, mt = groups[a], groups[b], alloc_l[a] + alloc_l[b]
+                    now = value(ga, alloc_l[a]) + value(gb, alloc_l[b])
+                    if now >= mt * (1 - _REFINE_SKIP):
+                        continue
+                    key = ("split", tuple(ga), alloc_l[a], tuple(gb), mt)
+                    if key not in memo:
+                        yield [(key, ga, alloc_l[a], gb, mt, now)]
+                    hit = memo[key]
+                    if hit is not None:
+                        groups[a], groups[b], alloc_l[a] = hit
+                        alloc_l[b] = mt - alloc_l[a]
+                        changed = True
+            a = 0
+            while a < len(groups):                       # (2) merges
+                b = a + 1
+                while b < len(groups):
+                    ga, gb, mt = groups[a], groups[b], alloc_l[a] + alloc_l[b]
+                    now = value(ga, alloc_l[a]) + value(gb, alloc_l[b])
+                    if now < mt * (1 - _REFINE_SKIP) and \
+                            value(ga + gb, mt) > now + 1e-4 * machines:
+                        groups[a], alloc_l[a] = ga + gb, mt
+                        del groups[b], alloc_l[b]
+                        changed = True
+                        continue
+                    b += 1
+                a += 1
+            asks = []                                    # (3) splits, new groups last
+            for g, mg in zip(groups, alloc_l):
+                if len(g) >= 2 and mg >= 2:
+                    now = value(g, mg)
+                    if now < mg * (1 - _REFINE_SKIP):
+                        asks.append((("split", tuple(g), mg // 2, (), mg), g, mg // 2, [], mg,
+                                     now))
+            yield asks
+            for gi in range(len(groups)):
+                g, mg = groups[gi], alloc_l[gi]
+                if len(g) < 2 or mg < 2:
                     continue
-                hit = resplit(ga, alloc_l[a], gb, mt, now)
+                now = value(g, mg)
+                if now >= mg * (1 - _REFINE_SKIP):
+                    continue
+                key = ("split", tuple(g), mg // 2, (), mg)
+                if key not in memo:
+                    yield [(key, g, mg // 2, [], mg, now)]
+                hit = memo[key]
                 if hit is not None:
-                    groups[a], groups[b], alloc_l[a] = hit
-                    alloc_l[b] = mt - alloc_l[a]
+                    groups[gi], new, alloc_l[gi] = hit
+                    groups.append(new)
+                    alloc_l.append(mg - alloc_l[gi])
                     changed = True
-        a = 0
-        while a < len(groups):                           # (2) merges
-            b = a + 1
-            while b < len(groups):
-                ga, gb, mt = groups[a], groups[b], alloc_l[a] + alloc_l[b]
-                now = value(ga, alloc_l[a]) + value(gb, alloc_l[b])
-                if now < mt * (1 - _REFINE_SKIP) and \
-                        value(ga + gb, mt) > now + 1e-4 * machines:
-                    groups[a], alloc_l[a] = ga + gb, mt
-                    del groups[b], alloc_l[b]
-                    changed = True
-                    continue
-                b += 1
-            a += 1
-        for gi in range(len(groups)):                    # (3) splits, new groups last
-            g, mg = groups[gi], alloc_l[gi]
-            if len(g) < 2 or mg < 2:
-                continue
-            now = value(g, mg)
-            if now >= mg * (1 - _REFINE_SKIP):
-                continue
-            hit = resplit(g, mg // 2, [], mg, now)
-            if hit is not None:
-                groups[gi], new, alloc_l[gi] = hit
-                groups.append(new)
-                alloc_l.append(mg - alloc_l[gi])
-                changed = True
-        if not changed:
-            break
-    return np.array(alloc_l, dtype=np.int64)
+            if not changed:
+                break
+        return np.array(alloc_l, dtype=np.int64)
 
 
 def _score_bound(work: np.ndarray, base: np.ndarray, machines: int) -> float:
@@ -755,6 +1092,57 @@ def _k_steps(n: int, literal: bool) -> list[int]:
     return ks
 
 
+def _candidates(work: np.ndarray, base: np.ndarray, remote: np.ndarray | None, machines: int,
+                ks: Sequence[int], literal: bool, memo: dict
+                ) -> list[tuple[float, list[list[int]], np.ndarray]]:
+    """``schedule``'s plan (score, groups, allocation) for each job-set size
+    in ``ks`` (prefixes of the jobs), the best over its n_G candidates after
+    fine-tuning (see ``schedule``); the _reshape fine-tuning of all of them
+    runs side by side (``_reshape_all``)."""
+    out, cands_k, reshape = [], [], []
+    for k in ks:
+        w, n = work[:k], base[:k]
+        r = None if remote is None else remote[:k]
+        if literal:
+            out.append(_plan_for(w, n, r, machines, _n_groups(w, n, r, machines)))
+            continue
+        cands = [_plan_for(w, n, r, machines, n_g)
+                 for n_g in _candidate_n_groups(w, n, r, machines)]
+        if k <= _REFINE_MAX_JOBS:   # refine the most promising n_G values
+            bound = _score_bound(w, n, machines)
+            top = sorted(range(len(cands)), key=lambda i: -cands[i][0])
+            for i in top[:_REFINE_TOP] if r is None else top:
+                if cands[i][0] >= bound * (1 - 1e-6):
+                    continue        # nothing to gain
+                _, groups, alloc = cands[i]
+                if r is not None and len(groups) <= _REFINE_MAX_GROUPS:
+                    reshape.append((len(cands_k), i))
+                    continue
+                elif 1 < len(groups) <= _REFINE_MAX_GROUPS:
+                    alloc = _refine(w, n, r, groups, alloc, machines)
+                else:
+                    continue
+                cands[i] = (score(*_evaluate(w, n, r, groups, alloc, machines)[1:]),
+                            groups, alloc)
+        cands_k.append((k, cands))
+    if reshape:     # indices below k: the whole arrays serve every prefix
+        allocs = _reshape_all(work, base, remote,
+                              [cands_k[c][1][i][1:] for c, i in reshape], machines, memo)
+        for (c, i), alloc in zip(reshape, allocs):
+            k, cands = cands_k[c]
+            w, n = work[:k], base[:k]
+            r = None if remote is None else remote[:k]
+            groups = cands[i][1]
+            cands[i] = (score(*_evaluate(w, n, r, groups, alloc, machines)[1:]), groups, alloc)
+    for _, cands in cands_k:
+        cand = cands[0]
+        for c in cands[1:]:        # largest n_G first: ties keep more groups
+            if c[0] > cand[0]:
+                cand = c
+        out.append(cand)
+    return out
+
+
 def schedule(profiles: Sequence[Profile], machines: int, literal: bool = False) -> Plan:
     """Algorithm 1: the plan that maximizes U over growing prefixes of
     ``profiles``; jobs not in it are returned in ``waiting``, in order.
@@ -810,38 +1198,27 @@ def schedule(profiles: Sequence[Profile], machines: int, literal: bool = False) 
     memo: dict = {}     # ``_reshape``'s looks at groups of jobs: the same for every k
     seen: list[tuple[int, tuple[float, list[list[int]], np.ndarray]]] = []
     best_s, best_k = -1.0, 0
-    for k in _k_steps(len(profiles), literal):
-        w, n = work[:k], base[:k]
-        r = None if remote is None else remote[:k]
-        if literal:
-            cand = _plan_for(w, n, r, machines, _n_groups(w, n, r, machines))
-        else:
-            cands = [_plan_for(w, n, r, machines, n_g)
-                     for n_g in _candidate_n_groups(w, n, r, machines)]
-            if k <= _REFINE_MAX_JOBS:   # refine the most promising n_G values
-                bound = _score_bound(w, n, machines)
-                top = sorted(range(len(cands)), key=lambda i: -cands[i][0])
-                for i in top[:_REFINE_TOP] if r is None else top:
-                    if cands[i][0] >= bound * (1 - 1e-6):
-                        continue        # nothing to gain
-                    _, groups, alloc = cands[i]
-                    if r is not None and len(groups) <= _REFINE_MAX_GROUPS:
-                        alloc = _reshape(w, n, r, groups, alloc, machines, memo)
-                    elif 1 < len(groups) <= _REFINE_MAX_GROUPS:
-                        alloc = _refine(w, n, r, groups, alloc, machines)
-                    else:
-                        continue
-                    cands[i] = (score(*_evaluate(w, n, r, groups, alloc, machines)[1:]),
-                                groups, alloc)
-            cand = cands[0]
-            for c in cands[1:]:        # largest n_G first: ties keep more groups
-                if c[0] > cand[0]:
-                    cand = c
-        seen.append((k, cand))
-        if cand[0] > best_s:
-            best_s, best_k = cand[0], k
-        elif literal or k >= max(2 * best_k, best_k + 3):
-            break
+    ks = _k_steps(len(profiles), literal)
+    pos = 0
+    while pos < len(ks):
+        # the job-set sizes surely tried next, worked out together so that
+        # their _reshape looks batch (_reshape_all): the search stops only at
+        # a k >= max(2 * best_k, best_k + 3), and best_k never shrinks
+        end = pos + 1
+        if not literal:
+            stop = max(2 * best_k, best_k + 3)
+            while end < len(ks) and ks[end - 1] < stop and ks[end] <= _REFINE_MAX_JOBS:
+                end += 1
+        chunk = ks[pos:end]
+        pos = end
+        for k, cand in zip(chunk, _candidates(work, base, remote, machines, chunk, literal,
+                                              memo)):
+            seen.append((k, cand))
+            if cand[0] > best_s:
+                best_s, best_k = cand[0], k
+            elif literal or k >= max(2 * best_k, best_k + 3):
+                pos = len(ks)
+                break
     # fewer jobs: the smallest job set whose U is within _FEWER_JOBS of the best
     floor = best_s * (1 - (0.0 if literal else _FEWER_JOBS))
     best_k, best = next((k, c) for k, c in seen if c[0] >= floor)
