@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--machines", type=int, default=100)
     ap.add_argument("--seeds", default="1")
     ap.add_argument("--errors", default="0,0.025,0.05,0.075,0.1,0.2")
-    ap.add_argument("--grains", default="20,60,200")
+    ap.add_argument("--grains", default="20,60")
     ap.add_argument("--plot", default=None, help="write the model-error plot (PNG) here")
     ap.add_argument("--big", action="store_true", help="also 1,000 jobs on 1,000 machines")
     ap.add_argument("--policies", default="muri,slaq", help="other policies to compare")

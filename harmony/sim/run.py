@@ -20,10 +20,14 @@ from harmony.sim.engine import Contention, Outcome, SimJob, Simulator
 from harmony.sim.report import JobResult, SimDecision, SimResult, UtilSample
 from harmony.sim.trace import TraceJob, iteration_profile
 
-#: at most this many simulated iterations per job: longer jobs run k real
-#: iterations per simulated one (k x the COMP and COMM seconds), which keeps
-#: paper-scale runs fast; bench/sim_paper.py measures what it changes
-GRAIN = 60
+#: at most this many simulated epochs per job after its profiling epochs: a
+#: simulated epoch is one simulated iteration of k real ones (k x the COMP
+#: and COMM seconds), k at least the trace's iterations per epoch, more for
+#: jobs with more epochs than this; pauses and moves happen at epoch ends,
+#: so a coarser grain delays them (bench/sim_paper.py: at 20, harmony's
+#: speedup over isolated fell from 1.31x to 0.95x on one seed; 200 keeps the
+#: paper workload's own epochs at the same simulation speed)
+GRAIN = 200
 #: epochs that run at the trace's own epoch length first (one simulated
 #: iteration of iters_per_epoch real ones each): the scheduler profiles a
 #: job on its first PROFILE_SAMPLES epochs
