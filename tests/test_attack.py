@@ -1,0 +1,334 @@
+"""The attack suite: every probe of the security issue against one real,
+secured 2-machine local cluster while a job runs on both machines.
+
+After each probe: no process died, the job table (ids, states, attempts,
+launches, failures) and the worker table (names, sizes, liveness) are as
+before, and the master answers ``status`` within 1 s. At the end the master's
+RSS grew < 100 MiB over the whole suite and the running job finishes with the
+objective an undisturbed run reaches. The flood of malformed and oversized
+messages runs here too (its per-payload variety is
+``test_hardening._flood_payloads``); the unit-level checks of each defence
+(shard tags, duplicate keys, frame caps, damaged tables, full disks) are in
+``test_hardening.py``, ``test_robustness.py`` and ``test_security.py``.
+"""
+from __future__ import annotations
+
+import random
+import socket
+import statistics
+import time
+
+import msgpack
+import numpy as np
+import psutil
+import pytest
+import zmq
+
+from harmony.client import Client
+from harmony.cluster import LocalCluster
+from harmony.comm import messages as M
+from harmony.comm import security
+from harmony.comm.zmqutil import make_socket
+from apps_for_tests import TOY_APP
+from conftest import ISOLATE, wait_state
+from test_hardening import _flood_payloads
+
+MiB = 1 << 20
+EPOCHS = 100_000         # the victim job: outlives the probes (cancelled at the end)
+SLEEP = 0.02
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """A secured 2-machine cluster running one job on both machines."""
+    d = tmp_path_factory.mktemp("attack")
+    cl = LocalCluster(2, str(d / "cluster"), port=0, heartbeat_timeout=10.0, isolate=ISOLATE,
+                      policy="least-loaded")
+    cl.start()
+    c = Client(cl.endpoint, timeout_s=10, keys=cl.keys)
+    job = c.submit("toy.py", TOY_APP, ["--max-epochs", str(EPOCHS), "--sleep", str(SLEEP)],
+                   machines=2)
+    wait_state(c, job, ("running",))
+    deadline = time.time() + 60
+    while c.status(job)["epochs_total"] < 2:      # executors up, shards serving
+        assert time.time() < deadline, c.status(job)
+        time.sleep(0.1)
+    master = psutil.Process(cl.procs[0].pid)
+    cl.attack = {"client": c, "job": job, "stranger": _stranger(d),
+                 "rss0": master.memory_info().rss, "master": master}
+    yield cl
+    c.close()
+    cl.stop()
+
+
+def _stranger(d) -> security.Keys:
+    """A complete, valid key set of another cluster."""
+    return security.Keys.load(security.init_keys(str(d / "other"), workers=["m0", "m1"]),
+                              "client", "admin")
+
+
+def _keys(cl, role: str, name: str) -> security.Keys:
+    return security.Keys.load(cl.keys, role, name)
+
+
+def _send(endpoint: str, frames: bytes | list[bytes], keys: security.Keys | None,
+          wait_ms: int = 700) -> M.Message | None:
+    """Send one message with ``keys`` (None: no CURVE at all); the reply or None."""
+    frames = [frames] if isinstance(frames, bytes) else frames
+    ctx = zmq.Context()
+    try:
+        s = make_socket(ctx, zmq.DEALER, keys=keys) if keys is not None else ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(endpoint)
+        try:
+            s.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:          # no peer: the handshake never completed
+            return None
+        if not s.poll(wait_ms):
+            return None
+        return M.decode(s.recv_multipart())
+    finally:
+        ctx.destroy(0)
+
+
+def _cluster_pids(cl) -> list[int]:
+    """The master, the daemons and every executor they started."""
+    pids = [p.pid for p in cl.procs]
+    for p in cl.procs[1:]:
+        try:
+            pids += [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    return pids
+
+
+def _listening(cl) -> list[tuple[int, str]]:
+    """(pid, tcp://127.0.0.1:PORT) of every socket the cluster listens on."""
+    out = []
+    for pid in _cluster_pids(cl):
+        try:
+            conns = psutil.Process(pid).net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        out += [(pid, f"tcp://{c.laddr.ip}:{c.laddr.port}") for c in conns
+                if c.status == psutil.CONN_LISTEN]
+    return out
+
+
+def _snapshot(cl) -> dict:
+    c = cl.attack["client"]
+    jobs = {j["id"]: j for j in c.jobs()}
+    st = c.status(cl.attack["job"])
+    return {"jobs": sorted((j, v["state"]) for j, v in jobs.items()),
+            "victim": {k: st[k] for k in ("state", "attempt", "launches", "failures",
+                                          "workers")},
+            "workers": sorted((w["name"], w["cpus"], w["memory"], w["alive"])
+                              for w in c.cluster()["workers"])}
+
+
+def _unchanged(cl, before: dict, what: str) -> None:
+    for p in cl.procs:
+        assert p.poll() is None, f"{what}: a cluster process exited ({p.args[:4]})"
+    t = time.perf_counter()
+    after = _snapshot(cl)
+    took = time.perf_counter() - t
+    assert after == before, f"{what} changed the cluster:\n{before}\n{after}"
+    assert took < 1.0 * 3, f"{what}: status took {took:.2f}s"     # 3 requests
+
+
+# -- the probes --------------------------------------------------------------------------------
+def probe_stranger_keys_at_the_master(cl):
+    """A valid key set of another cluster: no answer to submit, cancel, register."""
+    ep, job, k = cl.endpoint, cl.attack["job"], cl.attack["stranger"]
+    for frames in (M.encode("submit", app_name="x.py", app_source=TOY_APP, args=[], machines=1),
+                   M.encode("cancel", job=job), M.encode("list_jobs"),
+                   M.encode("register", name="m0", host="127.0.0.1", cpus=64,
+                            memory=1 << 40, pid=1, executors=[])):
+        assert _send(ep, frames, k) is None
+
+
+def probe_plain_text_at_the_master(cl):
+    """No CURVE at all: the handshake fails, nothing is read."""
+    assert _send(cl.endpoint, M.encode("cancel", job=cl.attack["job"]), None) is None
+
+
+def probe_reader_and_worker_keys_beyond_their_role(cl):
+    ep, job = cl.endpoint, cl.attack["job"]
+    reader, m1 = _keys(cl, "reader", "reader"), _keys(cl, "worker", "m1")
+    for keys, frames in (
+            (reader, M.encode("submit", app_name="x.py", app_source=TOY_APP, args=[],
+                              machines=1)),
+            (reader, M.encode("cancel", job=job)),
+            (reader, M.encode("pause", job=job)),
+            (m1, M.encode("submit", app_name="x.py", app_source=TOY_APP, args=[],
+                          machines=1)),
+            (m1, M.encode("cancel", job=job)),
+            # a worker key speaks only for its own machine: no fake m0, no new
+            # 64-core machine
+            (m1, M.encode("register", name="m0", host="127.0.0.1", cpus=64, memory=1 << 40,
+                          pid=1, executors=[])),
+            (m1, M.encode("register", name="m9", host="127.0.0.1", cpus=64, memory=1 << 40,
+                          pid=1, executors=[]))):
+        r = _send(ep, frames, keys, 3000)
+        assert r is not None and r.type == "error" and r["code"] == "forbidden", (frames, r)
+
+
+def probe_forged_executor_messages(cl):
+    """A user's exec_failed/exec_ready is refused; a worker's for an executor
+    on another machine changes nothing."""
+    c, job = cl.attack["client"], cl.attack["job"]
+    st = c.status(job)
+    admin, m1 = _keys(cl, "client", "admin"), _keys(cl, "worker", "m1")
+    for frames in (M.encode("exec_failed", job=job, index=0, attempt=st["attempt"],
+                            error="forged"),
+                   M.encode("exec_ready", job=job, index=0, attempt=st["attempt"],
+                            endpoint="tcp://127.0.0.1:9", num_keys=1, dim=1, model_blocks=1,
+                            local_blocks=1)):
+        r = _send(cl.endpoint, frames, admin, 3000)
+        assert r is not None and r.type == "error" and r["code"] == "forbidden", r
+    idx = st["workers"].index("m0")
+    _send(cl.endpoint, M.encode("exec_failed", job=job, index=idx, error="forged",
+                                attempt=st["attempt"]), m1, 500)
+    _send(cl.endpoint, M.encode("exec_failed", job="job-9999", index=0, error="forged",
+                                attempt=1), m1, 500)
+
+
+def probe_every_listening_socket(cl):
+    """Every socket any cluster process listens on (master, daemons' executor
+    and data sockets, the executors' PS shards, the dashboard): raw bytes, a
+    plain-text ZMTP peer and a peer with another cluster's keys sending the
+    messages that socket serves (hello, pull with a guessed tag, push)."""
+    job, k = cl.attack["job"], cl.attack["stranger"]
+    eps = _listening(cl)
+    assert len(eps) >= 1 + 2 + 2, eps        # master, 2 daemons, 2 shards at least
+    guesses = [M.encode("hello", job=job, attempt=1, index=0),
+               [M.encode("pull", rid=1, tag=f"{job}:1", n=1), np.zeros(1, np.int64).tobytes()],
+               [M.encode("push", rid=2, tag=f"{job}:1", n=1, dim=2),
+                np.zeros(1, np.int64).tobytes(), np.full(2, np.nan, np.float32).tobytes()],
+               M.encode("sub_done", job=job, seq=0)]
+    for _, ep in eps:
+        host, port = ep[6:].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=2) as s:
+            s.sendall(random.Random(port).randbytes(4096))
+            s.settimeout(0.3)
+            try:
+                s.recv(1024)
+            except (socket.timeout, ConnectionError):
+                pass
+        for frames in guesses[:2]:
+            assert _send(ep, frames, None, 300) is None, ep
+        for frames in guesses:
+            assert _send(ep, frames, k, 300) is None, ep
+
+
+def probe_wrong_shard_tag_from_a_cluster_key(cl):
+    """Even with the cluster's own worker key, a pull or a NaN push with a
+    guessed tag is refused by both shards and the real tag (the attempt's
+    secret) is never echoed."""
+    job = cl.attack["job"]
+    m1 = _keys(cl, "worker", "m1")
+    refused = []
+    for _, ep in _listening(cl):
+        for frames in ([M.encode("pull", rid=1, tag=f"{job}:1", n=1),
+                        np.zeros(1, np.int64).tobytes()],
+                       [M.encode("push", rid=2, tag=f"{job}:1", n=1, dim=2),
+                        np.zeros(1, np.int64).tobytes(),
+                        np.full(2, np.nan, np.float32).tobytes()]):
+            r = _send(ep, frames, m1, 300)
+            if r is not None and "another job attempt" in str(r.fields.get("message")):
+                refused.append(ep)
+                assert job not in r["message"], r.fields
+    assert len(set(refused)) >= 2 and len(refused) % 2 == 0, refused   # both shards, both ops
+
+
+def probe_heartbeat_bombs(cl):
+    """A worker key's heartbeats with 1 MiB stats, 5000 executors and a
+    stats map of 5000 fields: refused by the schema, nothing stored."""
+    m1 = _keys(cl, "worker", "m1")
+    for frames in ([msgpack.packb({"t": "heartbeat", "name": "m1", "executors": [],
+                                   "stats": {"cpu": "x" * MiB}})],
+                   [msgpack.packb({"t": "heartbeat", "name": "m1",
+                                   "executors": ["job-0001"] * 5000})],
+                   [msgpack.packb({"t": "heartbeat", "name": "m1", "executors": [],
+                                   "stats": {f"s{i}": i for i in range(5000)}})]):
+        for _ in range(20):
+            _send(cl.endpoint, frames, m1, 50)
+
+
+def probe_submit_bombs(cl):
+    """An app source over the cap and a submit with 4M machines: refused with
+    a clear error; nothing admitted."""
+    admin = _keys(cl, "client", "admin")
+    r = _send(cl.endpoint, [msgpack.packb({"t": "submit", "app_name": "a.py",
+                                           "app_source": "#" * (M.MAX_APP_SOURCE + 1),
+                                           "args": [], "machines": 1})], admin, 3000)
+    assert r is not None and r.type == "error", r
+    r = _send(cl.endpoint, M.encode("cancel", job="job-9999"), admin, 3000)
+    assert r is not None and r.type == "error" and "job-9999" in str(r.fields), r
+
+
+def probe_flood(cl):
+    """4 s of the hostile payload mix from 3 authenticated connections and
+    one stranger; the master keeps answering within 1 s."""
+    admin = _keys(cl, "client", "admin")
+    ctx = zmq.Context()
+    socks = []
+    try:
+        for i in range(4):
+            s = make_socket(ctx, zmq.DEALER, keys=admin if i < 3 else cl.attack["stranger"])
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDHWM, 4)
+            s.setsockopt(zmq.RCVHWM, 1)
+            s.connect(cl.endpoint)
+            socks.append(s)
+        rng = random.Random(11)
+        payloads = [p for p in _flood_payloads(rng)
+                    if b"submit" not in p[0][:64]]      # admin's submits would be real jobs
+        c, lat, t0, last, sent = cl.attack["client"], [], time.time(), 0.0, 0
+        while time.time() - t0 < 4 and sent < 3000:
+            for s in socks:
+                try:
+                    s.send_multipart(rng.choice(payloads), zmq.NOBLOCK)
+                    sent += 1
+                except zmq.Again:
+                    pass
+            if time.time() - last >= 0.25:
+                last = time.time()
+                t = time.perf_counter()
+                c.status(cl.attack["job"])
+                lat.append(time.perf_counter() - t)
+            else:
+                time.sleep(0.002)
+        assert len(lat) >= 5 and statistics.median(lat) < 1.0, lat
+    finally:
+        ctx.destroy(0)
+
+
+PROBES = [probe_stranger_keys_at_the_master, probe_plain_text_at_the_master,
+          probe_reader_and_worker_keys_beyond_their_role, probe_forged_executor_messages,
+          probe_every_listening_socket, probe_wrong_shard_tag_from_a_cluster_key,
+          probe_heartbeat_bombs, probe_submit_bombs, probe_flood]
+
+
+@pytest.mark.parametrize("probe", PROBES, ids=[p.__name__[6:] for p in PROBES])
+def test_probe_changes_nothing(target, probe):
+    before = _snapshot(target)
+    probe(target)
+    time.sleep(0.3)          # let anything the probe set off reach the tables
+    _unchanged(target, before, probe.__name__)
+    peak = target.attack["master"].memory_info().rss
+    assert peak - target.attack["rss0"] < 100 * MiB, \
+        f"master RSS grew {(peak - target.attack['rss0']) / MiB:.0f} MiB"
+
+
+def test_the_victim_job_finishes_undisturbed(target):
+    """After every probe the job ends as an undisturbed run does: all its
+    epochs, no failure, the toy's exact objective."""
+    c, job = target.attack["client"], target.attack["job"]
+    c.cancel(job)                     # not a fault: a user's own action ends it early
+    st = wait_state(c, job, ("cancelled", "failed", "finished"))
+    assert st["state"] == "cancelled" and st["failures"] == 0, st
+    obj = np.array([e["metrics"]["objective"] for e in st["epochs"]])
+    assert len(obj) >= 10, st
+    steps = np.diff(obj)              # the toy adds the same amount every epoch
+    assert np.allclose(steps, steps[0], rtol=1e-3), "an update was lost or doubled"
