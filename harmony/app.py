@@ -119,7 +119,8 @@ class Step:
     epoch: int
     iter: int
     iters_per_epoch: int
-    machines: int = 1     # the job's machines now (it changes when a job is resized)
+    machines: int = 1     # the job's machines holding input now (workers; it changes
+    #                       when a job is resized or its roles change)
 
 
 MAX_BLOCKS = 65536

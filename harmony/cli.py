@@ -358,6 +358,12 @@ def cmd_status(a: argparse.Namespace) -> int:
               f"{', '.join(ck.get('holders', []))}"
               + (f"  (the model: 'harmony model get {st['id']} --out FILE')"
                  if ck.get("final") else ""))
+    lay = st.get("layout")
+    if lay:
+        print(f"roles      workers {', '.join(lay['workers'])} (input blocks "
+              f"{', '.join(str(lay['input_blocks'][m]) for m in lay['workers'])}); servers "
+              f"{', '.join(lay['servers'])} (model blocks "
+              f"{', '.join(str(lay['model_blocks'][m]) for m in lay['servers'])})")
     mv = st.get("move")
     if mv:
         print(f"move       {', '.join(mv['from'])} -> {', '.join(mv['to'])}: {mv['state']}"
@@ -403,7 +409,7 @@ def cmd_pause(a: argparse.Namespace) -> int:
 
 def cmd_resize(a: argparse.Namespace) -> int:
     with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
-        info = c.resize(a.job, a.machines)
+        info = c.resize(a.job, a.machines, a.workers, a.servers)
     if info.get("state") == "unchanged":
         print(f"{a.job} already runs on {', '.join(info['machines'])}")
     else:
@@ -815,6 +821,10 @@ def main(argv: list[str] | None = None) -> int:
                                                   "it runs (its blocks move over the network)"))
     s.add_argument("job")
     s.add_argument("--machines", type=int, required=True)
+    s.add_argument("--workers", type=int, default=None,
+                   help="machines holding input (the first W; default: all)")
+    s.add_argument("--servers", type=int, default=None,
+                   help="machines holding the model (the last S; default: all)")
     s = with_master(sub.add_parser("resume", help="resume a paused job from its checkpoint"))
     s.add_argument("job")
     s.add_argument("--machines", type=int, default=None,

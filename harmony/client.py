@@ -145,8 +145,12 @@ class Client:
     def data_rm(self, name: str) -> dict:
         return self.request("data_rm", "ok", name=name).get("info") or {}
 
-    def resize(self, job: str, machines: int) -> dict:
-        return self.request("resize", "ok", job=job, machines=machines).get("info") or {}
+    def resize(self, job: str, machines: int, workers: int | None = None,
+               servers: int | None = None) -> dict:
+        """Resize a running job; ``workers``/``servers``: its roles (the
+        first W machines hold input, the last S the model; default all)."""
+        return self.request("resize", "ok", job=job, machines=machines, workers=workers,
+                            servers=servers).get("info") or {}
 
     def dashboard(self) -> dict:
         """The master's dashboard URL and this key's token for it ({} if none)."""

@@ -103,6 +103,39 @@ def test_resizes_1_2_3_1_keep_every_update_exactly(fleet, tmp_path):
     assert st["attempt"] == 1            # no restart: executors that stay keep running
 
 
+def test_roles_switch_online_and_keep_every_update_exactly(fleet, tmp_path):
+    """Cruise's roles on the runtime: the same 3 machines go from all
+    worker+server to 2 workers and 1 server (disjoint), to 1 worker and 3
+    servers, then to 2 machines of both roles; blocks move at epoch
+    boundaries while the job runs, and every epoch is still exact."""
+    with Client(fleet.endpoint) as c:
+        job = _oracle(c, tmp_path, epochs=50, machines=3)
+        _wait(c, job, lambda st: st["epochs_total"] >= 2 and st["state"] == "running")
+        with pytest.raises(Exception, match="cover"):
+            c.resize(job, 3, workers=1, servers=1)
+        for n, w, s, want_w, want_s in ((3, 2, 1, 2, 1), (3, 1, 3, 1, 3), (2, None, None, 2, 2)):
+            at = c.status(job)["epochs_total"]
+            assert c.resize(job, n, workers=w, servers=s)["state"] == "resizing"
+            st = _wait(c, job, lambda st: st["move"] is None and len(st["workers"]) == n
+                       and st["epochs_total"] > at)
+            lay = st["layout"]
+            if w is None:
+                assert lay is None, lay                    # even again
+                continue
+            assert len(lay["workers"]) == want_w and len(lay["servers"]) == want_s, lay
+            assert lay["workers"] == st["workers"][:want_w]
+            assert lay["servers"] == st["workers"][n - want_s:]
+            assert sum(lay["input_blocks"].values()) == BLOCKS
+            assert sum(lay["model_blocks"].values()) == 32
+            assert all(lay["input_blocks"][m] == 0 for m in st["workers"][want_w:])
+            assert all(lay["model_blocks"][m] == 0 for m in st["workers"][:n - want_s])
+            r = run_cli("status", job, "--master", fleet.endpoint)
+            assert "roles      workers" in r.stdout, r.stdout + r.stderr
+        st = wait_state(c, job, ("finished", "failed"), timeout=120)
+    _check_exact(st)
+    assert st["attempt"] == 1 and st["launches"] == 1
+
+
 def test_a_move_onto_other_machines_and_back(fleet, tmp_path):
     with Client(fleet.endpoint) as c:
         job = _oracle(c, tmp_path, epochs=40, machines=2)

@@ -280,3 +280,22 @@ def test_roles_are_checked_when_peers_are_authenticated():
         role="worker", name="m0"), 0.0)     # a worker key registering another name
     assert [(s.type, s.fields["code"]) for s in out] == [("error", "forbidden")]
     assert not core.workers and core.bad_messages == 2
+
+
+def test_block_shares_by_role_weights():
+    from harmony.master.core import balance, shares
+    assert shares(10, 3) == [4, 3, 3]
+    assert shares(10, 3, [1, 1, 0]) == [5, 5, 0]           # index 2: a server only
+    assert shares(32, 3, [0, 0, 1]) == [0, 0, 32]
+    assert shares(7, 3, [2, 1, 1]) == [3, 2, 2]             # 3.5, 1.75, 1.75: largest remainders
+    assert shares(6, 4, [1, 1, 1, 1]) == [2, 2, 1, 1]       # ties: the lower index
+    with pytest.raises(ValueError):
+        shares(4, 2, [0, 0])
+    with pytest.raises(ValueError):
+        shares(4, 2, [1])
+    # blocks stay where they are unless their owner is over its new share
+    old = [0, 1, 2, 0, 1, 2]
+    new = balance(old, 3, [1, 1, 0])
+    assert [new.count(i) for i in range(3)] == [3, 3, 0]
+    assert all(n == o for n, o in zip(new, old) if o != 2)
+    assert balance(old, 3) == old

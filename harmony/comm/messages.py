@@ -101,7 +101,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "status": {"job": dict},
     "cancel": {"job": str},
     "pause": {"job": str},
-    "resize": {"job": str, "machines": int},
+    "resize": {"job": str, "machines": int, "workers": (int, _OPT), "servers": (int, _OPT)},
     "resume": {"job": str, "machines": (int, _OPT)},
     "cluster_info": {},
     # model export (harmony model get): the checkpoint to read a job's model
@@ -184,7 +184,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     # live resize: the new layout; index -1 leaves. sends: [[sec, block, new index]]
     "migrate": {"index": int, "count": int, "peers": list, "owner": list, "machines": list,
                 "sends": list, "expect": int, "seq": int, "epoch": int,
-                "replicas": (list, _OPT), "mode": (str, _OPT)},
+                "replicas": (list, _OPT), "mode": (str, _OPT),
+                "workers": (int, _OPT)},       # executors holding input (default: count)
     "reconfigured": {},
     "leave": {},
     "release": {"epoch": int, "iter": int},

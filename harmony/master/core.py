@@ -165,6 +165,11 @@ class Reconfig:
     owner: list[int] = field(default_factory=list)
     blocks: int = 0
     stood_since: float | None = None
+    # the target roles: {"input": weights, "model": weights} per new index
+    # (None: even); an index of input weight 0 is a server only, of model
+    # weight 0 a worker only
+    layout: dict | None = None
+    input_counts: list[int] = field(default_factory=list)
 
     def all_ready(self) -> bool:
         return len(self.ready) == len(self.join)
@@ -190,6 +195,7 @@ class Run:
     paused: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (epoch, version)
     replicas: dict[int, str | None] = field(default_factory=dict)      # index -> replica machine
     owner: list[int] = field(default_factory=list)                   # model block -> index
+    layout: dict | None = None            # the roles (Reconfig.layout) now; None: even
     reconfig: Reconfig | None = None
     ckpt_parts: dict[int, tuple] = field(default_factory=dict)   # a periodic checkpoint
     ckpt_epoch: int | None = None        # the periodic checkpoint being written
@@ -1133,6 +1139,7 @@ class MasterCore:
         peers = [run.ready[i]["endpoint"] for i in range(len(job.workers))]
         owner = [b % len(peers) for b in range(nblocks)]
         run.owner = owner
+        job.layout = None        # every (re)start is even: roles are set by a live resize
         run.started = True
         run.last_ckpt = (job.resume["epoch"] if job.resume else 0, self.now)
         replicas = self._replicas(job.workers)
@@ -1250,20 +1257,27 @@ class MasterCore:
                  ep, len(parts), job.checkpoint["replicas"])
 
     # -- live resize (block migration) ---------------------------------------------------
-    def resize_job(self, job: Job, to: list[str], note: str) -> bool:
+    def resize_job(self, job: Job, to: list[str], note: str,
+                   layout: dict | None = None) -> bool:
         """Move or resize a running job onto machines ``to`` while it runs:
         executors on machines that stay keep running; machines that join get
         a new executor, which reads the input's metadata meanwhile; at the
         next epoch boundary every executor hands its leaving blocks over
-        (ownership first, then data, over ZeroMQ) and the job goes on."""
+        (ownership first, then data, over ZeroMQ) and the job goes on.
+        ``layout`` gives the roles on ``to`` (:class:`Reconfig`); with the
+        same machines and a new layout, only blocks move (a role switch)."""
         run = self.runs.get(job.id)
         to = list(dict.fromkeys(to))
         if run is None or not run.started or run.stopping or run.pausing \
-                or run.reconfig is not None or not job.state.active or to == job.workers \
+                or run.reconfig is not None or not job.state.active \
+                or (to == job.workers and layout == run.layout) \
                 or not to or any(n not in self.workers or not self.workers[n].alive for n in to):
             return False
+        if layout is not None:
+            for k in ("input", "model"):
+                shares(1, len(to), layout[k])        # raises ValueError on bad weights
         join = [n for n in to if n not in job.workers]
-        run.reconfig = Reconfig(to=to, join=join, note=note, t0=self.now)
+        run.reconfig = Reconfig(to=to, join=join, note=note, t0=self.now, layout=layout)
         job.move = {"from": list(job.workers), "to": to, "state": "starting executors",
                     "blocks": 0, "blocks_moved": 0, "bytes_moved": 0}
         for n in join:
@@ -1282,6 +1296,18 @@ class MasterCore:
         if job is None:
             return self._send(ident, _err("unknown_job", f"no job {msg['job']!r}"))
         n = msg["machines"]
+        nw, ns = msg.get("workers"), msg.get("servers")
+        layout = None
+        if nw is not None or ns is not None:
+            nw, ns = (n if nw is None else nw), (n if ns is None else ns)
+            if not (1 <= nw <= n and 1 <= ns <= n and nw + ns >= n):
+                return self._send(ident, _err(
+                    "bad_request", f"--workers and --servers must be in 1..{n} and cover "
+                                   f"the {n} machines (workers + servers >= {n}): the first "
+                                   f"W machines hold input, the last S the model"))
+            if nw < n or ns < n:
+                layout = {"input": [1.0] * nw + [0.0] * (n - nw),
+                          "model": [0.0] * (n - ns) + [1.0] * ns}
         placed = self._placed()
         live = sorted((w for w in self.workers.values() if w.alive),
                       key=lambda w: (len(placed.get(w.name, ())), w.name))
@@ -1293,11 +1319,13 @@ class MasterCore:
                                                            f"not running"))
         keep = [m for m in job.workers if m in self.workers and self.workers[m].alive][:n]
         to = keep + [w.name for w in live if w.name not in keep][:n - len(keep)]
-        if to == job.workers:
+        run = self.runs[job.id]
+        if to == job.workers and layout == run.layout:
             return self._send(ident, _msg("ok", info={"job": job.id, "machines": to,
                                                           "state": "unchanged"}))
         job.machines = n
-        if not self.resize_job(job, to, "resized by user"):
+        if not self.resize_job(job, to, "resized by user" if layout is None else
+                               f"resized by user ({nw} worker(s), {ns} server(s))", layout):
             return self._send(ident, _err("busy", f"{job.id} cannot be resized now (it is "
                                                      f"starting, pausing, stopping or already "
                                                      f"being resized); try again"))
@@ -1332,13 +1360,16 @@ class MasterCore:
         rc = run.reconfig
         old, to = list(job.workers), rc.to
         remap = [to.index(m) if m in to else -1 for m in old]
-        model_owner = balance([remap[o] for o in run.owner], len(to))
+        lay = rc.layout or {}
+        model_owner = balance([remap[o] for o in run.owner], len(to), lay.get("model"))
         in_ids, in_old = [], []
         for i in sorted(rc.boundary):
             for bid, _ in rc.boundary[i]["inputs"]:
                 in_ids.append(int(bid))
                 in_old.append(remap[i])
-        in_new = balance(in_old, len(to))
+        in_new = balance(in_old, len(to), lay.get("input"))
+        rc.input_counts = [in_new.count(i) for i in range(len(to))]
+        workers = len(to) if rc.layout is None else sum(1 for w in lay["input"] if w > 0)
         sends: dict[int, list] = {i: [] for i in range(len(old))}
         expect = [0] * len(to)
         for b, (o, n) in enumerate(zip(run.owner, model_owner)):
@@ -1364,7 +1395,7 @@ class MasterCore:
         job.move.update({"state": "moving blocks", "blocks": rc.blocks, "epoch": epoch})
         replicas = self._replicas(to)
         common = dict(count=len(to), peers=peers, owner=model_owner, machines=list(to),
-                      seq=seq, epoch=epoch, replicas=replicas,
+                      seq=seq, epoch=epoch, replicas=replicas, workers=workers,
                       mode="queued" if self.queued else "free")
         for i in range(len(old)):
             rc.sends[run.idents[i]] = sends[i]
@@ -1423,6 +1454,8 @@ class MasterCore:
         for i, ident in idents.items():
             self.exec_ident[ident] = (job.id, i, run.attempt)
         run.idents, run.ready, run.owner = idents, ready, rc.owner
+        run.layout = rc.layout
+        job.layout = _layout_summary(rc.to, rc.owner, rc.input_counts, rc.layout)
         run.reconfig = None
         moved = int(sum(m["bytes_out"] for m in rc.migrated.values()))
         stood = self.now - (rc.stood_since or rc.t0)
@@ -1603,13 +1636,43 @@ class MasterCore:
             final=bool(ck.get("final")) and job.state == JobState.FINISHED, pending=pending,
             app_name=job.app_name, app_source=job.app_source, args=list(job.args)))
 
-def balance(owner: list[int], n: int) -> list[int]:
+def _layout_summary(machines: list[str], owner: list[int], input_counts: list[int],
+                    layout: dict | None) -> dict | None:
+    """What ``harmony status`` shows of a job's roles: its workers (machines
+    holding input), servers (holding model blocks) and the blocks of each."""
+    if layout is None:
+        return None
+    model = [owner.count(i) for i in range(len(machines))]
+    return {"workers": [m for m, c in zip(machines, input_counts) if c > 0],
+            "servers": [m for m, c in zip(machines, model) if c > 0],
+            "input_blocks": dict(zip(machines, input_counts)),
+            "model_blocks": dict(zip(machines, model))}
+
+
+def shares(total: int, n: int, weights: list[float] | None = None) -> list[int]:
+    """``total`` blocks apportioned over ``n`` owners: evenly (shares differ
+    by at most one, the extra ones to the lowest indexes), or in proportion
+    to ``weights`` by largest remainder (ties to the lower index); an owner
+    of weight 0 gets none."""
+    if weights is None:
+        return [total // n + (1 if i < total % n else 0) for i in range(n)]
+    if len(weights) != n or any(w < 0 for w in weights) or not any(w > 0 for w in weights):
+        raise ValueError(f"weights must be {n} non-negative numbers, one positive: {weights}")
+    s = float(sum(weights))
+    exact = [total * w / s for w in weights]
+    out = [int(x) for x in exact]
+    for i in sorted(range(n), key=lambda i: (-(exact[i] - out[i]), i))[:total - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def balance(owner: list[int], n: int, weights: list[float] | None = None) -> list[int]:
     """New owners of blocks over ``n`` owners: a block stays with its owner
     (-1: its owner leaves) unless that owner holds more than its share; the
     others go, in order, to the owners furthest below their share. Shares
-    differ by at most one block; the result is deterministic."""
+    are :func:`shares` (even, or by ``weights``); the result is deterministic."""
     total = len(owner)
-    share = [total // n + (1 if i < total % n else 0) for i in range(n)]
+    share = shares(total, n, weights)
     held = [0] * n
     out = [-1] * total
     for b, o in enumerate(owner):

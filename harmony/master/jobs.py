@@ -83,6 +83,8 @@ class Job:
     ckpt_seconds: float = 300.0        # ... or once this many seconds passed (0: never)
     checkpoint: dict[str, Any] | None = None   # the last complete one: epoch, time, replicas
     move: dict[str, Any] | None = None         # a resize in progress
+    # its roles when not even: workers, servers, blocks of each (core._layout_summary)
+    layout: dict[str, Any] | None = None
     held: bool = False                 # paused by the user: only the user resumes it
     sched_group: str = ""              # the scheduler's group, if any
     predicted: float | None = None     # its group's predicted iteration time (s)
@@ -148,7 +150,7 @@ class Job:
                   "epochs_total": len(self.epochs), "reason": self.reason,
                   "checkpoint": dict(self.checkpoint, age=now - self.checkpoint["time"])
                   if self.checkpoint else None,
-                  "move": self.move,
+                  "move": self.move, "layout": self.layout,
                   "events": self.events, "state_time": st,
                   "elapsed": ((self.ended or now) - self.started) if self.started else 0.0})
         return d
@@ -186,6 +188,6 @@ _RECORD_TYPES: dict[str, Any] = {
     "workers": list, "attempt": int, "failures": int, "launches": int, "epochs": list,
     "error": str, "events": list, "state_time": dict, "entered": (int, float), "group": str,
     "reason": str, "profile": dict, "resume": dict, "ckpt_every": int,
-    "ckpt_seconds": (int, float), "checkpoint": dict, "move": dict, "held": bool,
+    "ckpt_seconds": (int, float), "checkpoint": dict, "move": dict, "layout": dict, "held": bool,
     "sched_group": str, "predicted": (int, float), "store": dict,
     "deadline": (int, float), "utility": str}

@@ -185,6 +185,9 @@ class Executor:
             security.use(security.Keys.load(spec["keys"], "worker", spec["worker"]))
         self.job, self.index, self.attempt = spec["job"], spec["index"], spec["attempt"]
         self.count = spec["count"]
+        # executors that hold input (workers): what a "mean" reducer divides by
+        # and Step.machines; fewer than count once some executors are servers only
+        self.workers = self.count
         self.ctx = zmq.Context()
         ident = f"x:{self.job}:{self.index}:{self.attempt}:{os.getpid()}".encode()
         self.ctl = make_socket(self.ctx, zmq.DEALER, identity=ident)
@@ -412,6 +415,7 @@ class Executor:
 
     def _apply_layout(self, m: M.Message, dim: int, dtype: str) -> None:
         self.index, self.count = m["index"], m["count"]
+        self.workers = m.get("workers") or self.count
         self.machines = list(m["machines"])
         self.replicas = m.get("replicas")
         owner = np.asarray(m["owner"], dtype=np.int64)
@@ -769,7 +773,7 @@ class Executor:
             t_epoch = time.perf_counter()
             client = self.client
             for it, ids in enumerate(groups):
-                step = Step(epoch, it, opts.iters_per_epoch, self.count)
+                step = Step(epoch, it, opts.iters_per_epoch, self.workers)
                 keys = self._keys(app, inp, ids, keys_cache, it)
                 # disk-blocks start loading now, behind the PULL
                 group = inp.view(ids, prefetch=True)
@@ -794,7 +798,7 @@ class Executor:
 
                 def push():
                     t = time.perf_counter()
-                    client.push(keys, app.combine_deltas(keys, box["deltas"], self.count))
+                    client.push(keys, app.combine_deltas(keys, box["deltas"], self.workers))
                     tm["push"] += time.perf_counter() - t
 
                 t0 = time.perf_counter()
