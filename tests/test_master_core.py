@@ -299,3 +299,33 @@ def test_block_shares_by_role_weights():
     assert [new.count(i) for i in range(3)] == [3, 3, 0]
     assert all(n == o for n, o in zip(new, old) if o != 2)
     assert balance(old, 3) == old
+
+
+def _why(c: Cluster, jid: str) -> str:
+    n = len(c.sent)
+    c.msg(b"client", "job_status", job=jid)
+    return c.to(b"client", "status", since=n)[-1].fields["job"]["why"]
+
+
+def test_status_says_why_a_job_runs_where_it_runs():
+    c = Cluster(machines=2, mode="harmony")
+    jid = c.submit(machines=1)
+    job = c.core.jobs[jid]
+    assert job.state == JobState.PROFILING
+    assert _why(c, jid) == f"profiling on {job.workers[0]}, 0 of 3 epochs"
+    ex = c.start(jid)
+    c.msg(ex[0], "epoch_done", job=jid, index=0, epoch=0, sums={},
+          timings={"comp": 0.3, "pull": 0.1, "push": 0.1, "train": 0.5, "iters": 1})
+    c.msg(ex[0], "epoch_report", job=jid, index=0, epoch=0, metrics={"objective": 1.0})
+    assert _why(c, jid) == f"profiling on {job.workers[0]}, 1 of 3 epochs"
+    # a group of the Harmony scheduler: its members and the predicted gain
+    other = c.submit(machines=1)
+    for j, t in ((job, (0.3, 0.2)), (c.core.jobs[other], (0.1, 0.4))):
+        j.state, j.workers, j.sched_group, j.predicted = JobState.RUNNING, ["m0"], "g1", 0.6
+        j.profile.update(t_cpu=t[0], t_net=t[1], machines=1, samples=3)
+    assert _why(c, jid) == (f"harmony: grouped with {other} in g1 on m0: predicted +67% "
+                            f"throughput over running them one after another")
+    # a start-only policy
+    c2 = Cluster(machines=2, mode="naive")
+    a, b = c2.submit(machines=2), c2.submit(machines=1)
+    assert _why(c2, b) == f"placed by colocate on {c2.core.jobs[b].workers[0]}, sharing with {a}"

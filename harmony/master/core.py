@@ -434,7 +434,35 @@ class MasterCore:
             return self._send(ident, _err("unknown_job", f"no job {msg['job']!r}"))
         d = job.detail(now=self.now, max_epochs=MAX_STATUS_EPOCHS)
         d.update(self._group_prediction(job))
+        d["why"] = self._why(job)
         self._send(ident, _msg("status", job=d))
+
+    def _why(self, job: Job) -> str:
+        """Why a job runs where it runs, in words (``harmony status``)."""
+        if not job.state.active:
+            return job.reason
+        on = ", ".join(job.workers)
+        if job.state == JobState.PROFILING:
+            p = job.profile
+            done = p.get("samples", 0) if p.get("machines") == len(job.workers) else 0
+            return (f"profiling on {on}, {min(done, P.PROFILE_SAMPLES)} of "
+                    f"{P.PROFILE_SAMPLES} epochs")
+        mates = sorted(j.id for j in self.jobs.values() if j is not job and j.state.active
+                       and set(j.workers) & set(job.workers))
+        if job.sched_group and job.predicted:
+            group = [j for j in self.jobs.values() if j.state.active
+                     and j.sched_group == job.sched_group]
+            others = sorted(j.id for j in group if j is not job)
+            alone = [j.profile.get("t_cpu", 0.0) + j.profile.get("t_net", 0.0) for j in group]
+            if not others:
+                return (f"{self.policy_name}: alone in {job.sched_group} on {on}; predicted "
+                        f"iteration {job.predicted:.3f}s")
+            gain = (f": predicted {sum(alone) / job.predicted - 1:+.0%} throughput over "
+                    f"running them one after another" if all(alone) else "")
+            return (f"{self.policy_name}: grouped with {', '.join(others)} in "
+                    f"{job.sched_group} on {on}{gain}")
+        share = f", sharing with {', '.join(mates)}" if mates else ""
+        return f"placed by {self.policy_name or 'the policy'} on {on}{share}"
 
     def _group_prediction(self, job: Job) -> dict[str, Any]:
         """The scheduler's predicted iteration time of the job's group and
