@@ -329,3 +329,52 @@ def test_status_says_why_a_job_runs_where_it_runs():
     c2 = Cluster(machines=2, mode="naive")
     a, b = c2.submit(machines=2), c2.submit(machines=1)
     assert _why(c2, b) == f"placed by colocate on {c2.core.jobs[b].workers[0]}, sharing with {a}"
+
+
+def _epoch(c: Cluster, jid: str, idents: list[bytes], epoch: int, store: dict | None = None,
+           on: str | None = None) -> None:
+    job = c.core.jobs[jid]
+    for i, ident in enumerate(idents):
+        st = store if (on is None or job.workers[i] == on) else None
+        c.msg(ident, "epoch_done", job=jid, index=i, epoch=epoch, sums={},
+              timings={"comp": 0.1, "iters": 1}, store=st)
+    c.msg(idents[0], "epoch_report", job=jid, index=0, epoch=epoch, metrics={}, stop=False)
+
+
+def test_a_machine_out_of_memory_pauses_its_youngest_job_until_a_job_ends():
+    c = Cluster(machines=1)
+    a, b = c.submit(), c.submit()
+    ea, eb = c.start(a), c.start(b)
+    _epoch(c, a, ea, 0)
+    _epoch(c, b, eb, 0, store={"pause_wanted": False})
+    c.tick()
+    assert not c.core.runs[b].pausing
+    _epoch(c, a, ea, 1, store={"pause_wanted": True})     # the older job asks
+    c.tick()
+    assert c.core.runs[b].pausing and not c.core.runs[a].pausing     # the youngest goes
+    c.msg(eb[0], "exec_paused", job=b, index=0, attempt=c.core.runs[b].attempt, epoch=1,
+          version=1)
+    job_b = c.core.jobs[b]
+    assert job_b.state == JobState.PAUSED and not job_b.held
+    c.tick(1.0)
+    assert job_b.state == JobState.PAUSED            # not straight back onto m0
+    assert "out of memory" in job_b.reason
+    c.msg(b"client", "cancel", job=a)                # memory frees
+    c.tick(1.0)
+    assert job_b.state == JobState.RUNNING and job_b.workers == ["m0"]
+
+
+def test_a_machine_out_of_memory_moves_its_youngest_job_to_an_idle_machine():
+    c = Cluster(machines=2)
+    a = c.submit(machines=2)
+    b = c.submit(machines=1)
+    ea, eb = c.start(a), c.start(b)
+    m = c.core.jobs[b].workers[0]
+    c.msg(b"d:m2", "register", name="m2", host="h", cpus=2, memory=1 << 30, pid=1,
+          executors=[], data_endpoint="tcp://h:2")
+    _epoch(c, a, ea, 0, store={"pause_wanted": True}, on=m)
+    _epoch(c, b, eb, 0)
+    c.tick()
+    rc = c.core.runs[b].reconfig
+    assert rc is not None and rc.to == ["m2"] and "memory" in rc.note
+    assert c.core.runs[a].reconfig is None and not c.core.runs[a].pausing

@@ -257,6 +257,11 @@ class MasterCore:
         self.runs: dict[str, Run] = {}
         self._ended: list[P.JobView] = []   # completions the scheduler has not seen yet
         self._last_predicted: dict[str, float] = {}
+        self.ends = 0                       # jobs that left their machines (ended or requeued)
+        # job -> ``ends`` when it was paused because a machine ran out of memory:
+        # it waits until some job leaves its machines (memory frees), not volatile
+        # across restarts (a restarted master retries it at once)
+        self.mem_wait: dict[str, int] = {}
         self._dirty = True
         self._last_check = float("-inf")
         self.liveness_every = liveness_every
@@ -704,9 +709,18 @@ class MasterCore:
     # -- scheduling ------------------------------------------------------------------------
     def _schedule(self) -> None:
         live = [w for w in self.workers.values() if w.alive]
+        self._memory_pressure(live)
+        for jid, at in list(self.mem_wait.items()):
+            j = self.jobs.get(jid)
+            pausing = j is not None and j.id in self.runs and self.runs[j.id].pausing
+            if j is None or j.held or self.ends > at or not (j.state == JobState.PAUSED
+                                                              or pausing):
+                del self.mem_wait[jid]
+            elif j.state == JobState.PAUSED:
+                j.reason = "paused: a machine ran out of memory; waits for a job to end"
         waiting = sorted((j for j in self.jobs.values()
-                          if j.state == JobState.WAITING or (
-                              j.state in (JobState.PAUSED, JobState.PROFILED) and not j.held)),
+                          if j.id not in self.mem_wait and (j.state == JobState.WAITING or (
+                              j.state in (JobState.PAUSED, JobState.PROFILED) and not j.held))),
                          key=lambda j: (j.submitted, j.id))
         if getattr(self.policy, "preempts", False):
             return self._schedule_full(live, waiting)
@@ -733,6 +747,42 @@ class MasterCore:
                           if job.id not in start and job.machines > room else "")
         for jid, machines in start.items():
             self._launch(self.jobs[jid], machines)
+
+    def _memory_pressure(self, live: list[Worker]) -> None:
+        """Act on the block store's "pause me": a machine over its pause
+        threshold with everything spilled (``pause_wanted`` in an executor's
+        store stats of the latest epoch). The youngest job there leaves it:
+        moved live to an idle machine if there is one, else paused until a
+        job ends. A job alone on its machine is left to the OOM guard."""
+        want = {}
+        for job in self.jobs.values():
+            if not job.state.active:
+                continue
+            last = len(job.epochs) - 1
+            for m, st in job.store.items():
+                if st.get("pause_wanted") and st.get("epoch", -1) >= last and m in job.workers:
+                    want.setdefault(m, job.id)
+        if not want:
+            return
+        placed = self._placed()
+        busy = {n for n, js in placed.items() if js}
+        idle = sorted(w.name for w in live if w.name not in busy)
+        for m, asker in sorted(want.items()):
+            here = [j for j in placed.get(m, ()) if j.state.active]
+            if len(here) < 2:
+                continue
+            victim = max(here, key=lambda j: (j.started or 0.0, j.id))
+            run = self.runs.get(victim.id)
+            if run is None or run.pausing or run.reconfig is not None or run.stopping:
+                continue
+            why = (f"memory: machine {m} is over its pause threshold with everything "
+                   f"spilled ({asker} asked)")
+            if idle:
+                to = [idle.pop(0) if n == m else n for n in victim.workers]
+                if self.resize_job(victim, to, f"{why}; moves to {', '.join(to)}"):
+                    continue
+            self.pause_job(victim, None, f"{why}; waits for a job there to end")
+            self.mem_wait[victim.id] = self.ends
 
     def _view_profile(self, job: Job, need: int) -> tuple[float, ...] | None:
         p = job.profile
@@ -774,6 +824,7 @@ class MasterCore:
 
     def _note_ended(self, job: Job) -> None:
         """An active job leaves its group: the Harmony policy's completion event."""
+        self.ends += 1
         if job.state.active and job.workers:
             self._ended.append(P.JobView(job.id, job.machines, job.submitted, state="finished",
                                          profile=self._view_profile(job, 1),
@@ -1228,6 +1279,8 @@ class MasterCore:
         job, run = jr
         ep = msg["epoch"]
         if msg.get("store") is not None:   # the block store's latest, per machine
+            if msg["store"].get("pause_wanted"):
+                self._dirty = True          # _memory_pressure acts on it
             job.store[job.workers[msg["index"]]] = {"epoch": ep, **{
                 str(k): v for k, v in msg["store"].items()
                 if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) < 200)}}
