@@ -145,6 +145,9 @@ def worker_main(argv: list[str] | None = None) -> int:
                    help="pin this machine to these cores, e.g. 0,1 (emulated machines)")
     s.add_argument("--netem", default=None,
                    help="network emulation file of a local cluster (bandwidth caps)")
+    s.add_argument("--cpu-speed", type=float, default=1.0,
+                   help="emulate a slower machine: its COMPs take 1/F as long as measured "
+                        "(0 < F <= 1; the rest is slept, holding the CPU queue)")
     s.add_argument("--no-preempt", dest="preempt", action="store_false",
                    help="harmony mode: never stop a long COMP while a much shorter one "
                         "runs (the paper's non-preemptive CPU queue)")
@@ -176,7 +179,8 @@ def worker_main(argv: list[str] | None = None) -> int:
             os.environ["HARMONY_REVISION"] = revision
         d = Daemon(master_address(master), name, a.host, a.cpus, a.memory, a.state_dir,
                    cpu_set=cpu_set, netem=a.netem, oom_kill=a.oom_kill, store_max=a.store_max,
-                   preempt=a.preempt, keys=keys, master_file=a.master_file)
+                   preempt=a.preempt, keys=keys, master_file=a.master_file,
+                   cpu_speed=a.cpu_speed)
     except (ValueError, security.SecurityError) as exc:
         return _die(str(exc))
     d.serve_forever()
@@ -448,7 +452,8 @@ def cmd_cluster(a: argparse.Namespace) -> int:
                           cpus_per_machine=a.cpus_per_machine, net_bandwidth=a.net_bandwidth,
                           memory_per_machine=a.memory_per_machine, preempt=a.preempt,
                           max_jobs_per_machine=a.max_jobs_per_machine, isolate=a.isolate,
-                          keys=a.keys, insecure=a.insecure)
+                          keys=a.keys, insecure=a.insecure,
+                          cpu_speed=getattr(a, "cpu_speed", None))
     except (ClusterError, ValueError) as exc:
         return _die(str(exc), 2)
     try:
@@ -847,8 +852,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="placement policy (default: the mode's)")
     s.add_argument("--cpus-per-machine", type=int, default=None,
                    help="emulate machines of C cores each (CPU affinity)")
+    s.add_argument("--cpu-speed", default=None,
+                   help="emulate slower machines: one factor or one per machine, e.g. "
+                        "1,1,0.5 (a COMP on a 0.5 machine takes twice as long)")
     s.add_argument("--net-bandwidth", default=None,
-                   help="emulate a NIC of this rate per machine, e.g. 50MB/s or 400Mbit")
+                   help="emulate a NIC of this rate per machine, e.g. 50MB/s or 400Mbit; "
+                        "a comma list gives each machine its own (12M,12M,4M)")
     s.add_argument("--memory-per-machine", type=parse_size, default=None,
                    help="emulate machines with this memory budget, e.g. 512M (enforced)")
     s.add_argument("--no-preempt", dest="preempt", action="store_false",

@@ -121,9 +121,16 @@ class LocalCluster:
                  isolate: bool = False, hide: list[str] | None = None,
                  keys: str | None = None, insecure: bool = False,
                  port_fallback: bool = False, dashboard: bool = True,
-                 dashboard_port: int = 0) -> None:
+                 dashboard_port: int = 0, cpu_speed: str | list[float] | None = None) -> None:
         if machines < 1:
             raise ClusterError("--machines must be >= 1")
+        # emulated slower machines: COMP time × 1/speed (one factor or one per machine)
+        speeds = ([float(x) for x in cpu_speed.split(",")] if isinstance(cpu_speed, str)
+                  else list(cpu_speed or [1.0]))
+        if len(speeds) not in (1, machines) or not all(0 < x <= 1 for x in speeds):
+            raise ClusterError(f"--cpu-speed: one factor in (0, 1] or one per machine "
+                               f"({machines}), not {cpu_speed}")
+        self.cpu_speed = speeds * machines if len(speeds) == 1 else speeds
         self.mode = mode
         self.policy = policy
         self.cpu_sets: list[list[int]] | None = None
@@ -137,8 +144,14 @@ class LocalCluster:
                       file=sys.stderr)
             self.cpu_sets = [[cores[(m * cpus_per_machine + j) % len(cores)]
                               for j in range(cpus_per_machine)] for m in range(machines)]
-        self.rate = parse_rate(net_bandwidth) if isinstance(net_bandwidth, str) \
-            else net_bandwidth
+        # one rate, or one per machine ("12M,12M,4M": a heterogeneous cluster)
+        self.rate: float | list[float] | None = net_bandwidth
+        if isinstance(net_bandwidth, str):
+            rates = [parse_rate(r) for r in net_bandwidth.split(",")]
+            if len(rates) not in (1, machines):
+                raise ClusterError(f"--net-bandwidth: {len(rates)} rates for {machines} "
+                                   f"machines (give one, or one per machine)")
+            self.rate = rates[0] if len(rates) == 1 else rates
         self.machines = machines
         # emulated memory: each worker's budget, enforced by its OOM killer
         self.memory_per_machine = memory_per_machine
@@ -261,6 +274,8 @@ class LocalCluster:
                           "--cpus", str(len(self.cpu_sets[i]))]
             if netem:
                 extra += ["--netem", netem]
+            if self.cpu_speed[i] != 1.0:
+                extra += ["--cpu-speed", str(self.cpu_speed[i])]
             if self.memory_per_machine:
                 extra += ["--memory", str(int(self.memory_per_machine)), "--oom-kill"]
             if self.store_max:

@@ -157,3 +157,28 @@ def test_cli_errors_are_clear(cluster, tmp_path):
     assert r.returncode == 3 and "no answer from the master" in r.stderr
     r = run_cli("submit", str(NMF_APP), "--help")
     assert r.returncode == 0 and "--rank" in r.stdout and "--max-epochs" in r.stdout
+
+
+def test_a_heterogeneous_cluster_emulates_a_slow_machine(tmp_path):
+    """``--cpu-speed 1,0.1``: COMPs on m1 take 10x their measured time, so a
+    2-machine job's epoch COMP (its slowest machine's) is at least 10x the
+    spin (a hard lower bound), and the link rates are per machine."""
+    from harmony.client import Client
+    from harmony.cluster import LocalCluster
+    cl = LocalCluster(2, str(tmp_path / "c"), port=0, cpu_speed="1,0.1",
+                      net_bandwidth="20M,10M")
+    cl.start()
+    try:
+        with Client(cl.endpoint, timeout_s=10, keys=cl.keys) as c:
+            job = c.submit("toy.py", TOY_APP, ["--max-epochs", "3", "--spin", "0.02"],
+                           machines=2)
+            st = wait_state(c, job, ("finished", "failed"))
+            assert st["state"] == "finished", st["error"]
+            for e in st["epochs"]:
+                tm = e["timings"]
+                assert tm["comp"] / tm["iters"] >= 0.02 / 0.1 * 0.95, tm
+                assert tm["link"] in (20e6, 10e6), tm
+    finally:
+        cl.stop()
+    with pytest.raises(Exception, match="cpu-speed"):
+        LocalCluster(2, str(tmp_path / "d"), cpu_speed="1,2")

@@ -8,7 +8,7 @@ import zmq
 
 from harmony.ps.client import PSClient
 from harmony.ps.server import ShardServer, ShardTable
-from harmony.worker.netem import NetEm, job_token, parse_rate
+from harmony.worker.netem import CHUNK, NetEm, job_token, parse_rate
 from harmony.worker.queues import (Demote, Grant, Promote, QueueError, ResourceQueues,
                                     Resume, Stop, Sub)
 
@@ -157,6 +157,28 @@ def test_bandwidth_cap_holds_on_a_bulk_ps_transfer(netem):
         client.close()
         srv.stop()
         ctx.term()
+
+
+def test_a_heterogeneous_cluster_runs_each_transfer_at_its_slower_end(tmp_path):
+    """Per-machine link rates: m0 has a 4 MB/s NIC, m1 and m2 20 MB/s."""
+    em = NetEm.create(str(tmp_path / "h.bin"), ["m0", "m1", "m2"], [4e6, 20e6, 20e6])
+    try:
+        assert em.rate_of("m0") == 4e6 and em.rate_of("m2") == 20e6
+        t = time.perf_counter()
+        em.transfer("m1", "m0", 1_000_000)
+        slow = time.perf_counter() - t
+        t = time.perf_counter()
+        em.transfer("m1", "m2", 1_000_000)
+        fast = time.perf_counter() - t
+        # a hard lower bound on time (one chunk of burst), a loose upper one
+        assert slow >= (1e6 - CHUNK) / 4e6 and fast >= (1e6 - CHUNK) / 20e6
+        assert slow > 2 * fast
+        _, _, busy = em.counters("m1")
+        assert busy == pytest.approx(1e6 / 4e6 + 1e6 / 20e6)
+    finally:
+        em.close()
+    with pytest.raises(ValueError, match="2 link rates for 3 machines"):
+        NetEm.create(str(tmp_path / "bad.bin"), ["m0", "m1", "m2"], [1e6, 2e6])
 
 
 def test_same_machine_traffic_is_free(netem):

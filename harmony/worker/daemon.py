@@ -109,7 +109,11 @@ class Daemon:
                  state_dir: str | None = None, cpu_set: list[int] | None = None,
                  netem: str | None = None, oom_kill: bool = False,
                  store_max: int | None = None, preempt: bool = True,
-                 keys: security.Keys | None = None, master_file: str | None = None) -> None:
+                 keys: security.Keys | None = None, master_file: str | None = None,
+                 cpu_speed: float = 1.0) -> None:
+        if not 0 < cpu_speed <= 1:
+            raise ValueError(f"--cpu-speed must be in (0, 1], not {cpu_speed}")
+        self.cpu_speed = cpu_speed      # emulated: COMPs here take 1/cpu_speed as long
         self.master = master
         self.keys = keys            # this worker's keys (CURVE); its executors use them too
         if keys is not None:
@@ -398,6 +402,7 @@ class Daemon:
                 "app_source": msg["app_source"], "args": msg["args"],
                 "master": self.master, "host": self.host, "worker": self.name,
                 "daemon": self.xendpoint, "netem": self.netem_path,
+                "cpu_speed": self.cpu_speed,
                 "resume": msg.get("resume"), "join": bool(msg.get("join")),
                 "datasets": msg.get("datasets"),
                 "keys": self.keys.directory if self.keys is not None else None,
@@ -686,7 +691,7 @@ class Daemon:
                "q_net": min(1.0, (cur["q_net"] - prev["q_net"]) / (2 * dt))}
         if self.netem is not None:
             out["net"] = min(1.0, max(cur["eg"] - prev["eg"], cur["in"] - prev["in"])
-                             / (dt * self.netem.rate))
+                             / (dt * self.netem.rate_of(self.name)))
         for r, q in self.core.queue_stats().items():
             out[f"qg_{r}"], out[f"qw_{r}"] = q.granted, q.wait
             out[f"qd_{r}"], out[f"qr_{r}"] = q.done, q.run

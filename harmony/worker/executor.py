@@ -188,6 +188,7 @@ class Executor:
         # executors that hold input (workers): what a "mean" reducer divides by
         # and Step.machines; fewer than count once some executors are servers only
         self.workers = self.count
+        self.cpu_speed = float(spec.get("cpu_speed") or 1.0)
         self.ctx = zmq.Context()
         ident = f"x:{self.job}:{self.index}:{self.attempt}:{os.getpid()}".encode()
         self.ctl = make_socket(self.ctx, zmq.DEALER, identity=ident)
@@ -794,6 +795,8 @@ class Executor:
                         table.spill()
                     box["deltas"] = _call(group, lambda g: app.compute(g, keys, box["rows"],
                                                                        step))
+                    if self.cpu_speed < 1.0:    # an emulated slower machine
+                        time.sleep((time.perf_counter() - t) * (1.0 / self.cpu_speed - 1.0))
                     tm["comp"] += time.perf_counter() - t
 
                 def push():
@@ -830,7 +833,8 @@ class Executor:
             tm["bytes_push"] = float(self.client.push_bytes - pushed)
             tm["bytes"] = tm["bytes_pull"] + tm["bytes_push"]
             tm["remote_bytes"] = float(sum(delta) - delta[self.index])
-            tm["link"] = float(self.netem.rate) if self.netem is not None else 0.0
+            tm["link"] = float(self.netem.rate_of(self.spec["worker"])) \
+                if self.netem is not None else 0.0
             t0 = time.perf_counter()
             keys = self._keys(app, inp, all_ids, keys_cache, "all")
             blocks = inp.view(all_ids, prefetch=True)

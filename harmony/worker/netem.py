@@ -73,14 +73,25 @@ class NetEm:
         self.path = path
         with open(path + ".json") as fh:
             meta = json.load(fh)
-        self.rate = float(meta["rate"])
         self.names: list[str] = meta["machines"]
+        rate = meta["rate"]
+        # one rate for every machine, or one per machine (a heterogeneous
+        # cluster); a transfer runs at the slower of its two ends
+        self.rates = [float(r) for r in rate] if isinstance(rate, list) \
+            else [float(rate)] * len(self.names)
+        self.rate = min(self.rates)
         self.index = {n: i for i, n in enumerate(self.names)}
         self._fd = os.open(path, os.O_RDWR)
         self._mm = mmap.mmap(self._fd, _F.size * len(self.names))
 
+    def rate_of(self, machine: str) -> float:
+        """Bytes/s of ``machine``'s link."""
+        return self.rates[self.index[machine]]
+
     @staticmethod
-    def create(path: str, machines: list[str], rate: float) -> "NetEm":
+    def create(path: str, machines: list[str], rate: float | list[float]) -> "NetEm":
+        if isinstance(rate, list) and len(rate) != len(machines):
+            raise ValueError(f"{len(rate)} link rates for {len(machines)} machines")
         with open(path + ".json", "w") as fh:
             json.dump({"rate": rate, "machines": machines}, fh)
         with open(path, "wb") as fh:
@@ -119,8 +130,9 @@ class NetEm:
         because the primary is using the link. ``token`` equal to src's or
         dst's current primary makes the chunk primary."""
         s, d = self.index[src], self.index[dst]
-        dur = nbytes / self.rate
-        gap = CHUNK / self.rate
+        rate = min(self.rates[s], self.rates[d])
+        dur = nbytes / rate
+        gap = CHUNK / rate
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             now = time.monotonic()
