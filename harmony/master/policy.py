@@ -64,6 +64,10 @@ class Decision:
     assign: dict[str, str] = field(default_factory=dict)        # job -> scheduler group
     predicted: dict[str, float] = field(default_factory=dict)   # group -> iteration time (s)
     util: tuple[float, float] | None = None   # predicted cluster (CPU, net) utilization
+    # end running jobs early (MLF-C's load control): job -> why. The master
+    # asks the job to stop at its next epoch end; it then ends as a normal
+    # stop (final checkpoint, FINISHED) with the objective it has reached
+    stop: dict[str, str] = field(default_factory=dict)
     note: str = ""
 
 
