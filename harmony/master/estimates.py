@@ -10,8 +10,11 @@ told none of it at submission (a job stops by its app's own rule), so:
 * **Demand** of a job on one of its ``m`` machines: the share of the
   machine's CPU and of its link the job keeps busy running alone,
   ``(Tcpu(m), Tnet(m)) / (Tcpu(m) + Tnet(m))`` from its measured profile
-  (``harmony.sched.model``). A job that has not run yet gets the median
-  demand of the jobs in view that have a profile, else ``DEFAULT_SHARES``.
+  (``harmony.sched.model``). A job without a measured profile is taken to
+  fill its machines (``UNKNOWN_SHARES``: 1 and 1), so it shares a machine
+  with nobody until it has been measured (a first version gave it the
+  median demand, which paired unknown jobs blindly: OASiS lost 1.5x of
+  isolated's mean JCT to the naive mode's contention).
   Shares on a machine add up: two jobs fit on it while each sum stays
   under the policy's capacity (OASiS 1, MLFS 0.9).
 * **Remaining iterations**: SLAQ's loss-curve fit on the job's (iterations,
@@ -32,7 +35,9 @@ import statistics
 from harmony.master.policy import ClusterView, JobView
 from harmony.sched.model import Profile, job_iter_time, t_cpu_at, t_net_at
 
-#: a job's share of a machine's (CPU, link) when nothing in view says better
+#: a job's share of a machine's (CPU, link) without a profile of its own
+UNKNOWN_SHARES = (1.0, 1.0)
+#: ... and of a profile with no time in it
 DEFAULT_SHARES = (0.5, 0.5)
 #: remaining seconds of a job without a fitted loss curve, at its requested
 #: DoP (the paper workload's median run alone; an estimate from experience)
@@ -78,8 +83,8 @@ class Estimator:
         return self.profiles.get(j.id, self.median)
 
     def shares(self, j: JobView, m: int) -> tuple[float, float]:
-        p = self.profile(j)
-        return shares(p, m) if p is not None else DEFAULT_SHARES
+        p = self.profiles.get(j.id)
+        return shares(p, m) if p is not None else UNKNOWN_SHARES
 
     def remaining_iters(self, j: JobView) -> float | None:
         """Iterations left by its fitted loss curve (None: no fit)."""
