@@ -31,7 +31,8 @@ prices of what it took. Here:
   both (a machine's PULL/PUSH bytes to the other shards and their workers'
   bytes to its shard), so that constraint is the link capacity check of
   the demand above: a machine whose link share left is below the job's is
-  infeasible for it. The PS count is reported in the decision note.
+  infeasible for it. The PS count is in the decision's note (the master
+  logs no record of a start-only policy's decisions).
 * **Schedules are constant**: a job starts now on w machines and keeps them
   to its end (OASiS's DP may vary w per slot and start later; a change of w
   here is a live resize with block moves, and a later start is what a
