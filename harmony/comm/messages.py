@@ -190,7 +190,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "leave": {},
     "release": {"epoch": int, "iter": int},
     "epoch_sums": {"epoch": int, "sums": dict, "pause": (bool, _OPT),
-                   "reconfig": (bool, _OPT), "checkpoint": (bool, _OPT)},
+                   "reconfig": (bool, _OPT), "checkpoint": (bool, _OPT),
+                   "stop": (bool, _OPT)},
     "abort": {"reason": str},
     # PS data plane (executor <-> server shard); arrays follow as raw frames
     # "tag" names the job attempt: a shard refuses requests of another attempt

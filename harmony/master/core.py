@@ -192,6 +192,7 @@ class Run:
     pausing: bool = False                 # pause at the next epoch end
     pause_to: list[str] | None = None     # then resume there (a migration)
     pause_note: str = ""
+    ending: str = ""                      # the scheduler ends it at its next epoch end: why
     paused: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (epoch, version)
     replicas: dict[int, str | None] = field(default_factory=dict)      # index -> replica machine
     owner: list[int] = field(default_factory=list)                   # model block -> index
@@ -528,12 +529,28 @@ class MasterCore:
         resumes on those machines (a migration). A ``held`` job stays paused
         until the user resumes it."""
         run = self.runs.get(job.id)
-        if run is None or run.stopping or not job.state.active or run.reconfig is not None:
+        if run is None or run.stopping or run.ending or not job.state.active \
+                or run.reconfig is not None:
             return
         run.pausing, run.pause_to, run.pause_note = True, to, note
         job.held = held
         log.info("pausing %s at its next epoch end%s", job.id,
                  f", then resuming on {to}" if to else "")
+
+    def end_early(self, job: Job, note: str) -> bool:
+        """Ask a running job to stop at its next epoch end (a scheduler's
+        early stop, e.g. MLF-C): its executors take the same path as the
+        app's own stop (final checkpoint, exit) and the job ends FINISHED
+        with the objective it has reached. False when it is not running (or
+        already stopping, pausing or resizing)."""
+        run = self.runs.get(job.id)
+        if run is None or job.state != JobState.RUNNING or run.stopping or run.pausing \
+                or run.ending or run.reconfig is not None:
+            return False
+        run.ending = note
+        job.events.append([self.now, job.state.value, f"stops at its next epoch end: {note}"])
+        log.info("%s stops early at its next epoch end: %s", job.id, note)
+        return True
 
     def _on_exec_paused(self, ident: bytes, msg: M.Message) -> None:
         jr = self._exec_run(ident, msg)
@@ -839,7 +856,7 @@ class MasterCore:
             return
         dec = self.policy(self._view(live, waiting))
         self._ended = []
-        if not (dec.profile or dec.start or dec.pause or dec.promote):
+        if not (dec.profile or dec.start or dec.pause or dec.promote or dec.stop):
             self._set_predictions(dec)
             if dec.predicted and dec.predicted != self._last_predicted:
                 # e.g. a group lost a finished job: the run record must hold
@@ -863,12 +880,16 @@ class MasterCore:
             # the network); a pause and a resume elsewhere only if not possible
             if not (to and self.resize_job(job, list(to), why)):
                 self.pause_job(job, to, why)
+        for jid, why in dec.stop.items():
+            if jid not in dec.pause:
+                self.end_early(self.jobs[jid], f"{self.policy_name}: {why}")
         for jid, ms in dec.start.items():
             self._launch(self.jobs[jid], ms)
         self._set_predictions(dec)
         self._log_decision(dec)
-        log.info("scheduler: %s (profile %s, start %s, pause/move %s, promote %s)", dec.note,
-                 sorted(dec.profile), sorted(dec.start), sorted(dec.pause), dec.promote)
+        log.info("scheduler: %s (profile %s, start %s, pause/move %s, promote %s, stop %s)",
+                 dec.note, sorted(dec.profile), sorted(dec.start), sorted(dec.pause),
+                 dec.promote, sorted(dec.stop))
 
     def _log_decision(self, dec: P.Decision) -> None:
         self._last_predicted = dict(dec.predicted)
@@ -876,7 +897,8 @@ class MasterCore:
         self._record("decisions", {
             "t": self.now, "note": dec.note, "util": dec.util, "profile": dec.profile,
             "start": dec.start, "pause": dec.pause, "promote": dec.promote,
-            "assign": dec.assign, "predicted": dec.predicted})
+            "assign": dec.assign, "predicted": dec.predicted,
+            **({"stop": dec.stop} if dec.stop else {})})
 
     def _set_predictions(self, dec: P.Decision) -> None:
         for jid, g in dec.assign.items():
@@ -1305,12 +1327,13 @@ class MasterCore:
         reconfig = bool(rc and not rc.planned and rc.all_ready() and not run.pausing)
         if reconfig:
             rc.stood_since = self.now
-        ckpt = (not run.pausing and not reconfig and run.ckpt_epoch is None
+        end = bool(run.ending) and not run.pausing and not reconfig
+        ckpt = (not run.pausing and not reconfig and not end and run.ckpt_epoch is None
                 and (self._checkpoint_due(job, run, ep) or job.id in self.snapshots))
         if ckpt:
             run.ckpt_epoch, run.ckpt_parts = ep, {}
         out = _msg("epoch_sums", epoch=ep, sums=total, pause=run.pausing or None,
-                       reconfig=reconfig or None, checkpoint=ckpt or None)
+                       reconfig=reconfig or None, checkpoint=ckpt or None, stop=end or None)
         for i in self._all_idents(run):
             self._send(i, out)
 
@@ -1349,7 +1372,7 @@ class MasterCore:
         same machines and a new layout, only blocks move (a role switch)."""
         run = self.runs.get(job.id)
         to = list(dict.fromkeys(to))
-        if run is None or not run.started or run.stopping or run.pausing \
+        if run is None or not run.started or run.stopping or run.pausing or run.ending \
                 or run.reconfig is not None or not job.state.active \
                 or (to == job.workers and layout == run.layout) \
                 or not to or any(n not in self.workers or not self.workers[n].alive for n in to):
@@ -1613,7 +1636,8 @@ class MasterCore:
             for i in run.idents.values():
                 self.exec_ident.pop(i, None)
             self._note_ended(job)
-            job.transition(JobState.FINISHED, f"{len(job.epochs)} epoch(s)", now=self.now)
+            job.transition(JobState.FINISHED, f"{len(job.epochs)} epoch(s)" + (
+                f"; stopped early: {run.ending}" if run.ending else ""), now=self.now)
             job.resume = None
             self.snapshots.discard(job.id)
             why = self._keep_final(job, run)

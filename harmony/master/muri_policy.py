@@ -18,9 +18,23 @@ jobs weighted by their interleaving efficiency. Here:
   running jobs that run alone ("open" singletons: a waiting job may join
   one on its machines). Two running singletons are not merged (that would
   be a migration; this policy never moves a running job).
-* **Groups of 2** (Muri also builds groups of up to 4 by repeated
-  matching; not done here: the runtime's NET queue has one primary and one
-  secondary slot, and groups of 2 are what its queues interleave best).
+* **Groups of 2, as Muri does with two resource types.** Muri's groups
+  have at most k jobs for k interleaved resource types: it matches jobs
+  into pairs (Blossom) and, with k = 4 (storage IO, CPU, GPU, network),
+  matches the pairs again into groups of up to 4 (repeated matching,
+  weight = the merged group's efficiency). Its interleaved iteration time
+  of a group runs job ``idx``'s stage on resource (stage - idx) mod k (the
+  paper's Figure 5; ``calc_iteration_time`` in its simulator,
+  github.com/Rivendile/Muri ``simulator/matching.py``), so a (k+1)-th job
+  would need a resource another job of the group holds at the same time;
+  the efficiency is work / (k x interleaved time). This runtime interleaves
+  two resource types (COMP on the CPU queue, PULL/PUSH on the NET queue),
+  so k = 2 and Muri's grouping stops at pairs: its abstract's "perfect
+  grouping plan for ... two resource types" is one Blossom round. The
+  queues themselves would serve more jobs per machine (FIFO grants: one
+  COMP and two transfers at a time; Harmony's own groups are larger), so a
+  group of 3-4 here would be a Harmony-style group under Eq 4.1, not
+  Muri's interleave: the limit is Muri's model, not the runtime.
 * **Machines**: a new pair runs on max(its jobs' requested machines) free
   machines, both jobs at that DoP; a job joining a running singleton runs on
   that singleton's machines; an unmatched job runs alone on its requested

@@ -64,6 +64,10 @@ class Decision:
     assign: dict[str, str] = field(default_factory=dict)        # job -> scheduler group
     predicted: dict[str, float] = field(default_factory=dict)   # group -> iteration time (s)
     util: tuple[float, float] | None = None   # predicted cluster (CPU, net) utilization
+    # end running jobs early (MLF-C's load control): job -> why. The master
+    # asks the job to stop at its next epoch end; it then ends as a normal
+    # stop (final checkpoint, FINISHED) with the objective it has reached
+    stop: dict[str, str] = field(default_factory=dict)
     note: str = ""
 
 
@@ -160,8 +164,29 @@ def _slaq_maxmin(view: ClusterView) -> Decision:
 
 _slaq.preempts = _slaq_maxmin.preempts = True     # type: ignore[attr-defined]
 
+
+def _oasis(view: ClusterView) -> Decision:
+    from harmony.master.oasis_policy import oasis
+    return oasis(view)
+
+
+def _mlfs(view: ClusterView) -> Decision:
+    from harmony.master.mlfs_policy import mlfs
+    return mlfs(view)
+
+
+def _mlfs_c(view: ClusterView) -> Decision:
+    from harmony.master.mlfs_policy import mlfs_c
+    return mlfs_c(view)
+
+
+# oasis is non-preemptive (start-only); mlfs moves jobs off overloaded
+# machines and mlfs-c also stops jobs early (Decision.stop)
+_mlfs.preempts = _mlfs_c.preempts = True          # type: ignore[attr-defined]
+
 POLICIES = {"least-loaded": least_loaded, "colocate": least_loaded, "isolated": isolated,
-            "harmony": _harmony, "muri": _muri, "slaq": _slaq, "slaq-maxmin": _slaq_maxmin}
+            "harmony": _harmony, "muri": _muri, "slaq": _slaq, "slaq-maxmin": _slaq_maxmin,
+            "oasis": _oasis, "mlfs": _mlfs, "mlfs-c": _mlfs_c}
 # execution modes: placement policy, and whether subtasks go through the queues
 MODES = {"isolated": ("isolated", False), "naive": ("colocate", False),
          "harmony": ("harmony", True)}

@@ -55,7 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     common(r)
     r.add_argument("--policy", default="harmony",
                    help="a master policy or mode: isolated, naive, harmony, colocate, "
-                        "least-loaded, muri, slaq, slaq-maxmin (POLICY@MODE to set both)")
+                        "least-loaded, muri, slaq, slaq-maxmin, oasis, mlfs, mlfs-c "
+                        "(POLICY@MODE to set both)")
     r.add_argument("--mode", default=None, help="the execution mode (isolated, naive, harmony)")
     c = ss.add_parser("compare", help="simulate policies side by side")
     common(c)

@@ -407,7 +407,7 @@ class _Exec:
                               sums={"objective": 0.0}, timings=timings)
 
     def _after_epoch(self, f: dict) -> None:
-        stop = self.epoch + 1 >= self.job.epochs
+        stop = self.epoch + 1 >= self.job.epochs or bool(f.get("stop"))
         if self.index == 0:
             self.sim._send_master(self, "epoch_report", epoch=self.epoch,
                                   metrics={"objective": self._objective()},

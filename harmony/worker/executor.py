@@ -864,7 +864,8 @@ class Executor:
             self.send("epoch_done", epoch=epoch, sums=sums, timings=tm, store=store)
             total = self.wait("epoch_sums")
             metrics = _plain(app.metrics(total["sums"]))
-            stop = should_stop(opts, epoch, metrics)
+            # the app's own stop rule, or the scheduler ends the job early
+            stop = should_stop(opts, epoch, metrics) or bool(total.get("stop"))
             if self.index == 0:
                 self.send("epoch_report", epoch=epoch, metrics=metrics, stop=stop)
             log.info("epoch %d: %s  [alpha %.2f -> %.2f, stall %.3fs, mem %.0f/%.0f MiB: %s]",
