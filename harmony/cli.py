@@ -83,6 +83,11 @@ def master_main(argv: list[str] | None = None) -> int:
                         "synchronizer, and the Harmony scheduler")
     s.add_argument("--policy", default=None, choices=sorted(P.POLICIES),
                    help="placement policy (default: the mode's: harmony, colocate or isolated)")
+    s.add_argument("--objective", default="throughput", choices=["throughput", "util"],
+                   help="the Harmony scheduler's objective: throughput (default: each job's "
+                        "iteration rate over its rate alone at its best DoP, summed) or util "
+                        "(the paper's cluster utilization U; the same as --policy "
+                        "harmony-util)")
     s.add_argument("--heartbeat-timeout", type=float, default=5.0,
                    help="seconds without heartbeat before a worker is declared lost")
     s.add_argument("--max-jobs-per-machine", type=int, default=0,
@@ -112,7 +117,8 @@ def master_main(argv: list[str] | None = None) -> int:
     try:
         keys = _process_keys(a, "master", "", a.host)
         m = Master(a.state_dir, a.host, a.port, heartbeat_timeout=a.heartbeat_timeout,
-                   policy=a.policy, mode=a.mode, max_jobs_per_machine=a.max_jobs_per_machine,
+                   policy=objective_policy(a), mode=a.mode,
+                   max_jobs_per_machine=a.max_jobs_per_machine,
                    keys=keys, keep_models=a.keep_models, recover=a.recover,
                    master_file=a.master_file, dashboard_port=a.dashboard_port,
                    dashboard_host=a.dashboard_host)
@@ -413,6 +419,18 @@ def cmd_pause(a: argparse.Namespace) -> int:
     return 0
 
 
+def objective_policy(a: argparse.Namespace) -> str | None:
+    """``--policy`` with ``--objective`` applied: util makes the Harmony
+    scheduler the paper's (``harmony-util``)."""
+    if getattr(a, "objective", "throughput") != "util":
+        return a.policy
+    if a.policy not in (None, "harmony", "harmony-util") or \
+            (a.policy is None and getattr(a, "mode", "harmony") != "harmony"):
+        raise SystemExit("harmony: error: --objective applies to the Harmony scheduler "
+                         "(--mode harmony, --policy harmony)")
+    return "harmony-util"
+
+
 def cmd_resize(a: argparse.Namespace) -> int:
     with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
         info = c.resize(a.job, a.machines, a.workers, a.servers)
@@ -448,7 +466,8 @@ def cmd_cluster(a: argparse.Namespace) -> int:
                           port=default_port if a.port is None else a.port,
                           port_fallback=a.port is None, detach=a.detach, mode=a.mode,
                           dashboard=a.dashboard_port >= 0,
-                          dashboard_port=max(0, a.dashboard_port), policy=a.policy,
+                          dashboard_port=max(0, a.dashboard_port),
+                          policy=objective_policy(a),
                           cpus_per_machine=a.cpus_per_machine, net_bandwidth=a.net_bandwidth,
                           memory_per_machine=a.memory_per_machine, preempt=a.preempt,
                           max_jobs_per_machine=a.max_jobs_per_machine, isolate=a.isolate,
@@ -850,6 +869,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="execution mode of the master (see harmony-master start --help)")
     s.add_argument("--policy", default=None, choices=sorted(P.POLICIES),
                    help="placement policy (default: the mode's)")
+    s.add_argument("--objective", default="throughput", choices=["throughput", "util"],
+                   help="the Harmony scheduler's objective: throughput (default: each job's "
+                        "iteration rate over its rate alone at its best DoP, summed) or util "
+                        "(the paper's cluster utilization U; the same as --policy "
+                        "harmony-util)")
     s.add_argument("--cpus-per-machine", type=int, default=None,
                    help="emulate machines of C cores each (CPU affinity)")
     s.add_argument("--cpu-speed", default=None,

@@ -17,9 +17,9 @@ M2 = tuple(WorkerView(f"m{i}", 1, 1 << 30, 0) for i in range(2))
 M4 = tuple(WorkerView(f"m{i}", 1, 1 << 30, 0) for i in range(4))
 
 
-def job(i, state="waiting", profile=None, workers=(), group=""):
+def job(i, state="waiting", profile=None, workers=(), group="", epochs=0):
     return JobView(f"job-{i:04d}", 1, float(i), state=state, profile=profile,
-                   workers=tuple(workers), sched_group=group)
+                   workers=tuple(workers), sched_group=group, epochs=epochs)
 
 
 def apply(view, dec):
@@ -41,7 +41,8 @@ def apply(view, dec):
         elif jid in dec.promote:
             state = "running"
         out[jid] = JobView(jid, 1, j.submitted, state=state, profile=j.profile,
-                           workers=tuple(workers), sched_group=group_of.get(jid, ""))
+                           workers=tuple(workers), sched_group=group_of.get(jid, ""),
+                           epochs=j.epochs)
     return ClusterView(view.workers,
                        tuple(j for j in out.values() if j.state not in ("running", "profiling")),
                        tuple(j for j in out.values() if j.state in ("running", "profiling")))
@@ -65,10 +66,13 @@ def test_new_jobs_are_profiled_on_free_machines_then_on_the_smallest_group():
 
 
 def test_a_profiled_job_alone_grows_to_the_whole_cluster():
-    view = ClusterView(M2, (), (job(1, "profiling", (1.0, 0.2, 1), ["m0"], "g:job-0001"),))
+    view = ClusterView(M2, (), (job(1, "profiling", (1.0, 0.2, 1), ["m0"], "g:job-0001",
+                                    epochs=3),))
     dec = harmony(view)
-    # one computation-bound job: Algorithm 1's allocation gives it both machines
+    # one computation-bound job: its speed-up curve pays for both machines
+    # (1.2 s -> 0.7 s per iteration), more than the one it asked for
     assert dec.pause == {"job-0001": ["m0", "m1"]}
+    assert harmony(view, objective="util").pause == dec.pause     # Algorithm 1 agrees
     view, last = settle(apply(view, dec))
     assert [j.workers for j in view.active] == [("m0", "m1")]
     assert last.predicted[view.active[0].sched_group] == pytest.approx(0.5 + 0.2)
@@ -88,9 +92,19 @@ def test_complementary_jobs_share_a_group_and_the_decision_is_stable():
 
 def test_a_finished_job_frees_machines_for_the_rest():
     cpu = (1.0, 0.1, 1)
-    view = ClusterView(M2, (), (job(1, "running", cpu, ["m0"], "g1"),))  # job 2 on m1 finished
+    view = ClusterView(M2, (), (job(1, "running", cpu, ["m0"], "g1", epochs=5),))  # job 2 ended
     dec = harmony(view)
     assert dec.pause == {"job-0001": ["m0", "m1"]}
+    # a job with little done is taken to have little left: a move would not repay
+    view = ClusterView(M2, (), (job(1, "running", cpu, ["m0"], "g1", epochs=1),))
+    assert not harmony(view).pause
+
+
+def test_widening_stops_where_the_speed_up_curve_does():
+    # remote traffic: 1.25 s per iteration on 1 machine, 1.0 + 0.5 + 0.05 on 2
+    chatty = (1.0, 0.05, 1, 1.0)
+    view = ClusterView(M2, (), (job(1, "running", chatty, ["m0"], "g1", epochs=5),))
+    assert not harmony(view).pause
 
 
 def test_a_job_that_lowers_utilization_waits():

@@ -31,8 +31,13 @@ from harmony.master.policy import (MIN_GAIN, PROFILE_SAMPLES, ClusterView, Decis
 from harmony.sched.model import Profile, group_iter_time, score
 from harmony.sched.regroup import (Current, RunningGroup, on_arrival, on_completion, regroup,
                                    utilization)
+from harmony.sched import throughput as TP
 
-__all__ = ["harmony", "PROFILE_SAMPLES", "MIN_GAIN"]
+__all__ = ["harmony", "harmony_util", "PROFILE_SAMPLES", "MIN_GAIN"]
+
+#: epochs a running job must have done (this attempt) before it is widened:
+#: a job with little done is taken to have little left to repay a move
+WIDEN_AFTER = 2
 
 # Decision: running jobs keep their priority over waiting ones when the
 # scheduler regroups (Algorithm 1 takes jobs in this order). Letting waiting
@@ -91,7 +96,18 @@ def _stay(cur: Current, home: RunningGroup | None, job: str) -> tuple | None:
                  for g in cur.groups)
 
 
-def harmony(view: ClusterView) -> Decision:
+def harmony_util(view: ClusterView) -> Decision:
+    """The paper's objective: cluster utilization U (Eq 4.4, ``model.score``)."""
+    return harmony(view, objective="util")
+
+
+def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
+    """The Harmony scheduler. ``objective``: "throughput" (the default:
+    normalized throughput, :mod:`harmony.sched.throughput`) or "util" (the
+    paper's U, Algorithms 1 and 2 with the regrouping rules)."""
+    if objective not in ("throughput", "util"):
+        raise ValueError(f"unknown objective {objective!r}")
+    util = objective == "util"
     dec = Decision()
     live = tuple(w.name for w in view.workers)
     if not live:
@@ -131,7 +147,7 @@ def harmony(view: ClusterView) -> Decision:
             notes.append(change.reason)
 
     # 1. completions
-    for f in view.finished:
+    for f in (view.finished if util else ()):
         if cur.group_of(f.id) is None:
             continue
         if f.id in profiles:
@@ -139,7 +155,7 @@ def harmony(view: ClusterView) -> Decision:
         else:
             cur = _without(cur, f.id)
     # 2. arrivals: jobs whose profiling is done
-    for j in view.active:
+    for j in (view.active if util else ()):
         if j.state == "profiling" and j.profile is not None and cur.group_of(j.id):
             home = cur.group_of(j.id)
             cur = _without(cur, j.id)
@@ -167,8 +183,25 @@ def harmony(view: ClusterView) -> Decision:
             if cur.group_of(j.id) is None and j.id not in waiting:
                 waiting.append(j.id)
     # 3. idle machines and work for them
-    if cur.idle and (waiting or any(all(x in profiles for x in g.jobs) for g in cur.groups)):
+    if util and cur.idle and (waiting or any(all(x in profiles for x in g.jobs)
+                                             for g in cur.groups)):
         take(regroup(cur, waiting, profiles, tol=MIN_GAIN, orders=ORDERS))
+    if not util:
+        # 1-3 by normalized throughput: finished jobs leave their groups,
+        # arrivals stay or are placed, waiting jobs are placed, lone jobs widen
+        for f in view.finished:
+            if cur.group_of(f.id) is not None:
+                cur = _without(cur, f.id)
+        arrivals = [j.id for j in view.active if j.state == "profiling"
+                    and j.profile is not None and cur.group_of(j.id)]
+        caps = {j.id: max(1, j.machines) for j in view.active + view.waiting}
+        movable = [j.id for j in view.active if j.epochs >= WIDEN_AFTER]
+        cur, waiting, tp_notes = TP.plan(cur, waiting, arrivals, profiles, caps,
+                                         tol=MIN_GAIN, movable=movable)
+        notes += tp_notes
+        for a in arrivals:
+            if cur.group_of(a) is None and a not in waiting:
+                waiting.append(a)
     # 4. new jobs: profile them on idle machines (as many as they ask for,
     # so the profile is measured near the DoP they will run at), else in the
     # group that profiles fewest jobs and has fewest jobs per machine.

@@ -129,6 +129,11 @@ def isolated(view: ClusterView) -> Decision:
     return dec
 
 
+def _harmony_util(view: ClusterView) -> Decision:
+    from harmony.master.harmony_policy import harmony_util
+    return harmony_util(view)
+
+
 def _harmony(view: ClusterView) -> Decision:
     from harmony.master.harmony_policy import harmony
     return harmony(view)
@@ -139,8 +144,8 @@ def _harmony(view: ClusterView) -> Decision:
 # pause or a resize is in flight; the others (start-only) only start waiting
 # jobs. ``queued = True``: its default execution mode is ``harmony`` (the
 # subtask queues), e.g. for ``harmony sim run --policy NAME``.
-_harmony.preempts = True      # type: ignore[attr-defined]
-_harmony.queued = True        # type: ignore[attr-defined]
+_harmony.preempts = _harmony_util.preempts = True     # type: ignore[attr-defined]
+_harmony.queued = _harmony_util.queued = True         # type: ignore[attr-defined]
 
 
 def _muri(view: ClusterView) -> Decision:
@@ -185,7 +190,7 @@ def _mlfs_c(view: ClusterView) -> Decision:
 _mlfs.preempts = _mlfs_c.preempts = True          # type: ignore[attr-defined]
 
 POLICIES = {"least-loaded": least_loaded, "colocate": least_loaded, "isolated": isolated,
-            "harmony": _harmony, "muri": _muri, "slaq": _slaq, "slaq-maxmin": _slaq_maxmin,
+            "harmony": _harmony, "harmony-util": _harmony_util, "muri": _muri, "slaq": _slaq, "slaq-maxmin": _slaq_maxmin,
             "oasis": _oasis, "mlfs": _mlfs, "mlfs-c": _mlfs_c}
 # execution modes: placement policy, and whether subtasks go through the queues
 MODES = {"isolated": ("isolated", False), "naive": ("colocate", False),

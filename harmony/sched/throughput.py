@@ -1,0 +1,181 @@
+"""Grouping by normalized throughput (issue #17's objective), pure.
+
+The paper's U counts a machine's busy network time as useful, so widening a
+job (more remote traffic) or piling jobs into a group raises U while jobs run
+slower. This planner decides by what jobs get instead:
+
+    x_j = T_j* / T_g(m)
+
+job j's iteration rate in its group g on m machines over its rate alone at
+its best DoP (``T_j* = job_iter_time(p_j, best_dop(j))``). A job alone at its
+best DoP has x = 1; sharing machines is worth it when the group's summed x
+beats running its jobs one after another (interleaving efficiency
+``E = Σ_j T_j(m) / T_g(m)`` ≥ 1 + ``tol``), and it frees machines for jobs
+that would otherwise wait (a waiting job has x = 0).
+
+Rules (incremental: running jobs are not moved for a small gain, since a
+move costs a pause or a block migration and a restart):
+
+* **DoP.** ``best_dop`` is the smallest machine count within ``tol`` of the
+  job's fastest iteration time, at most what it asked for: a job alone is
+  never made wider than its own speed-up curve pays for.
+* **Waiting jobs, first come first served, with backfilling.** Each goes
+  alone onto idle machines if enough are idle for x ≥ ``ALONE_OK``; else
+  into the running single-job group where the pair's E is highest, if
+  E ≥ 1 + tol (groups are pairs at most: the NET queue serves a primary and
+  a secondary); else alone on whatever idle machines there are; else waits.
+* **Arrivals** (jobs whose profiling just ended) stay where they were
+  profiled when that is alone, or in a pair with E ≥ 1 + tol; otherwise they
+  leave that group and are placed as waiting jobs.
+* **Widening.** With machines idle and nothing waiting, a job alone with
+  enough work left (``movable``) is widened by a live resize, beyond what it
+  asked for, up to its best DoP on the whole cluster, when its predicted
+  iteration time falls by ≥ ``WIDEN_GAIN`` (a resize moves blocks and
+  stalls the job for an epoch boundary, so a small gain does not repay it).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from harmony.sched.model import Profile, group_iter_time, job_iter_time
+from harmony.sched.regroup import Current, RunningGroup
+
+ALONE_OK = 0.8      # alone on fewer machines than its best DoP: fine down to this x
+WIDEN_GAIN = 0.2    # widen a running job for >= 20% faster iterations (a move has a cost)
+
+
+def best_dop(p: Profile, cap: int, tol: float = 0.05) -> int:
+    """The smallest m in 1..cap with T(m) within ``tol`` of the fastest."""
+    cap = max(1, cap)
+    times = [job_iter_time(p, m) for m in range(1, cap + 1)]
+    fastest = min(times)
+    return next(m for m, t in enumerate(times, 1) if t <= (1 + tol) * fastest)
+
+
+def alone_time(p: Profile, cap: int, tol: float = 0.05) -> float:
+    """T_j*: the job's iteration time alone at its best DoP."""
+    return job_iter_time(p, best_dop(p, cap, tol))
+
+
+def efficiency(profiles: Sequence[Profile], m: int) -> float:
+    """Σ_j T_j(m) / T_g(m): how much faster the group runs its jobs' iterations
+    than running them one after another on the same m machines."""
+    t = group_iter_time(profiles, m)
+    return sum(job_iter_time(p, m) for p in profiles) / t if t > 0 else 0.0
+
+
+def throughput(groups: Sequence[RunningGroup], profiles: Mapping[str, Profile],
+               caps: Mapping[str, int], tol: float = 0.05) -> float:
+    """Σ_j x_j over the jobs in ``groups`` that have profiles."""
+    total = 0.0
+    for g in groups:
+        ps = [profiles[j] for j in g.jobs if j in profiles]
+        t = group_iter_time(ps, len(g.machines))
+        if t > 0:
+            total += sum(alone_time(p, caps.get(p.id, 1), tol) for p in ps) / t
+    return total
+
+
+def _fresh(groups: Sequence[RunningGroup], want: str) -> str:
+    taken = {g.id for g in groups}
+    gid, i = want, 1
+    while gid in taken:
+        i += 1
+        gid = f"{want}.{i}"
+    return gid
+
+
+def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
+         profiles: Mapping[str, Profile], caps: Mapping[str, int], tol: float = 0.05,
+         movable: Sequence[str] = ()) -> tuple[Current, list[str], list[str]]:
+    """The next grouping: (groups, jobs left waiting, notes).
+
+    ``cur`` holds what runs, the ``arrivals`` (profiled just now) still in the
+    groups they were profiled in; ``waiting`` the profiled jobs that wait,
+    in submission order; ``caps`` the machines each job asked for;
+    ``movable`` the running jobs that may be widened (enough work left)."""
+    groups = list(cur.groups)
+    notes: list[str] = []
+    left: list[str] = []
+
+    def idle() -> list[str]:
+        used = {m for g in groups for m in g.machines}
+        return [m for m in cur.machines if m not in used]
+
+    def without(job: str) -> None:
+        for i, g in enumerate(groups):
+            if job in g.jobs:
+                rest = tuple(x for x in g.jobs if x != job)
+                groups[i] = RunningGroup(g.id, rest, g.machines)
+        groups[:] = [g for g in groups if g.jobs]
+
+    # arrivals: stay if alone or in a good pair, else placed like a waiting job
+    queue = []
+    for j in arrivals:
+        g = next((g for g in groups if j in g.jobs), None)
+        if g is None or j not in profiles:
+            continue
+        ps = [profiles[x] for x in g.jobs if x in profiles]
+        if len(g.jobs) == 1:
+            notes.append(f"{j}: stays alone on {len(g.machines)} machine(s)")
+            continue
+        if len(g.jobs) == 2 and len(ps) == 2 and efficiency(ps, len(g.machines)) >= 1 + tol:
+            notes.append(f"{j}: stays in {g.id} (E {efficiency(ps, len(g.machines)):.2f})")
+            continue
+        without(j)
+        queue.append(j)
+    # waiting jobs, in order, then the arrivals that left their profiling group
+    for j in list(waiting) + queue:
+        p = profiles.get(j)
+        if p is None:
+            left.append(j)
+            continue
+        cap = caps.get(j, 1)
+        want = best_dop(p, cap, tol)
+        star = job_iter_time(p, want)
+        free = idle()
+        alone = None
+        if free:
+            m = min(want, len(free))
+            alone = (star / job_iter_time(p, m), m)
+        if alone is not None and alone[0] >= ALONE_OK:
+            gid = _fresh(groups, f"g:{j}")
+            groups.append(RunningGroup(gid, (j,), tuple(free[:alone[1]])))
+            notes.append(f"{j}: alone on {alone[1]} machine(s)")
+            continue
+        best = None
+        for i, g in enumerate(groups):
+            if len(g.jobs) != 1 or g.jobs[0] not in profiles:
+                continue
+            e = efficiency([profiles[g.jobs[0]], p], len(g.machines))
+            if e >= 1 + tol and (best is None or e > best[0]):
+                best = (e, i)
+        if best is not None:
+            g = groups[best[1]]
+            groups[best[1]] = RunningGroup(g.id, g.jobs + (j,), g.machines)
+            notes.append(f"{j}: joins {g.id} (E {best[0]:.2f})")
+            continue
+        if alone is not None:
+            gid = _fresh(groups, f"g:{j}")
+            groups.append(RunningGroup(gid, (j,), tuple(free[:alone[1]])))
+            notes.append(f"{j}: alone on {alone[1]} machine(s) (x {alone[0]:.2f})")
+            continue
+        left.append(j)
+    # widening: idle machines, nothing waiting
+    if not left:
+        for i, g in enumerate(groups):
+            free = idle()
+            if not free:
+                break
+            if len(g.jobs) != 1 or g.jobs[0] not in profiles or g.jobs[0] not in movable:
+                continue
+            p = profiles[g.jobs[0]]
+            m = len(g.machines)
+            want = best_dop(p, len(cur.machines), tol)
+            if want <= m:
+                continue
+            to = min(want, m + len(free))
+            if job_iter_time(p, to) <= job_iter_time(p, m) / (1 + WIDEN_GAIN):
+                groups[i] = RunningGroup(g.id, g.jobs, g.machines + tuple(free[:to - m]))
+                notes.append(f"{p.id}: widened to {to} machine(s)")
+    return Current(tuple(groups), cur.machines), left, notes

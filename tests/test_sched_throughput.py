@@ -1,0 +1,89 @@
+"""The normalized-throughput planner (harmony.sched.throughput), pure."""
+from __future__ import annotations
+
+import pytest
+
+from harmony.sched import throughput as TP
+from harmony.sched.model import Profile, job_iter_time
+from harmony.sched.regroup import Current, RunningGroup
+
+CPU = Profile("cpu", 1.0, 0.1, 1)                 # COMP-heavy, alone on 1 machine
+NET = Profile("net", 0.1, 0.9, 1)                 # COMM-heavy
+WIDE = Profile("wide", 4.0, 0.2, 1, remote=0.0)   # scales: 4 s of COMP on 1 machine
+CHATTY = Profile("chatty", 1.0, 0.05, 1, remote=2.0)   # remote traffic grows with DoP
+PURE = Profile("pure", 1.0, 0.0, 1)              # COMP only
+
+
+def test_best_dop_follows_the_speed_up_curve_up_to_the_request():
+    assert TP.best_dop(WIDE, 4) == 4               # 4.2, 2.2, 1.53, 1.2 s
+    assert TP.best_dop(WIDE, 2) == 2               # never wider than asked
+    # widening adds remote traffic: 1.05 s on 1 machine, 1.55 on 2
+    assert job_iter_time(CHATTY, 2) > job_iter_time(CHATTY, 1)
+    assert TP.best_dop(CHATTY, 8) == 1
+
+
+def test_efficiency_of_complementary_and_similar_pairs():
+    assert TP.efficiency([CPU, NET], 1) == pytest.approx((1.1 + 1.0) / 1.1)
+    assert TP.efficiency([CPU, Profile("cpu2", 1.0, 0.1, 1)], 1) == pytest.approx(2.2 / 2.0)
+    assert TP.efficiency([PURE, PURE], 1) == pytest.approx(1.0)      # pure time-slicing
+
+
+def _cur(*groups, machines=("m0", "m1", "m2", "m3")):
+    return Current(tuple(RunningGroup(*g) for g in groups), tuple(machines))
+
+
+def test_a_waiting_job_goes_alone_on_idle_machines_at_its_best_dop():
+    profiles = {"wide": WIDE}
+    cur, left, _ = TP.plan(_cur(), ["wide"], [], profiles, {"wide": 2})
+    assert left == [] and cur.group_of("wide").machines == ("m0", "m1")
+
+
+def test_a_complementary_job_joins_a_lone_job_when_no_machine_is_idle():
+    profiles = {"cpu": CPU, "net": NET}
+    cur0 = _cur(("g1", ("cpu",), ("m0",)), machines=("m0",))
+    cur, left, notes = TP.plan(cur0, ["net"], [], profiles, {"cpu": 1, "net": 1})
+    assert left == [] and cur.group_of("net").id == "g1", notes
+
+
+def test_a_similar_job_waits_instead_of_time_slicing():
+    profiles = {"pure": PURE, "cpu": CPU}
+    cur0 = _cur(("g1", ("pure",), ("m0",)), machines=("m0",))
+    # E = 2.1 / 2.0 = 1.05: the 0.1 s of COMM hides, just at the threshold
+    assert TP.efficiency([PURE, CPU], 1) == pytest.approx(1.05)
+    cur, left, _ = TP.plan(cur0, ["cpu"], [], profiles, {"cpu": 1, "pure": 1}, tol=0.06)
+    assert left == ["cpu"] and cur.groups == cur0.groups
+
+
+def test_an_arrival_stays_alone_or_in_a_good_pair_and_leaves_a_poor_one():
+    profiles = {"cpu": CPU, "net": NET, "cpu2": PURE}
+    caps = {"cpu": 1, "net": 1, "cpu2": 1}
+    good = _cur(("g1", ("cpu", "net"), ("m0",)), machines=("m0",))
+    cur, left, _ = TP.plan(good, [], ["net"], profiles, caps)
+    assert cur.group_of("net").id == "g1" and not left
+    poor = _cur(("g1", ("cpu", "cpu2"), ("m0",)), machines=("m0",))
+    cur, left, _ = TP.plan(poor, [], ["cpu2"], profiles, caps, tol=0.06)
+    assert cur.group_of("cpu2") is None and left == ["cpu2"]
+    assert cur.group_of("cpu").jobs == ("cpu",)
+
+
+def test_a_lone_job_widens_onto_idle_machines_only_when_it_pays_and_has_work_left():
+    profiles = {"wide": WIDE}
+    cur0 = _cur(("g1", ("wide",), ("m0",)))
+    cur, _, _ = TP.plan(cur0, [], [], profiles, {"wide": 4}, movable=["wide"])
+    assert len(cur.group_of("wide").machines) == 4
+    cur, _, _ = TP.plan(cur0, [], [], profiles, {"wide": 4}, movable=[])
+    assert len(cur.group_of("wide").machines) == 1          # too new to repay a move
+    profiles = {"chatty": CHATTY}
+    cur0 = _cur(("g1", ("chatty",), ("m0",)))
+    cur, _, _ = TP.plan(cur0, [], [], profiles, {"chatty": 4}, movable=["chatty"])
+    assert len(cur.group_of("chatty").machines) == 1        # wider would be slower
+
+
+def test_throughput_counts_each_job_against_its_best_alone():
+    profiles = {"cpu": CPU, "net": NET}
+    caps = {"cpu": 1, "net": 1}
+    pair = [RunningGroup("g", ("cpu", "net"), ("m0",))]
+    alone = [RunningGroup("a", ("cpu",), ("m0",)), RunningGroup("b", ("net",), ("m1",))]
+    assert TP.throughput(alone, profiles, caps) == pytest.approx(2.0)
+    assert TP.throughput(pair, profiles, caps) == pytest.approx(
+        TP.efficiency([CPU, NET], 1))
