@@ -95,25 +95,27 @@ def run_mode(spec: str, jobs, times, tmp: str, a) -> dict:
            "pauses": sum(sum(1 for e in s["events"] if e[1] in ("paused", "profiled"))
                          for s in sts.values())}
     res.update(prediction_error(os.path.join(sd, "master", "metrics")))
+    res["samples"] = prediction_samples(os.path.join(sd, "master", "metrics"))
     res["statuses"] = list(sts.values())         # for bench/sim_fidelity.py
     res["metrics_dir"] = os.path.join(sd, "master", "metrics")
     return res
 
 
-def prediction_error(metrics: str) -> dict:
-    """Per job epoch: |predicted group iteration time - measured| / measured,
-    with the prediction of the last decision before that epoch. "steady"
-    leaves out epochs during which another job was being profiled on the
-    group's machines (the prediction cannot include a job without a
-    profile)."""
+def prediction_samples(metrics: str) -> list[tuple[int, float, bool]]:
+    """Per job epoch: (group size, |predicted group iteration time -
+    measured| / measured, steady), with the prediction and the group of the
+    last decision before that epoch. Steady leaves out epochs during which
+    another job was being profiled on the group's machines (the prediction
+    cannot include a job without a profile)."""
     path = os.path.join(metrics, "decisions.jsonl")
     if not os.path.exists(path):
-        return {}
+        return []
     decisions = [json.loads(line) for line in open(path)]
     epochs = [json.loads(line) for line in open(os.path.join(metrics, "jobs.jsonl"))]
-    errs, steady = [], []
+    out = []
     for ep in epochs:
         group = pred = None
+        size = 0
         profiling: dict[str, str] = {}      # profiling job -> its group
         for d in decisions:
             if d["t"] > ep["t"]:
@@ -125,23 +127,34 @@ def prediction_error(metrics: str) -> dict:
             group = d["assign"].get(ep["job"], group)
             if group is not None and group in d["predicted"]:
                 pred = d["predicted"][group]
+                size = sum(1 for g in d["assign"].values() if g == group)
         tm = ep["timings"]
         if pred is None or not tm.get("iters") or ep["epoch"] == 0 or ep["job"] in profiling:
             continue
         measured = tm["train"] / tm["iters"]
-        err = abs(pred - measured) / measured
-        errs.append(err)
-        if group not in profiling.values():
-            steady.append(err)
+        out.append((size, abs(pred - measured) / measured, group not in profiling.values()))
+    return out
+
+
+def prediction_error(metrics: str) -> dict:
+    """Summary of :func:`prediction_samples` (all and steady epochs)."""
+    samples = prediction_samples(metrics)
+    errs = [e for _, e, _ in samples]
+    steady = [e for _, e, s in samples if s]
     if not errs:
-        return {"decisions": len(decisions)}
-    out = {"decisions": len(decisions), "pred_samples": len(errs),
-           "pred_err_median": statistics.median(errs), "pred_err_mean": statistics.mean(errs)}
+        return {}
+    out = {"pred_samples": len(errs), "pred_err_median": statistics.median(errs),
+           "pred_err_mean": statistics.mean(errs)}
     if steady:
         out.update({"steady_samples": len(steady),
                     "steady_err_median": statistics.median(steady),
                     "steady_err_mean": statistics.mean(steady)})
     return out
+
+
+def p90(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(0.9 * (len(xs) - 1))))]
 
 
 def main() -> None:
@@ -157,36 +170,63 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--modes", default="isolated:1,naive:1,isolated:2,naive:2,harmony",
                     help="MODE[:DOP],... (DOP: machines per job; the harmony "
-                         "scheduler chooses its own)")
+                         "scheduler chooses its own; harmony-util: its U objective)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of every mode, in a rotated order each round; medians")
     ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument("--keep", default=None, help="keep the clusters' state dirs here")
+    ap.add_argument("--out", default=None, help="write every run's figures here (JSON)")
     a = ap.parse_args()
     times = arrivals(a.jobs, a.mean_gap, a.seed)
     print(f"{a.jobs} jobs, arrivals at {[round(t, 1) for t in times]} s, {a.machines} machines "
-          f"x 1 core, {a.bandwidth}")
-    results = []
+          f"x 1 core, {a.bandwidth}, {a.rounds} round(s)")
+    modes = a.modes.split(",")
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="harmony-sched-") as tmp:
         if a.keep:
             os.makedirs(a.keep, exist_ok=True)
             tmp = a.keep
         jobs = make_jobs(tmp, a)
-        for mode in a.modes.split(","):
-            r = run_mode(mode, jobs, times, tmp, a)
-            results.append(r)
-            print(json.dumps({k: v for k, v in r.items() if k not in ("statuses", "metrics_dir")}),
-                  flush=True)
-    base = next((r for r in results if r["mode"].startswith("isolated")), results[0])
-    print(f"\nratios against {base['mode']}")
-    print(f"\n{'mode':11} {'makespan':>9} {'x iso':>6} {'mean JCT':>9} {'x iso':>6} "
-          f"{'moves':>5} {'pauses':>6} {'pred err (median/mean)':>22} {'steady':>15}")
-    for r in results:
-        pe = (f"{100 * r['pred_err_median']:.1f}% / {100 * r['pred_err_mean']:.1f}%"
-              if "pred_err_median" in r else "-")
-        st = (f"{100 * r['steady_err_median']:.1f}% / {100 * r['steady_err_mean']:.1f}%"
-              if "steady_err_median" in r else "-")
-        print(f"{r['mode']:11} {r['makespan']:8.1f}s {base['makespan'] / r['makespan']:6.2f} "
-              f"{r['mean_jct']:8.1f}s {base['mean_jct'] / r['mean_jct']:6.2f} "
-              f"{r['moves']:5d} {r['pauses']:6d} {pe:>22} {st:>15}")
+        for rnd in range(a.rounds):
+            order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
+            if rnd % 2:
+                order.reverse()
+            for mode in order:
+                r = run_mode(mode, jobs, times, os.path.join(tmp, f"r{rnd}"), a)
+                runs[mode].append(r)
+                print(json.dumps({k: v for k, v in r.items()
+                                  if k not in ("statuses", "metrics_dir", "samples")}), flush=True)
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump({m: [{k: v for k, v in r.items() if k != "statuses"} for r in rs]
+                       for m, rs in runs.items()}, fh)
+    med = {m: {k: statistics.median(r[k] for r in rs) for k in ("makespan", "mean_jct")}
+           for m, rs in runs.items()}
+    base = next((m for m in modes if m.startswith("isolated")), modes[0])
+    best = min((m for m in modes if not m.startswith("harmony")),
+               key=lambda m: med[m]["mean_jct"], default=base)
+    print(f"\nmedians of {a.rounds} round(s); ratios: the first isolated mode ({base}) over "
+          f"the mode, and the best baseline by mean JCT ({best}) over the mode")
+    print(f"\n{'mode':13} {'makespan':>9} {'x iso':>6} {'x best':>6} {'mean JCT':>9} "
+          f"{'x iso':>6} {'x best':>6} {'moves':>5} {'pauses':>6}")
+    for m in modes:
+        rs = runs[m]
+        print(f"{m:13} {med[m]['makespan']:8.1f}s {med[base]['makespan'] / med[m]['makespan']:6.2f} "
+              f"{med[best]['makespan'] / med[m]['makespan']:6.2f} {med[m]['mean_jct']:8.1f}s "
+              f"{med[base]['mean_jct'] / med[m]['mean_jct']:6.2f} "
+              f"{med[best]['mean_jct'] / med[m]['mean_jct']:6.2f} "
+              f"{statistics.median(r['moves'] for r in rs):5.0f} "
+              f"{statistics.median(r['pauses'] for r in rs):6.0f}")
+    print("\nprediction error of the group iteration time, per group size (all rounds; "
+          "steady epochs: no job being profiled on the group's machines)")
+    print(f"{'mode':13} {'group size':>10} {'epochs':>6} {'median':>7} {'p90':>7}")
+    for m in modes:
+        samples = [x for r in runs[m] for x in r.get("samples", [])]
+        for size in sorted({s for s, _, st in samples if st}):
+            errs = [e for s, e, st in samples if st and s == size]
+            label = f"{size}" if size < 4 else "4+"
+            print(f"{m:13} {label:>10} {len(errs):6d} {100 * statistics.median(errs):6.1f}% "
+                  f"{100 * p90(errs):6.1f}%")
 
 
 if __name__ == "__main__":
