@@ -28,9 +28,9 @@ is the 5% rule.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from harmony.cruise.costmodel import IDLE, SERVER, WORKER, BOTH, role_of
+from harmony.cruise.costmodel import BOTH, IDLE, SERVER, WORKER, role_of
 
 DATA, MODEL = "data", "model"
 MAX_MOVES = 4          # concurrent moves (the original runtime's limit)
