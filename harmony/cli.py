@@ -83,6 +83,10 @@ def master_main(argv: list[str] | None = None) -> int:
                         "synchronizer, and the Harmony scheduler")
     s.add_argument("--policy", default=None, choices=sorted(P.POLICIES),
                    help="placement policy (default: the mode's: harmony, colocate or isolated)")
+    s.add_argument("--cruise", action="store_true",
+                   help="Cruise inside running jobs: from their measured compute and link "
+                        "speeds, move to a better worker/server layout on their machines "
+                        "when the predicted gain repays the move by 5%%")
     s.add_argument("--objective", default="throughput", choices=["throughput", "util"],
                    help="the Harmony scheduler's objective: throughput (default: each job's "
                         "iteration rate over its rate alone at its best DoP, summed) or util "
@@ -117,7 +121,7 @@ def master_main(argv: list[str] | None = None) -> int:
     try:
         keys = _process_keys(a, "master", "", a.host)
         m = Master(a.state_dir, a.host, a.port, heartbeat_timeout=a.heartbeat_timeout,
-                   policy=objective_policy(a), mode=a.mode,
+                   policy=objective_policy(a), mode=a.mode, cruise=a.cruise,
                    max_jobs_per_machine=a.max_jobs_per_machine,
                    keys=keys, keep_models=a.keep_models, recover=a.recover,
                    master_file=a.master_file, dashboard_port=a.dashboard_port,
@@ -376,6 +380,13 @@ def cmd_status(a: argparse.Namespace) -> int:
               f"{', '.join(str(lay['input_blocks'][m]) for m in lay['workers'])}); servers "
               f"{', '.join(lay['servers'])} (model blocks "
               f"{', '.join(str(lay['model_blocks'][m]) for m in lay['servers'])})")
+        cr = lay.get("cruise")
+        if cr:
+            eps = [e for e in st.get("epochs", []) if e.get("epoch", -1) >= cr["at_epoch"]]
+            secs = [e["timings"]["train"] for e in eps if (e.get("timings") or {}).get("train")]
+            print(f"cruise     predicted epoch {cr['before']:.2f}s -> {cr['after']:.2f}s "
+                  f"(move {cr['move_s']:.1f}s)" + (f"; measured since {sum(secs) / len(secs):.2f}s"
+                                                   if secs else ""))
     mv = st.get("move")
     if mv:
         print(f"move       {', '.join(mv['from'])} -> {', '.join(mv['to'])}: {mv['state']}"
@@ -472,7 +483,8 @@ def cmd_cluster(a: argparse.Namespace) -> int:
                           memory_per_machine=a.memory_per_machine, preempt=a.preempt,
                           max_jobs_per_machine=a.max_jobs_per_machine, isolate=a.isolate,
                           keys=a.keys, insecure=a.insecure,
-                          cpu_speed=getattr(a, "cpu_speed", None))
+                          cpu_speed=getattr(a, "cpu_speed", None),
+                          cruise=getattr(a, "cruise", False))
     except (ClusterError, ValueError) as exc:
         return _die(str(exc), 2)
     try:
@@ -869,6 +881,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="execution mode of the master (see harmony-master start --help)")
     s.add_argument("--policy", default=None, choices=sorted(P.POLICIES),
                    help="placement policy (default: the mode's)")
+    s.add_argument("--cruise", action="store_true",
+                   help="Cruise inside running jobs: from their measured compute and link "
+                        "speeds, move to a better worker/server layout on their machines "
+                        "when the predicted gain repays the move by 5%%")
     s.add_argument("--objective", default="throughput", choices=["throughput", "util"],
                    help="the Harmony scheduler's objective: throughput (default: each job's "
                         "iteration rate over its rate alone at its best DoP, summed) or util "

@@ -121,7 +121,9 @@ class LocalCluster:
                  isolate: bool = False, hide: list[str] | None = None,
                  keys: str | None = None, insecure: bool = False,
                  port_fallback: bool = False, dashboard: bool = True,
-                 dashboard_port: int = 0, cpu_speed: str | list[float] | None = None) -> None:
+                 dashboard_port: int = 0, cpu_speed: str | list[float] | None = None,
+                 cruise: bool = False) -> None:
+        self.cruise = cruise
         if machines < 1:
             raise ClusterError("--machines must be >= 1")
         # emulated slower machines: COMP time × 1/speed (one factor or one per machine)
@@ -245,6 +247,7 @@ class LocalCluster:
                               "--master-file", self.master_file,
                               "--mode", self.mode,
                               *(["--policy", self.policy] if self.policy else []),
+                              *(["--cruise"] if self.cruise else []),
                               "--max-jobs-per-machine", str(self.max_jobs_per_machine),
                               "--heartbeat-timeout", str(self.heartbeat_timeout), *sec,
                               *(["--dashboard-port", str(self.dashboard_port)]

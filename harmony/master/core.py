@@ -170,6 +170,7 @@ class Reconfig:
     # weight 0 a worker only
     layout: dict | None = None
     input_counts: list[int] = field(default_factory=list)
+    predicted: dict | None = None     # Cruise's prediction for the new layout, if it asked
 
     def all_ready(self) -> bool:
         return len(self.ready) == len(self.join)
@@ -197,6 +198,7 @@ class Run:
     replicas: dict[int, str | None] = field(default_factory=dict)      # index -> replica machine
     owner: list[int] = field(default_factory=list)                   # model block -> index
     layout: dict | None = None            # the roles (Reconfig.layout) now; None: even
+    cruise: Any = None                    # harmony.cruise.adapter.JobCruise, with --cruise
     reconfig: Reconfig | None = None
     ckpt_parts: dict[int, tuple] = field(default_factory=dict)   # a periodic checkpoint
     ckpt_epoch: int | None = None        # the periodic checkpoint being written
@@ -227,7 +229,10 @@ class MasterCore:
                  max_jobs_per_machine: int = 0, secure: bool = False,
                  keep_models: int = KEEP_MODELS, endpoint: str = "", pid: int = 0,
                  revision: str | None = None, state_dir: str = "",
-                 now: float = 0.0, liveness_every: float = LIVENESS_EVERY) -> None:
+                 now: float = 0.0, liveness_every: float = LIVENESS_EVERY,
+                 cruise: bool = False) -> None:
+        # Cruise inside running jobs: roles and partitions from measurements
+        self.cruise = cruise
         if mode not in P.MODES:
             raise ValueError(f"unknown mode {mode!r}; choose from {sorted(P.MODES)}")
         if max_jobs_per_machine < 0:
@@ -1321,6 +1326,8 @@ class MasterCore:
                 if isinstance(v, (int, float)):
                     timings[k] = (timings.get(k, 0.0) + float(v) if k in SUMMED_TIMINGS
                                   else max(timings.get(k, 0.0), float(v)))
+        if self.cruise and not run.pausing and not run.ending:
+            self._cruise(job, run, {i: got[i][1] for i in got})
         del run.sums[ep]
         run.timings[ep] = timings
         rc = run.reconfig
@@ -1336,6 +1343,36 @@ class MasterCore:
                        reconfig=reconfig or None, checkpoint=ckpt or None, stop=end or None)
         for i in self._all_idents(run):
             self._send(i, out)
+
+    def _cruise(self, job: Job, run: Run, per_index: dict[int, dict]) -> None:
+        """Cruise (``--cruise``): feed the epoch's per-executor timings to the
+        job's estimates and, when a better role and partition layout on its
+        machines is worth its move, start it as a live reconfiguration."""
+        from harmony.cruise.adapter import JobCruise
+        n = len(job.workers)
+        if run.reconfig is not None or job.state != JobState.RUNNING or n < 2:
+            return
+        if run.cruise is None or run.cruise.n != n:
+            run.cruise = JobCruise(n, len(run.owner))
+        run.cruise.observe(per_index)
+        d_now = [int(per_index[i].get("blocks") or 0) for i in range(n)]
+        m_now = [run.owner.count(i) for i in range(n)]
+        if sum(d_now) == 0:
+            return
+        try:
+            prop = run.cruise.propose(d_now, m_now, epochs_left=max(1, len(job.epochs)))
+        except Exception:          # a solver failure must not stop the master
+            log.exception("%s: the Cruise optimizer failed", job.id)
+            run.cruise = None
+            return
+        if prop is None:
+            return
+        layout = {"input": [float(x) for x in prop.d], "model": [float(x) for x in prop.m]}
+        note = f"cruise: {prop.reason}"
+        if self.resize_job(job, list(job.workers), note, layout):
+            run.reconfig.predicted = {"before": prop.now, "after": prop.target,
+                                      "move_s": prop.move_s}
+            log.info("%s: %s", job.id, note)
 
     def _checkpoint_due(self, job: Job, run: Run, epoch: int) -> bool:
         first, at = run.last_ckpt
@@ -1559,7 +1596,10 @@ class MasterCore:
             self.exec_ident[ident] = (job.id, i, run.attempt)
         run.idents, run.ready, run.owner = idents, ready, rc.owner
         run.layout = rc.layout
+        run.cruise = None                 # estimates start again on the new layout
         job.layout = _layout_summary(rc.to, rc.owner, rc.input_counts, rc.layout)
+        if job.layout is not None and rc.predicted:
+            job.layout["cruise"] = dict(rc.predicted, at_epoch=len(job.epochs))
         run.reconfig = None
         moved = int(sum(m["bytes_out"] for m in rc.migrated.values()))
         stood = self.now - (rc.stood_since or rc.t0)

@@ -826,6 +826,8 @@ class Executor:
             tm["sync"] -= tm["pull"] + tm["comp"] + tm["push"] + tm["stood"]
             tm["train"] = time.perf_counter() - t_epoch
             tm["iters"] = float(len(groups))
+            tm["blocks"] = float(len(all_ids))      # input blocks held (Cruise's d_i)
+            tm["input_bytes"] = float(sum(inp.block_bytes(b) for b in all_ids))
             # PULL/PUSH data bytes of the epoch's iterations: pulled, pushed,
             # both, and to other machines; this machine's link rate (0: not known)
             delta = [b - a for a, b in zip(moved, self.client.peer_bytes)]

@@ -1,0 +1,144 @@
+"""Cruise inside a running job: the runtime's epoch metrics in, a role and
+partition layout out (pure; the master core drives it, ``--cruise``).
+
+How the runtime maps onto the cost model (:mod:`harmony.cruise.costmodel`):
+
+* a data item is an input **block**; ``Cwproc_i`` = COMP seconds of an
+  epoch on machine i / the input blocks it holds;
+* every worker runs the job's ``iters_per_epoch`` iterations per epoch
+  whatever its share of the data (its blocks are split over them), each
+  pulling and pushing the model rows it touches. So the Cruise mini-batch
+  count ``⌈d_i / B⌉`` is 1 with ``B = D``, and a model block's "units" are
+  the bytes one worker moves for it in a whole epoch (pull + push): the
+  workers' measured bytes per epoch over the model blocks;
+* ``b_ij``: bytes/s between machines i and j, the slower of the two links
+  the executors report (the emulated NIC rates; on a fleet without
+  emulation, each executor's bytes over its PULL + PUSH seconds); a machine
+  to itself is free.
+
+The layout is chosen on the job's current machines (Harmony's scheduler
+decides how many); a machine may be a worker, a server or both, as in the
+runtime. A plan is applied only if Cruise's rule holds: the predicted gain,
+after losing the time the move takes, is ≥ 5% of the remaining time, taken
+as the epochs done so far (a job is expected to run about as long again).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+import math
+
+from harmony.cruise.costmodel import Machines, MovingAverage, Workload, block_cost
+from harmony.cruise.optimizer import Solution, heterogeneous, homogeneous
+from harmony.cruise.plan import MIN_GAIN, worth_applying
+
+SKIP = 2             # epochs after a (re)configuration not used (warm-up, moves)
+SAMPLES = 3          # epochs of estimates before a decision
+TIME_LIMIT = 5.0     # seconds for the MILP (the master's loop waits on it)
+MOVE_OVERHEAD = 1.0  # seconds a reconfiguration stalls beyond its bytes (boundary, acks)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A better layout: blocks per machine, its predicted epoch time against
+    the current one's, and the seconds the move is predicted to take."""
+    d: tuple[int, ...]
+    m: tuple[int, ...]
+    now: float
+    target: float
+    move_s: float
+    solution: Solution
+    reason: str
+
+
+@dataclass
+class JobCruise:
+    """Estimates of one running job on its current machines (indices 0..n-1)."""
+    n: int
+    model_blocks: int
+    comp: dict[int, MovingAverage] = field(default_factory=dict)     # s per block
+    bytes: dict[int, MovingAverage] = field(default_factory=dict)    # per epoch, worker
+    rate: dict[int, MovingAverage] = field(default_factory=dict)     # link bytes/s
+    block_bytes: MovingAverage = field(default_factory=lambda: MovingAverage(10, 0))
+    epochs: int = 0
+
+    def observe(self, per_index: Mapping[int, Mapping[str, float]]) -> None:
+        """One epoch's timings of every executor (``comp`` seconds, ``blocks``
+        held, ``bytes`` pulled + pushed, ``pull``/``push`` seconds, ``link``
+        bytes/s or 0, ``input_bytes`` of its blocks)."""
+        self.epochs += 1
+        for i, tm in per_index.items():
+            blocks = float(tm.get("blocks") or 0)
+            if blocks > 0:
+                self.comp.setdefault(i, MovingAverage(10, SKIP)).add(
+                    float(tm.get("comp", 0.0)), blocks)
+                self.bytes.setdefault(i, MovingAverage(10, SKIP)).add(float(tm.get("bytes", 0)))
+                if tm.get("input_bytes"):
+                    self.block_bytes.add(float(tm["input_bytes"]), blocks)
+            link = float(tm.get("link") or 0.0)
+            if link <= 0:
+                secs = float(tm.get("pull", 0.0)) + float(tm.get("push", 0.0))
+                link = float(tm.get("bytes", 0.0)) / secs if secs > 0 else 0.0
+            if link > 0:
+                self.rate.setdefault(i, MovingAverage(10, SKIP)).add(link)
+
+    def ready(self) -> bool:
+        return self.epochs >= SKIP + SAMPLES and bool(self.comp) and len(self.rate) == self.n \
+            and all(a.count >= SAMPLES for a in self.comp.values())
+
+    def model(self, data_blocks: int) -> tuple[Machines, Workload]:
+        """The cost model's machines and workload from the estimates."""
+        known = [a.value for a in self.comp.values() if a.value is not None]
+        mean = sum(known) / len(known)
+        wproc = tuple(self.comp[i].value if i in self.comp and self.comp[i].value is not None
+                      else mean for i in range(self.n))
+        rates = [self.rate[i].value or 1.0 for i in range(self.n)]
+        bw = tuple(tuple(math.inf if i == j else min(rates[i], rates[j])
+                         for j in range(self.n)) for i in range(self.n))
+        per_worker = [a.value for a in self.bytes.values() if a.value is not None]
+        units = max(1.0, sum(per_worker) / len(per_worker) / self.model_blocks)
+        return (Machines(wproc, bw),
+                Workload(data_blocks, self.model_blocks, 1.0, units, float(data_blocks)))
+
+    def propose(self, d_now: Sequence[int], m_now: Sequence[int],
+                epochs_left: float) -> Proposal | None:
+        """A layout worth moving to, or None. ``d_now``/``m_now``: blocks per
+        machine now; ``epochs_left``: the work a move has to repay."""
+        if not self.ready():
+            return None
+        D = sum(d_now)
+        machines, job = self.model(D)
+        now = block_cost(machines, job, d_now, m_now).cost
+        same = len(set(machines.wproc)) == 1 or max(machines.wproc) <= 1.05 * min(
+            machines.wproc)
+        links = {b for row in machines.bw for b in row if b != math.inf}
+        cands = []
+        if same and len(links) <= 1 and self.n >= 2:
+            cands.append(homogeneous(machines, job))
+        cands.append(heterogeneous(machines, job, allow_both=True, allow_idle=False,
+                                   time_limit=TIME_LIMIT))
+        best = min(cands, key=lambda s: s.cost)
+        moved = _moved_bytes(d_now, m_now, best.d, best.m,
+                             self.block_bytes.value or 0.0, job.block_units)
+        slowest = min(min(r for r in row if r != math.inf) for row in machines.bw) \
+            if self.n > 1 else math.inf
+        move_s = MOVE_OVERHEAD + moved / slowest
+        if tuple(best.d) == tuple(d_now) and tuple(best.m) == tuple(m_now):
+            return None
+        if not worth_applying(now, best.cost, move_s, epochs_left):
+            return None
+        return Proposal(tuple(best.d), tuple(best.m), now, best.cost, move_s, best,
+                        f"predicted epoch {now:.2f}s -> {best.cost:.2f}s "
+                        f"({best.workers} worker(s), {best.servers} server(s), {best.status})")
+
+
+def _moved_bytes(d0: Sequence[int], m0: Sequence[int], d1: Sequence[int], m1: Sequence[int],
+                 input_block: float, model_units: float) -> float:
+    """Bytes that leave their machine going from (d0, m0) to (d1, m1); a
+    model block's size is taken as its per-epoch traffic (an upper bound)."""
+    din = sum(max(0, a - b) for a, b in zip(d0, d1))
+    mout = sum(max(0, a - b) for a, b in zip(m0, m1))
+    return din * input_block + mout * model_units
+
+
+__all__ = ["JobCruise", "Proposal", "MIN_GAIN"]
