@@ -83,15 +83,7 @@ def master_main(argv: list[str] | None = None) -> int:
                         "synchronizer, and the Harmony scheduler")
     s.add_argument("--policy", default=None, choices=sorted(P.POLICIES),
                    help="placement policy (default: the mode's: harmony, colocate or isolated)")
-    s.add_argument("--cruise", action="store_true",
-                   help="Cruise inside running jobs: from their measured compute and link "
-                        "speeds, move to a better worker/server layout on their machines "
-                        "when the predicted gain repays the move by 5%%")
-    s.add_argument("--objective", default="throughput", choices=["throughput", "util"],
-                   help="the Harmony scheduler's objective: throughput (default: each job's "
-                        "iteration rate over its rate alone at its best DoP, summed) or util "
-                        "(the paper's cluster utilization U; the same as --policy "
-                        "harmony-util)")
+    _scheduler_args(s)
     s.add_argument("--heartbeat-timeout", type=float, default=5.0,
                    help="seconds without heartbeat before a worker is declared lost")
     s.add_argument("--max-jobs-per-machine", type=int, default=0,
@@ -428,6 +420,19 @@ def cmd_pause(a: argparse.Namespace) -> int:
     print(f"{a.job} pausing: it checkpoints at the end of its current epoch "
           f"('harmony resume {a.job}' continues it)")
     return 0
+
+
+def _scheduler_args(s: argparse.ArgumentParser) -> None:
+    """--cruise and --objective, for harmony-master start and cluster up."""
+    s.add_argument("--cruise", action="store_true",
+                   help="Cruise inside running jobs: from their measured compute and link "
+                        "speeds, move to a better worker/server layout on their machines "
+                        "when the predicted gain repays the move by 5%%")
+    s.add_argument("--objective", default="throughput", choices=["throughput", "util"],
+                   help="the Harmony scheduler's objective: throughput (default: each job's "
+                        "iteration rate over its rate alone at its best DoP, summed) or util "
+                        "(the paper's cluster utilization U; the same as --policy "
+                        "harmony-util)")
 
 
 def objective_policy(a: argparse.Namespace) -> str | None:
@@ -881,15 +886,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="execution mode of the master (see harmony-master start --help)")
     s.add_argument("--policy", default=None, choices=sorted(P.POLICIES),
                    help="placement policy (default: the mode's)")
-    s.add_argument("--cruise", action="store_true",
-                   help="Cruise inside running jobs: from their measured compute and link "
-                        "speeds, move to a better worker/server layout on their machines "
-                        "when the predicted gain repays the move by 5%%")
-    s.add_argument("--objective", default="throughput", choices=["throughput", "util"],
-                   help="the Harmony scheduler's objective: throughput (default: each job's "
-                        "iteration rate over its rate alone at its best DoP, summed) or util "
-                        "(the paper's cluster utilization U; the same as --policy "
-                        "harmony-util)")
+    _scheduler_args(s)
     s.add_argument("--cpus-per-machine", type=int, default=None,
                    help="emulate machines of C cores each (CPU affinity)")
     s.add_argument("--cpu-speed", default=None,
