@@ -87,3 +87,10 @@ def test_throughput_counts_each_job_against_its_best_alone():
     assert TP.throughput(alone, profiles, caps) == pytest.approx(2.0)
     assert TP.throughput(pair, profiles, caps) == pytest.approx(
         TP.efficiency([CPU, NET], 1))
+
+
+def test_an_arrival_beside_a_job_still_profiling_stays_until_that_one_is_profiled():
+    profiles = {"cpu": CPU}
+    cur0 = _cur(("g1", ("cpu", "new"), ("m0",)), machines=("m0",))
+    cur, left, _ = TP.plan(cur0, [], ["cpu"], profiles, {"cpu": 1, "new": 1})
+    assert cur.group_of("cpu").jobs == ("cpu", "new") and not left

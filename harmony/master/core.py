@@ -756,7 +756,8 @@ class MasterCore:
         waiting = [j for j in waiting if j.machines <= len(live)] + \
             [j for j in waiting if j.machines > len(live)]
         view = self._view(live, waiting)
-        start = self.policy(view).start
+        dec = self.policy(view)
+        start = dec.start
         load = {w.name: w.jobs for w in view.workers}
         for machines in start.values():
             for n in machines:
@@ -769,6 +770,8 @@ class MasterCore:
                           if job.id not in start and job.machines > room else "")
         for jid, machines in start.items():
             self._launch(self.jobs[jid], machines)
+        if start:               # the run record holds every policy's decisions
+            self._log_decision(dec)
 
     def _memory_pressure(self, live: list[Worker]) -> None:
         """Act on the block store's "pause me": a machine over its pause

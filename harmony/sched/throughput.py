@@ -25,8 +25,10 @@ move costs a pause or a block migration and a restart):
   E ≥ 1 + tol (groups are pairs at most: the NET queue serves a primary and
   a secondary); else alone on whatever idle machines there are; else waits.
 * **Arrivals** (jobs whose profiling just ended) stay where they were
-  profiled when that is alone, or in a pair with E ≥ 1 + tol; otherwise they
-  leave that group and are placed as waiting jobs.
+  profiled when that is alone, or in a pair with E ≥ 1 + tol, or beside a
+  job still profiling (judged when that one's profile is ready: it is then
+  the one to leave a poor pair); otherwise they leave that group and are
+  placed as waiting jobs.
 * **Widening.** With machines idle and nothing waiting, a job alone with
   enough work left (``movable``) is widened by a live resize, beyond what it
   asked for, up to its best DoP on the whole cluster, when its predicted
@@ -118,6 +120,11 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
         ps = [profiles[x] for x in g.jobs if x in profiles]
         if len(g.jobs) == 1:
             notes.append(f"{j}: stays alone on {len(g.machines)} machine(s)")
+            continue
+        if len(ps) < len(g.jobs):
+            # a partner still profiling: judged when its own profile is
+            # ready (then it is the arrival, and the one to leave a poor pair)
+            notes.append(f"{j}: stays in {g.id} until its partners are profiled")
             continue
         if len(g.jobs) == 2 and len(ps) == 2 and efficiency(ps, len(g.machines)) >= 1 + tol:
             notes.append(f"{j}: stays in {g.id} (E {efficiency(ps, len(g.machines)):.2f})")
