@@ -761,7 +761,8 @@ class Executor:
         all_ids = inp.ids()
         keys_cache: dict = {}
         for epoch in range(first_epoch, opts.max_epochs):
-            tm = {"pull": 0.0, "comp": 0.0, "push": 0.0, "sync": 0.0}
+            tm = {"pull": 0.0, "comp": 0.0, "push": 0.0, "sync": 0.0, "comp_cpu": 0.0}
+            cpu_epoch = time.process_time()
             self.net_wait = 0.0
             stood0 = self.stood
             moved = list(self.client.peer_bytes)
@@ -785,12 +786,13 @@ class Executor:
                     tm["pull"] += time.perf_counter() - t
 
                 def comp():
-                    t = time.perf_counter()
+                    t, c = time.perf_counter(), time.thread_time()
                     if self.spill_model:   # every machine has pulled: shard idle until PUSH
                         table.spill()
                     box["deltas"] = _call(group, lambda g: app.compute(g, keys, box["rows"],
                                                                        step))
                     tm["comp"] += time.perf_counter() - t
+                    tm["comp_cpu"] += time.thread_time() - c
 
                 def push():
                     t = time.perf_counter()
@@ -818,6 +820,9 @@ class Executor:
             tm["comp"] = max(0.0, tm["comp"] - tm["stood"])
             tm["sync"] -= tm["pull"] + tm["comp"] + tm["push"] + tm["stood"]
             tm["train"] = time.perf_counter() - t_epoch
+            # CPU seconds of this executor process (all its threads) in the
+            # training part; less sensitive to other load than the wall time
+            tm["train_cpu"] = time.process_time() - cpu_epoch
             tm["iters"] = float(len(groups))
             # PULL/PUSH data bytes of the epoch's iterations: pulled, pushed,
             # both, and to other machines; this machine's link rate (0: not known)
@@ -847,6 +852,7 @@ class Executor:
                 raise
             sums = box["sums"]
             tm["eval"] = time.perf_counter() - t0
+            tm["eval_cpu"] = time.process_time() - cpu_epoch - tm["train_cpu"]
             tm["net_wait"] = self.net_wait
             tot = inp.take_totals()
             tm["stall"] = tot.stall_s          # reload stall of the epoch
