@@ -386,6 +386,7 @@ class Executor:
         self.server.set_layout(owner, self.index, start["peers"])
         self.client = PSClient(self.ctx, start["peers"], owner, spec.dim, spec.dtype,
                                throttle=self._throttle_fn(self.machines), tag=self.tag)
+        self.client.set_local(self.server)      # this machine's shard: no ZeroMQ round trip
         return restored.epoch if restored else 0
 
     def _join(self, app: App, opts, inp: LocalInput, table: ShardTable, spec: ModelSpec,
@@ -419,6 +420,7 @@ class Executor:
         if self.client is None:
             self.client = PSClient(self.ctx, m["peers"], owner, dim, dtype,
                                    throttle=self._throttle_fn(self.machines), tag=self.tag)
+            self.client.set_local(self.server)
         else:
             self.client.set_layout(m["peers"], owner)
             self.client.throttle = self._throttle_fn(self.machines)
