@@ -132,8 +132,7 @@ class TorchMLP(App):
         net = self.rows.bind(rows)
         if not blocks:
             return self.rows.deltas(rows)
-        X = torch.from_numpy(np.concatenate([b["X"] for b in blocks]))
-        y = torch.from_numpy(np.concatenate([b["y"] for b in blocks]))
+        X, y = self._stack(blocks, "X", "y")
         g = torch.Generator().manual_seed(self.opts.seed * 1_000_003 + step.epoch * 1009
                                           + step.iter)
         perm = torch.randperm(len(y), generator=g)
@@ -150,16 +149,32 @@ class TorchMLP(App):
         out = {"ce": 0.0, "n": 0.0, "correct": 0.0, "test_ce": 0.0, "test_n": 0.0,
                "test_correct": 0.0}
         with torch.no_grad():
-            for blk in blocks:
-                for pre, xk, yk in (("", "X", "y"), ("test_", "tX", "ty")):
-                    if not len(blk[yk]):
-                        continue
-                    z = net(torch.from_numpy(blk[xk]))
-                    y = torch.from_numpy(blk[yk])
-                    out[pre + "ce"] += float(nn.functional.cross_entropy(z, y, reduction="sum"))
-                    out[pre + "correct"] += float((z.argmax(1) == y).sum())
-                    out[pre + "n"] += len(y)
+            for pre, xk, yk in (("", "X", "y"), ("test_", "tX", "ty")):
+                X, y = self._stack(blocks, xk, yk)     # one forward pass, not one per block
+                if not len(y):
+                    continue
+                z = net(X)
+                out[pre + "ce"] += float(nn.functional.cross_entropy(z, y, reduction="sum"))
+                out[pre + "correct"] += float((z.argmax(1) == y).sum())
+                out[pre + "n"] += len(y)
         return out
+
+    def _stack(self, blocks: list[Block], xk: str, yk: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The blocks' samples as two tensors. A block's samples depend only
+        on its id, so they are kept by block ids and every epoch after the
+        first reuses them (the data sets are small: this is one more copy of
+        the machine's input; a few sets of ids at a time)."""
+        key = (xk, tuple(int(b.id) for b in blocks))
+        cache = self.__dict__.setdefault("_stacked", {})
+        got = cache.get(key)
+        if got is None:
+            if len(cache) >= 8:       # the groups changed (a resize, other iterations)
+                cache.clear()
+            X = np.concatenate([b[xk] for b in blocks]) if blocks else \
+                np.zeros((0, self.net[0].in_features), np.float32)
+            y = np.concatenate([b[yk] for b in blocks]) if blocks else np.zeros(0, np.int64)
+            got = cache[key] = (torch.from_numpy(X), torch.from_numpy(y))
+        return got
 
     # -- export (harmony model get) -------------------------------------------------
     def export_meta(self) -> dict:

@@ -447,29 +447,49 @@ class LocalResult:
     model: np.ndarray | None = None
 
 
-def run_local(cls: type[App], args: list[str]) -> LocalResult:
+def run_local(cls: type[App], args: list[str], machines: int = 1) -> LocalResult:
     """The plain single-process reference: the same app code and the same
-    iteration order, with the model in one array and no runtime at all."""
+    iteration order, with the model in one array and no runtime at all.
+
+    ``machines = k > 1`` emulates a job on ``k`` machines in this process,
+    with the runtime's math (not its timing): ``k`` app instances, instance
+    ``j`` reading ``InputPart(j, k, blocks)``; in every iteration each
+    computes on its own block group from the model as it was before the
+    iteration (strict BSP), its deltas go through ``combine_deltas(keys,
+    deltas, k)``, and then every push is applied with ``update``. The
+    objective is the sum of the instances' partials plus ``model_objective``
+    of the whole model. It answers "does the app's math depend on the DoP"
+    in seconds, without a cluster."""
+    if machines < 1:
+        raise AppError("machines must be >= 1")
     opts = parse_app_args(cls, args)
-    app = cls(opts)
-    part = InputPart(0, 1, opts.blocks)
-    blocks = sorted(app.read_input(part), key=lambda b: b.id)
+    apps = [cls(opts if j == 0 else parse_app_args(cls, args)) for j in range(machines)]
+    parts = [sorted(a.read_input(InputPart(j, machines, opts.blocks)), key=lambda b: b.id)
+             for j, a in enumerate(apps)]
+    app = apps[0]
     spec = app.model_spec()
     all_keys = np.arange(spec.num_keys, dtype=np.int64)
     model = np.asarray(app.init_rows(all_keys), dtype=spec.dtype)
-    groups = block_groups(blocks, opts.iters_per_epoch)
+    groups = [block_groups(blocks, opts.iters_per_epoch) for blocks in parts]
     res = LocalResult()
     for epoch in range(opts.max_epochs):
         t0 = time.perf_counter()
-        for it, group in enumerate(groups):
-            keys = app.keys(group)
-            rows = model[keys]
-            rows.flags.writeable = False
-            deltas = app.compute(group, keys, rows, Step(epoch, it, opts.iters_per_epoch))
-            deltas = app.combine_deltas(keys, deltas, 1)
-            model[keys] = app.update(model[keys], np.asarray(deltas, dtype=spec.dtype))
-        keys = app.keys(blocks)
-        sums = dict(app.objective(blocks, keys, model[keys]))
+        for it in range(opts.iters_per_epoch):
+            pushes = []
+            for a, g in zip(apps, groups):
+                keys = a.keys(g[it])
+                rows = model[keys]
+                rows.flags.writeable = False
+                deltas = a.compute(g[it], keys, rows,
+                                   Step(epoch, it, opts.iters_per_epoch, machines))
+                pushes.append((keys, a.combine_deltas(keys, deltas, machines)))
+            for keys, deltas in pushes:
+                model[keys] = app.update(model[keys], np.asarray(deltas, dtype=spec.dtype))
+        sums: dict[str, float] = {}
+        for a, blocks in zip(apps, parts):
+            keys = a.keys(blocks)
+            for k, v in a.objective(blocks, keys, model[keys]).items():
+                sums[k] = sums.get(k, 0.0) + v
         for k, v in app.model_objective(all_keys, model).items():
             sums[k] = sums.get(k, 0.0) + v
         metrics = app.metrics(sums)

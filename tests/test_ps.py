@@ -97,3 +97,38 @@ def test_dead_shard_times_out_with_clear_error():
     finally:
         c.close()
         ctx.term()
+
+
+def test_the_own_shard_is_served_in_process_with_the_same_results(shards):
+    """set_local: requests for this process's shard skip the ZeroMQ round trip
+    (several thread wake-ups, each up to a time slice under load); the
+    other shard is asked over the socket as before. Same rows, same update,
+    same byte counts, the same errors."""
+    client, servers, ctx = shards
+    other = PSClient(ctx, [s.endpoint for s in servers], np.arange(NB) % 2, DIM, timeout_s=5)
+    try:
+        client.set_local(servers[0])
+        keys = np.arange(0, KEYS, 3)
+        deltas = np.full((len(keys), DIM), -100.0, dtype=np.float32)
+        deltas[::2] = 0.5
+        served = servers[0].requests
+        client.push(keys, deltas)
+        assert client.local_requests == 1 and servers[0].requests == served + 1
+        assert np.array_equal(client.pull(keys), other.pull(keys))       # local vs socket
+        assert np.array_equal(client.pull(keys),
+                              np.maximum(keys[:, None].astype(np.float32) + deltas, 0))
+        row = 8 + DIM * 4
+        assert client.push_bytes == len(keys) * row
+        with pytest.raises(PSError, match="duplicate keys in one pull"):
+            client.pull(np.array([0, 0]))
+        bad = np.full((len(keys), DIM), np.nan, dtype=np.float32)
+        with pytest.raises(PSError, match="push refused: .* not finite"):
+            client.push(keys, bad)
+        # a key the shard does not hold: the shard's thread answers (an error here)
+        mine = servers[0].table.keys
+        servers[0].table.keys = mine[mine != 0]
+        servers[0].table.rows = servers[0].table.rows[1:]
+        with pytest.raises(PSError, match="not owned by this shard"):
+            client.pull(np.array([0]))
+    finally:
+        other.close()

@@ -15,11 +15,18 @@ import zmq
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import make_socket
 from harmony.ps.keymap import block_of
-from harmony.ps.server import MAX_FRAME_BYTES, PS_LIMITS, _frame_array
+from harmony.ps.server import MAX_FRAME_BYTES, PS_LIMITS, LocalRequestError, _frame_array
 
 
 class PSError(RuntimeError):
     pass
+
+
+class _LocalReply:
+    """A reply of this process's own shard (ShardServer.serve_local)."""
+
+    def __init__(self, frames: list) -> None:
+        self.frames = frames
 
 
 class PSClient:
@@ -53,6 +60,16 @@ class PSClient:
         self.pull_bytes = 0
         self.push_bytes = 0
         self.redirects = 0      # sub-requests a shard redirected (ownership moved)
+        # this process's own shard, served in this thread (ShardServer.serve_local)
+        self.local = None
+        self.local_requests = 0
+
+    def set_local(self, server) -> None:
+        """Serve requests for ``server`` (a ShardServer of this process,
+        found among the peers by its endpoint) in the caller's thread,
+        without the ZeroMQ round trip; the byte counts and the network
+        emulation see them as before."""
+        self.local = server
 
     def close(self) -> None:
         for s in self.socks:
@@ -129,18 +146,34 @@ class PSClient:
             self.set_layout(*new_map)
         return got, moved
 
-    def _rounds(self, keys: np.ndarray, send) -> list[tuple[int, np.ndarray | None, int, M.Message]]:
+    def _rounds(self, keys: np.ndarray, send, local=None
+                ) -> list[tuple[int, np.ndarray | None, int, M.Message]]:
         """Route ``keys``, ``send(peer, sel, keys)`` one request per shard,
         and collect; keys a shard redirected are routed again with the new
-        owner map. Returns (peer, selection into keys, count, reply)."""
+        owner map. ``local(sel, keys)`` serves this process's own shard in
+        this thread (a reply, or None: send it as usual). Returns (peer,
+        selection into keys, count, reply)."""
         out = []
         sel_all: np.ndarray | None = None
+        me = self.local.endpoint if (self.local is not None and local is not None) else None
         for _ in range(8):
             k = keys if sel_all is None else keys[sel_all]
-            pending = {}
+            pending, mine = {}, []
             for p, sel, kk in self._route(k):
                 absolute = sel if sel_all is None else (sel_all if sel is None else sel_all[sel])
+                if me is not None and self.peers[p] == me:
+                    mine.append((p, absolute, kk))      # after the others are asked
+                    continue
                 pending[p] = (send(p, absolute, kk), absolute, len(kk))
+            for p, absolute, kk in mine:
+                reply = local(absolute, kk)
+                if reply is None:                       # the shard's thread answers
+                    pending[p] = (send(p, absolute, kk), absolute, len(kk))
+                else:
+                    self.local_requests += 1
+                    out.append((p, absolute, len(kk), reply))
+            if not pending:
+                return out
             got, moved = self._collect(pending)
             for p, msg in got.items():
                 out.append((p, pending[p][1], pending[p][2], msg))
@@ -150,6 +183,12 @@ class PSClient:
                      for p in moved]
             sel_all = np.sort(np.concatenate(parts))
         raise PSError("keys still redirected after 8 rounds (owner map keeps changing)")
+
+    def _local(self, kind: str, keys: np.ndarray, vals: np.ndarray | None):
+        try:
+            return self.local.serve_local(kind, keys, vals)
+        except LocalRequestError as exc:
+            raise PSError(f"shard {self.local.endpoint}: {exc}") from None
 
     def _span(self) -> int:
         """Keys per request: no frame of a request or reply over the shards'
@@ -178,7 +217,11 @@ class PSClient:
                                          copy=False)
             self.bytes_sent += k.nbytes
             return rid
-        replies = self._rounds(keys, send)
+
+        def local(sel, k):
+            rows = self._local("pull", k, None)
+            return None if rows is None else _LocalReply([rows])
+        replies = self._rounds(keys, send, local)
         for p, sel, n, _ in replies:
             self.peer_bytes[p] += n * (8 + self.dim * self.dtype.itemsize)
             self.pull_bytes += n * (8 + self.dim * self.dtype.itemsize)
@@ -217,7 +260,12 @@ class PSClient:
                 copy=False)
             self.bytes_sent += k.nbytes + v.nbytes
             return rid
-        for p, sel, n, _ in self._rounds(keys, send):
+
+        def local(sel, k):
+            v = deltas if sel is None else np.ascontiguousarray(deltas[sel])
+            done = self._local("push", k, v)
+            return None if done is None else _LocalReply([])
+        for p, sel, n, _ in self._rounds(keys, send, local):
             self.peer_bytes[p] += n * (8 + self.dim * self.dtype.itemsize)
             self.push_bytes += n * (8 + self.dim * self.dtype.itemsize)
             if self.throttle is not None:

@@ -44,6 +44,11 @@ class AppUpdateError(Exception):
     """The app's update function failed on the server."""
 
 
+class LocalRequestError(Exception):
+    """A request of the shard's own process refused (the message a remote
+    client gets in ``ps_error``)."""
+
+
 class NonFiniteUpdate(ValueError):
     """A push with NaN or infinite values, refused (App.finite_updates)."""
 
@@ -298,6 +303,9 @@ class ShardServer:
         # zero-copy replies that still reference the live table: a mutation
         # waits until zmq has finished sending them
         self._inflight: list[zmq.MessageTracker] = []
+        # one request at a time: the shard's thread and serve_local (the
+        # executor's own client, in its thread) take turns
+        self._serving = threading.RLock()
 
     def start(self) -> None:
         self._thread.start()
@@ -430,6 +438,57 @@ class ShardServer:
             self._serve(frames[0].bytes, frames[1:])
 
     def _serve(self, ident: bytes, body: list) -> None:
+        with self._serving:
+            self._serve_locked(ident, body)
+
+    @staticmethod
+    def _request_error(exc: Exception) -> Exception:
+        """What a failed request answers: protocol, key and value errors as
+        they are; anything else (an app's update) as AppUpdateError naming
+        where it was raised."""
+        if isinstance(exc, (M.ProtocolError, KeyError, ValueError)):
+            return exc
+        tb = traceback.extract_tb(exc.__traceback__)
+        return AppUpdateError(f"{exc.__class__.__name__}: {exc}"
+                              + (f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""))
+
+    def serve_local(self, kind: str, keys: np.ndarray, vals: np.ndarray | None = None):
+        """A pull or push of this process's own client, served in the
+        caller's thread. The ZeroMQ round trip through the shard's thread
+        costs several thread wake-ups, each up to a scheduler time slice on
+        a loaded machine (measured: a 40 KB push 0.8 ms idle, 6 ms at load
+        average 7 on 2 cores). Same table operations and checks as a
+        request over the socket. Returns the rows (a copy) of a pull, True
+        for an applied push, or None where the shard's thread must answer
+        (keys not here: a block on its way or moved; shard not ready).
+        A refused request raises :class:`LocalRequestError` with the message
+        a remote client would get."""
+        t = self.table
+        with self._serving:
+            if not t.ready:
+                return None
+            self.requests += 1
+            try:
+                if t._pending:
+                    with t.lock:
+                        t.settle()
+                if kind == "pull":
+                    with t.lock:
+                        return np.array(t.pull(keys))
+                self.wait_sends()
+                with t.lock:
+                    t.push(keys, vals)
+                return True
+            except KeyError:
+                self.requests -= 1
+                return None
+            except Exception as exc:
+                self.errors += 1
+                err = self._request_error(exc)
+                log.warning("PS request failed: %s", err)
+                raise LocalRequestError(str(err)) from None
+
+    def _serve_locked(self, ident: bytes, body: list) -> None:
         try:
             reply, live = self._handle(ident, body)
             if reply is None:       # a block chunk (answered) or a held request
@@ -438,11 +497,7 @@ class ShardServer:
                 return
         except Exception as exc:  # never let one request kill the shard
             self.errors += 1
-            if not isinstance(exc, (M.ProtocolError, KeyError, ValueError)):
-                tb = traceback.extract_tb(exc.__traceback__)
-                exc = AppUpdateError(f"{exc.__class__.__name__}: {exc}"
-                                     + (f" (at {tb[-1].filename}:{tb[-1].lineno})"
-                                        if tb else ""))
+            exc = self._request_error(exc)
             log.warning("PS request failed: %s", exc)
             rid = 0
             try:

@@ -390,6 +390,7 @@ class Executor:
         self.server.set_layout(owner, self.index, start["peers"])
         self.client = PSClient(self.ctx, start["peers"], owner, spec.dim, spec.dtype,
                                throttle=self._throttle_fn(self.machines), tag=self.tag)
+        self.client.set_local(self.server)      # this machine's shard: no ZeroMQ round trip
         return restored.epoch if restored else 0
 
     def _join(self, app: App, opts, inp: LocalInput, table: ShardTable, spec: ModelSpec,
@@ -424,6 +425,7 @@ class Executor:
         if self.client is None:
             self.client = PSClient(self.ctx, m["peers"], owner, dim, dtype,
                                    throttle=self._throttle_fn(self.machines), tag=self.tag)
+            self.client.set_local(self.server)
         else:
             self.client.set_layout(m["peers"], owner)
             self.client.throttle = self._throttle_fn(self.machines)
@@ -766,7 +768,8 @@ class Executor:
         all_ids = inp.ids()
         keys_cache: dict = {}
         for epoch in range(first_epoch, opts.max_epochs):
-            tm = {"pull": 0.0, "comp": 0.0, "push": 0.0, "sync": 0.0}
+            tm = {"pull": 0.0, "comp": 0.0, "push": 0.0, "sync": 0.0, "comp_cpu": 0.0}
+            cpu_epoch = time.process_time()
             self.net_wait = 0.0
             stood0 = self.stood
             moved = list(self.client.peer_bytes)
@@ -790,7 +793,7 @@ class Executor:
                     tm["pull"] += time.perf_counter() - t
 
                 def comp():
-                    t = time.perf_counter()
+                    t, c = time.perf_counter(), time.thread_time()
                     if self.spill_model:   # every machine has pulled: shard idle until PUSH
                         table.spill()
                     box["deltas"] = _call(group, lambda g: app.compute(g, keys, box["rows"],
@@ -798,6 +801,7 @@ class Executor:
                     if self.cpu_speed < 1.0:    # an emulated slower machine
                         time.sleep((time.perf_counter() - t) * (1.0 / self.cpu_speed - 1.0))
                     tm["comp"] += time.perf_counter() - t
+                    tm["comp_cpu"] += time.thread_time() - c
 
                 def push():
                     t = time.perf_counter()
@@ -825,6 +829,9 @@ class Executor:
             tm["comp"] = max(0.0, tm["comp"] - tm["stood"])
             tm["sync"] -= tm["pull"] + tm["comp"] + tm["push"] + tm["stood"]
             tm["train"] = time.perf_counter() - t_epoch
+            # CPU seconds of this executor process (all its threads) in the
+            # training part; less sensitive to other load than the wall time
+            tm["train_cpu"] = time.process_time() - cpu_epoch
             tm["iters"] = float(len(groups))
             tm["blocks"] = float(len(all_ids))      # input blocks held (Cruise's d_i)
             tm["input_bytes"] = float(sum(inp.block_bytes(b) for b in all_ids))
@@ -857,6 +864,7 @@ class Executor:
                 raise
             sums = box["sums"]
             tm["eval"] = time.perf_counter() - t0
+            tm["eval_cpu"] = time.process_time() - cpu_epoch - tm["train_cpu"]
             tm["net_wait"] = self.net_wait
             tot = inp.take_totals()
             tm["stall"] = tot.stall_s          # reload stall of the epoch
