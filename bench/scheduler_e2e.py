@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from harmony.client import Client  # noqa: E402
 from harmony.cluster import LocalCluster  # noqa: E402
 from harmony.datagen.nmf import gen_nmf  # noqa: E402
+from harmony.cli import parse_size  # noqa: E402
 
 
 def make_jobs(tmp: str, a: argparse.Namespace) -> list[tuple[str, list[str]]]:
@@ -67,8 +68,13 @@ def run_mode(spec: str, jobs, times, tmp: str, a) -> dict:
     dop = int(dop or a.dop)
     src = (ROOT / "apps" / "nmf.py").read_text()
     sd = os.path.join(tmp, spec.replace(":", "-"))
-    with LocalCluster(a.machines, sd, port=0, mode=mode, cpus_per_machine=1,
-                      net_bandwidth=a.bandwidth) as cl, Client(cl.endpoint, keys=cl.keys) as c:
+    policy = None
+    if mode == "harmony-util":        # the Harmony scheduler with the paper's U objective
+        mode, policy = "harmony", "harmony-util"
+    with LocalCluster(a.machines, sd, port=0, mode=mode, cpus_per_machine=1, policy=policy,
+                      net_bandwidth=a.bandwidth,
+                      memory_per_machine=getattr(a, "memory_per_machine", None)) as cl, \
+            Client(cl.endpoint, keys=cl.keys) as c:
         ids: dict[str, str] = {}
         t0 = time.time()
         pending = list(zip(times, jobs))
@@ -89,7 +95,7 @@ def run_mode(spec: str, jobs, times, tmp: str, a) -> dict:
     if bad:
         raise SystemExit(f"{mode}: jobs failed: {bad}")
     start = min(s["submitted"] for s in sts.values())
-    res = {"mode": spec if mode != "harmony" else mode, "makespan": max(s["ended"] for s in sts.values()) - start,
+    res = {"mode": spec, "makespan": max(s["ended"] for s in sts.values()) - start,
            "mean_jct": statistics.mean(s["ended"] - s["submitted"] for s in sts.values()),
            "moves": sum(sum(1 for e in s["events"] if "moves to" in e[2]) for s in sts.values()),
            "pauses": sum(sum(1 for e in s["events"] if e[1] in ("paused", "profiled"))
@@ -171,6 +177,9 @@ def main() -> None:
     ap.add_argument("--modes", default="isolated:1,naive:1,isolated:2,naive:2,harmony",
                     help="MODE[:DOP],... (DOP: machines per job; the harmony "
                          "scheduler chooses its own; harmony-util: its U objective)")
+    ap.add_argument("--memory-per-machine", type=parse_size, default=None,
+                    help="emulated memory budget per machine (e.g. 200M): with inputs "
+                         "larger than that, DoP 1 spills to disk (the 'large' workload)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds of every mode, in a rotated order each round; medians")
     ap.add_argument("--timeout", type=float, default=1200)
