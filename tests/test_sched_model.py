@@ -145,3 +145,23 @@ def test_remote_profile_validation_and_record():
     assert all(0.5 * p.t_net <= p.remote <= p.t_net for p in ranged)
     assert all(p.remote == 0 for p in plain)
     assert np.allclose([p.remote for p in rem], [0.5 * p.t_net for p in rem])
+
+
+def test_a_jobs_measured_overhead_counts_in_its_own_iteration_time():
+    from harmony.master.jobs import Job
+    from harmony.sched.model import Profile, group_iter_time, job_iter_time
+    p = Profile.from_view("a", (0.4, 0.2, 1, 0.0, 0.1))
+    assert (p.remote, p.overhead) == (0.0, 0.1)
+    assert job_iter_time(p, 1) == pytest.approx(0.7)
+    q = Profile("b", 0.2, 0.4, 1)
+    # the sums are work the resources do; the overhead is the job's own wait
+    assert group_iter_time([p, q], 1) == pytest.approx(0.7)
+    assert group_iter_time([p], 1) == pytest.approx(0.7)
+    # measured only while the job runs alone: in a group its waits for the
+    # other jobs' subtasks are in that time too
+    j = Job("j", "a.py", "", [], 1)
+    tm = {"comp": 0.4, "pull": 0.1, "push": 0.1, "train": 0.75, "iters": 1}
+    j.update_profile(tm, 1, alone=False)
+    assert "overhead" not in j.profile
+    j.update_profile(tm, 1, alone=True)
+    assert j.profile["overhead"] == pytest.approx(0.15)

@@ -815,7 +815,7 @@ class MasterCore:
             return None
         link = p.get("link", 0.0)
         remote = p.get("bytes", 0.0) / link if link > 0 else 0.0
-        return (p["t_cpu"], p["t_net"], int(p["machines"]), remote)
+        return (p["t_cpu"], p["t_net"], int(p["machines"]), remote, p.get("overhead", 0.0))
 
     def _job_view(self, j: Job, **kw: Any) -> P.JobView:
         """What every policy sees of a job: its request, state, profile, where
@@ -1628,7 +1628,9 @@ class MasterCore:
         timings = run.timings.pop(msg["epoch"], {})
         job.epochs.append({"epoch": msg["epoch"], "metrics": msg["metrics"],
                            "timings": timings, "time": self.now})
-        job.update_profile(timings, len(job.workers))
+        alone = not any(j is not job and j.state.active and set(j.workers) & set(job.workers)
+                        for j in self.jobs.values())
+        job.update_profile(timings, len(job.workers), alone=alone)
         if job.profile.get("samples") in (1, P.PROFILE_SAMPLES):
             self._dirty = True   # a profile became usable: the scheduler may act
         self._persist("save_epoch", job.id, job.epochs[-1])

@@ -51,11 +51,8 @@ MIN_POINTS = 3
 def profile_of(j: JobView) -> Profile | None:
     if j.profile is None:
         return None
-    t_cpu, t_net, dop = j.profile[:3]
-    remote = float(j.profile[3]) if len(j.profile) > 3 else 0.0
-    if t_cpu + t_net <= 0:
-        return None
-    return Profile(j.id, float(t_cpu), float(t_net), max(1, int(dop)), remote)
+    p = Profile.from_view(j.id, j.profile)
+    return p if p.t_cpu + p.t_net > 0 else None
 
 
 def shares(p: Profile, m: int) -> tuple[float, float]:

@@ -49,10 +49,7 @@ ORDERS = ("running first",)
 
 def _profile(j: JobView) -> Profile:
     assert j.profile is not None
-    t_cpu, t_net, dop = j.profile[:3]
-    extra = {"remote": float(j.profile[3])} if len(j.profile) > 3 and \
-        "remote" in Profile.__dataclass_fields__ else {}
-    return Profile(j.id, float(t_cpu), float(t_net), max(1, int(dop)), **extra)
+    return Profile.from_view(j.id, j.profile)
 
 
 def _gid(j: JobView) -> str:

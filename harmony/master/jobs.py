@@ -93,7 +93,7 @@ class Job:
     utility: str = ""                  # its utility of the JCT (a Utility spec), if any
 
     def update_profile(self, timings: dict[str, float], machines: int,
-                       weight: float = 0.3) -> None:
+                       weight: float = 0.3, alone: bool = False) -> None:
         """Moving averages per iteration of Tcpu (COMP), Tnet (PULL + PUSH)
         and the iteration time, and the machine count they were measured at.
         A change of machine count restarts the averages."""
@@ -109,6 +109,13 @@ class Job:
             p[k] = v if fresh else (1 - weight) * p[k] + weight * v
         p["machines"] = machines
         p["link"] = float(timings.get("link", 0.0))   # bytes/s of its machines' links
+        # per-iteration time outside COMP and COMM (queue grants, the
+        # synchronizer's round trips), measured only while it runs alone: in a
+        # group that time also holds its waits for the other jobs' subtasks
+        if alone:
+            o = max(0.0, sample["t_iter"] - sample["t_cpu"] - sample["t_net"])
+            p["overhead"] = o if fresh or "overhead" not in p else \
+                (1 - weight) * p["overhead"] + weight * o
         p["samples"] = 1 if fresh else p.get("samples", 0) + 1
 
     def transition(self, new: JobState, note: str = "", now: float | None = None) -> None:

@@ -63,9 +63,7 @@ MAX_POOL = 64
 
 def _profile(j: JobView) -> Profile:
     assert j.profile is not None
-    t_cpu, t_net, dop = j.profile[:3]
-    remote = float(j.profile[3]) if len(j.profile) > 3 else 0.0
-    return Profile(j.id, float(t_cpu), float(t_net), max(1, int(dop)), remote)
+    return Profile.from_view(j.id, j.profile)
 
 
 def efficiency(a: Profile, b: Profile, m: float) -> float:

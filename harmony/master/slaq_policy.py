@@ -88,9 +88,7 @@ def _fit(points: tuple[tuple[float, float], ...]):
 
 
 def _profile(j: JobView) -> Profile:
-    t_cpu, t_net, dop = j.profile[:3]
-    remote = float(j.profile[3]) if len(j.profile) > 3 else 0.0
-    return Profile(j.id, float(t_cpu), float(t_net), max(1, int(dop)), remote)
+    return Profile.from_view(j.id, j.profile)
 
 
 class _Job:

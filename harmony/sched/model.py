@@ -52,10 +52,22 @@ class Profile:
     t_net: float
     dop: int
     remote: float = 0.0
+    # seconds per iteration the job spends outside its COMP and COMM when it
+    # runs alone: queue grants, the synchronizer's round trips (measured)
+    overhead: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.t_cpu < 0 or self.t_net < 0 or self.dop < 1 or not self.remote >= 0:
+        if self.t_cpu < 0 or self.t_net < 0 or self.dop < 1 or not self.remote >= 0 \
+                or not self.overhead >= 0:
             raise ValueError(f"bad profile {self!r}: times must be >= 0 and dop >= 1")
+
+    @classmethod
+    def from_view(cls, job_id: str, prof: Sequence[float]) -> Profile:
+        """From a policy view's profile tuple: (Tcpu, Tnet, c_g[, remote[, overhead]])."""
+        t_cpu, t_net, dop = prof[:3]
+        return cls(job_id, float(t_cpu), float(t_net), max(1, int(dop)),
+                   float(prof[3]) if len(prof) > 3 else 0.0,
+                   float(prof[4]) if len(prof) > 4 else 0.0)
 
     @classmethod
     def from_record(cls, job_id: str, rec: Mapping[str, float]) -> Profile:
@@ -101,8 +113,9 @@ def t_net_at(p: Profile, m: float) -> float:
 
 
 def job_iter_time(p: Profile, m: float) -> float:
-    """The job's own iteration time on ``m`` machines (Tj_itr = Tcpu + Tnet)."""
-    return t_cpu_at(p, m) + t_net_at(p, m)
+    """The job's own iteration time on ``m`` machines (Tj_itr = Tcpu + Tnet,
+    plus its measured per-iteration overhead)."""
+    return t_cpu_at(p, m) + t_net_at(p, m) + p.overhead
 
 
 def group_iter_time(profiles: Iterable[Profile], m: float) -> float:
@@ -113,7 +126,7 @@ def group_iter_time(profiles: Iterable[Profile], m: float) -> float:
         c, n = t_cpu_at(p, m), t_net_at(p, m)
         cpu += c
         net += n
-        top = max(top, c + n)
+        top = max(top, c + n + p.overhead)
     return max(cpu, net, top)
 
 
