@@ -6,19 +6,20 @@ simulated cluster, each setup through the master's own core and policies
 table from ``harmony.sim.report.compare_table``: mean / median / p95 JCT,
 makespan, CPU and network utilization, with ratios to isolated, SLAQ's
 average normalized loss over time and OASiS's total utility. Then per
-setup: wall time, decisions, early stops (mlfs-c), the mean normalized
-loss jobs ended at (above 0: stopped early) and unfinished jobs. Then the
-seed papers' headline claims, each in direction on its own metric:
+setup: wall time, decisions, jobs stopped early (mlfs-c), the mean
+normalized loss jobs ended at (above 0: stopped early) and unfinished jobs.
+Then the seed papers' headline claims, each in direction on its own metric:
 
 * SLAQ: lower average normalized loss than fair sharing (``naive``: every
   job starts at once on its requested machines, sharing them equally with
   whoever is there, the closest of our setups to a fair scheduler's equal
-  shares; also against ``isolated``, FIFO);
+  shares; also against ``isolated``, FIFO), and its second claim, a lower
+  mean time to 90% loss reduction than fair sharing;
 * MLFS: lower mean JCT than SLAQ (``mlfs`` and ``mlfs-c``);
 * OASiS: higher total utility than FIFO (``isolated``).
 
     python bench/policies.py [--jobs 40] [--machines 50] [--seed 1]
-        [--mean-gap S] [--timeout S]
+        [--mean-gap S] [--timeout S] [--from DIR]
         [--policies isolated,naive,harmony,match,slaq,slaq-maxmin,oasis,mlfs,mlfs-c]
         [--out DIR]
 
@@ -26,7 +27,8 @@ The defaults (40 jobs on 50 machines) finish in a few minutes on 2 cores;
 ``--jobs 80 --machines 100`` is the paper's size (bench/sim_paper.py).
 ``--timeout S`` runs each setup in a child process and gives up on it after
 S seconds of wall time (reported, left out of the table). ``--out DIR``:
-per-setup JSON (with its summary), ``claims.json`` and the plots.
+per-setup JSON (with its summary), ``claims.json`` and the plots;
+``--from DIR`` prints the tables again from such a directory (no run).
 """
 from __future__ import annotations
 
@@ -44,8 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harmony.sim.engine import Contention  # noqa: E402
-from harmony.sim.report import SimResult, compare_table, summarize, write_plots, \
-    write_result  # noqa: E402
+from harmony.sim.report import SimResult, compare_table, read_result, summarize, \
+    write_plots, write_result  # noqa: E402
 from harmony.sim.run import setup, simulate  # noqa: E402
 from harmony.sim.trace import TraceJob  # noqa: E402
 from harmony.sim.workload import PAPER_BANDWIDTH, generate  # noqa: E402
@@ -56,6 +58,8 @@ CLAIMS = (("SLAQ: lower avg normalized loss than fair sharing (naive)", "slaq",
            "avg_norm_loss", "naive", "lower"),
           ("SLAQ: lower avg normalized loss than FIFO (isolated)", "slaq",
            "avg_norm_loss", "isolated", "lower"),
+          ("SLAQ: lower time to 90% loss reduction than fair sharing (naive)", "slaq",
+           "time_to_90", "naive", "lower"),
           ("MLFS: lower mean JCT than SLAQ (mlfs)", "mlfs", "mean_jct", "slaq", "lower"),
           ("MLFS: lower mean JCT than SLAQ (mlfs-c)", "mlfs-c", "mean_jct", "slaq", "lower"),
           ("OASiS: higher total utility than FIFO (isolated)", "oasis", "total_utility",
@@ -105,10 +109,18 @@ def claims(sums: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
     return out
 
 
+def _extra(r: SimResult, wall: float) -> tuple:
+    """wall, decisions, jobs stopped early, mean final normalized loss,
+    unfinished, policy, mode."""
+    stopped = {j for d in r.decisions for j in (d.data.get("stop") or {})}
+    return (wall, len(r.decisions), len(stopped), summarize(r)["final_norm_loss"],
+            len(r.meta["unfinished"]), r.meta["policy"], r.meta["mode"])
+
+
 def _v(key: str, x: float) -> str:
     if math.isnan(x):
         return "-"
-    if key.endswith("jct"):
+    if key.endswith("jct") or key.startswith("time_to"):
         return f"{x / 60:.1f}m"
     return f"{x:.3f}" if key == "avg_norm_loss" else f"{x:.2f}"
 
@@ -124,13 +136,27 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=0.0,
                     help="s of wall time per setup at most (0: no limit)")
     ap.add_argument("--out", default=None, help="per-policy JSON, claims and plots here")
+    ap.add_argument("--from", dest="src", default=None,
+                    help="print the tables from a previous --out DIR (no run)")
     a = ap.parse_args()
     logging.getLogger("harmony.master").setLevel(logging.WARNING)
     names = [n.strip() for n in a.policies.split(",") if n.strip()]
     for n in names:
         setup(n)
-    trace = generate("paper", a.jobs, a.seed, a.mean_gap)
     results, extra, gave_up = {}, {}, []
+    if a.src:
+        meta = json.loads((Path(a.src) / "claims.json").read_text())
+        a.jobs, a.machines, a.seed, a.mean_gap = (meta["jobs"], meta["machines"], meta["seed"],
+                                                  meta["mean_gap"])
+        gave_up = list(meta.get("not_done", []))
+        for n in names:
+            path = Path(a.src) / f"{n}.json"
+            if path.exists():
+                r = read_result(path)
+                results[n], extra[n] = r, _extra(r, r.meta.get("wall_total_s",
+                                                               r.meta.get("wall_s", math.nan)))
+        names, a.out = [], None
+    trace = generate("paper", a.jobs, a.seed, a.mean_gap) if names else []
     for n in names:
         t = time.perf_counter()
         r = (run_bounded(trace, a.machines, n, a.seed, a.timeout) if a.timeout
@@ -140,11 +166,8 @@ def main() -> int:
             gave_up.append(n)
             print(f"{n}: not done within {a.timeout:.0f}s", file=sys.stderr, flush=True)
             continue
-        results[n] = r
-        extra[n] = (wall, len(r.decisions),
-                    sum(len(d.data.get("stop") or {}) for d in r.decisions),
-                    summarize(r)["final_norm_loss"],
-                    len(r.meta["unfinished"]), r.meta["policy"], r.meta["mode"])
+        r.meta["wall_total_s"] = wall
+        results[n], extra[n] = r, _extra(r, wall)
         print(f"{n}: {wall:.1f}s", file=sys.stderr, flush=True)
     from rich.console import Console
     console = None if sys.stdout.isatty() else Console(width=210, force_terminal=False)
@@ -153,18 +176,18 @@ def main() -> int:
                   title=f"paper workload, {a.jobs} jobs (seed {a.seed}{gap}) on {a.machines} "
                         f"machines", console=console)
     print(f"{'setup':14s} {'policy@mode':22s} {'wall':>7s} {'decisions':>9s} "
-          f"{'early stops':>11s} {'final norm loss':>15s} {'unfinished':>10s}")
+          f"{'stopped early':>13s} {'final norm loss':>15s} {'unfinished':>10s}")
     for n, (wall, dec, stops, fin, unf, pol, mode) in extra.items():
-        print(f"{n:14s} {pol + '@' + mode:22s} {wall:6.1f}s {dec:9d} {stops:11d} "
+        print(f"{n:14s} {pol + '@' + mode:22s} {wall:6.1f}s {dec:9d} {stops:13d} "
               f"{fin:15.3f} {unf:10d}")
     for n in gave_up:
         print(f"{n:14s} not done within {a.timeout:.0f}s of wall time")
     sums = {n: summarize(r) for n, r in results.items()}
     cl = claims(sums)
-    print(f"\n{'claim':56s} {'ours':>10s} {'baseline':>10s}  holds")
+    print(f"\n{'claim':66s} {'ours':>10s} {'baseline':>10s}  holds")
     for c in cl:
         holds = "-" if c["holds"] is None else "yes" if c["holds"] else "no"
-        print(f"{c['claim']:56s} {_v(c['metric'], c['value']):>10s} "
+        print(f"{c['claim']:66s} {_v(c['metric'], c['value']):>10s} "
               f"{_v(c['metric'], c['baseline_value']):>10s}  {holds}")
     if a.out:
         for n, r in results.items():

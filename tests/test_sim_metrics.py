@@ -39,6 +39,9 @@ def test_average_normalized_loss_over_time_by_hand():
     s = report.summarize(r)
     assert s["final_norm_loss"] == pytest.approx(0.25)     # B stopped at 0.5
     assert s["avg_norm_loss"] == pytest.approx(0.625)
+    # 90% of the loss reduction: A at t=8 (arrived at 0); B never (stopped at 50%)
+    assert report.time_to(r.jobs[0], 0.9) == 8.0 and math.isnan(report.time_to(r.jobs[1], 0.9))
+    assert report.time_to(r.jobs[1], 0.5) == 3.0 and s["time_to_90"] == 8.0
 
 
 def test_total_utility_by_hand_and_without_curves_or_utilities():

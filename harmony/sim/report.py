@@ -197,14 +197,28 @@ def total_utility(result: SimResult) -> float:
     return sum(vals) if vals else math.nan
 
 
+def time_to(job: JobResult, reduction: float) -> float:
+    """Seconds from ``job``'s arrival until it reported ``reduction`` (0..1)
+    of its loss reduction, i.e. a normalized loss <= 1 - reduction (SLAQ's
+    "time to 90% loss reduction"); nan if it never did or has no curve."""
+    if job.loss_range is None:
+        return math.nan
+    for t, loss in job.loss:
+        if normalized(job, loss) <= 1.0 - reduction + 1e-12:
+            return t - job.arrival
+    return math.nan
+
+
 def summarize(result: SimResult) -> dict[str, float]:
     """jobs, mean_jct, median_jct, p95_jct, makespan, cpu_util, net_util,
     decisions, avg_norm_loss, final_norm_loss (the mean over jobs with a
     curve of the normalized loss they ended at: above 0 for jobs stopped
-    early), total_utility (see the module docstring)."""
+    early), time_to_90 (the mean of :func:`time_to` 90% over the jobs that
+    got there), total_utility (see the module docstring)."""
     jcts = [j.jct for j in result.jobs]
     total = sum(u.dt for u in result.util)
     finals = [normalized(j, j.loss[-1][1]) for j in result.jobs if j.loss_range and j.loss]
+    t90 = [t for t in (time_to(j, 0.9) for j in result.jobs) if t == t]
     return {
         "jobs": len(jcts),
         "mean_jct": sum(jcts) / len(jcts) if jcts else math.nan,
@@ -216,6 +230,7 @@ def summarize(result: SimResult) -> dict[str, float]:
         "decisions": len(result.decisions),
         "avg_norm_loss": avg_norm_loss(result),
         "final_norm_loss": sum(finals) / len(finals) if finals else math.nan,
+        "time_to_90": sum(t90) / len(t90) if t90 else math.nan,
         "total_utility": total_utility(result),
     }
 
