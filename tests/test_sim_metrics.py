@@ -42,6 +42,9 @@ def test_average_normalized_loss_over_time_by_hand():
     # 90% of the loss reduction: A at t=8 (arrived at 0); B never (stopped at 50%)
     assert report.time_to(r.jobs[0], 0.9) == 8.0 and math.isnan(report.time_to(r.jobs[1], 0.9))
     assert report.time_to(r.jobs[1], 0.5) == 3.0 and s["time_to_90"] == 8.0
+    # normalized-loss seconds: A 4 x 1 + 4 x 0.5 + 2 x 0 = 6; B 3 x 1 + 1 x 0.5 = 3.5
+    assert report.loss_integral(r.jobs[0]) == 6.0 and report.loss_integral(r.jobs[1]) == 3.5
+    assert s["norm_loss_s"] == pytest.approx(4.75)
 
 
 def test_total_utility_by_hand_and_without_curves_or_utilities():

@@ -197,6 +197,21 @@ def total_utility(result: SimResult) -> float:
     return sum(vals) if vals else math.nan
 
 
+def loss_integral(job: JobResult) -> float:
+    """The integral of ``job``'s normalized loss over its life, arrival to
+    end (1.0 until its first report; nan if it has no curve or no end):
+    normalized-loss seconds, which a schedule lowers by making a job's
+    early progress sooner and by ending it sooner."""
+    if job.loss_range is None or not job.end == job.end:
+        return math.nan
+    total, t, v = 0.0, job.arrival, 1.0
+    for at, loss in job.loss:
+        at = min(at, job.end)
+        total += v * (at - t)
+        t, v = at, normalized(job, loss)
+    return total + v * (job.end - t)
+
+
 def time_to(job: JobResult, reduction: float) -> float:
     """Seconds from ``job``'s arrival until it reported ``reduction`` (0..1)
     of its loss reduction, i.e. a normalized loss <= 1 - reduction (SLAQ's
@@ -214,11 +229,13 @@ def summarize(result: SimResult) -> dict[str, float]:
     decisions, avg_norm_loss, final_norm_loss (the mean over jobs with a
     curve of the normalized loss they ended at: above 0 for jobs stopped
     early), time_to_90 (the mean of :func:`time_to` 90% over the jobs that
-    got there), total_utility (see the module docstring)."""
+    got there), norm_loss_s (the mean of :func:`loss_integral`),
+    total_utility (see the module docstring)."""
     jcts = [j.jct for j in result.jobs]
     total = sum(u.dt for u in result.util)
     finals = [normalized(j, j.loss[-1][1]) for j in result.jobs if j.loss_range and j.loss]
     t90 = [t for t in (time_to(j, 0.9) for j in result.jobs) if t == t]
+    areas = [a for a in (loss_integral(j) for j in result.jobs) if a == a]
     return {
         "jobs": len(jcts),
         "mean_jct": sum(jcts) / len(jcts) if jcts else math.nan,
@@ -231,6 +248,7 @@ def summarize(result: SimResult) -> dict[str, float]:
         "avg_norm_loss": avg_norm_loss(result),
         "final_norm_loss": sum(finals) / len(finals) if finals else math.nan,
         "time_to_90": sum(t90) / len(t90) if t90 else math.nan,
+        "norm_loss_s": sum(areas) / len(areas) if areas else math.nan,
         "total_utility": total_utility(result),
     }
 
