@@ -40,3 +40,10 @@ def test_colocate_caps_groups_too():
 def test_isolated_gives_each_job_free_machines():
     dec = isolated(ClusterView(machines(0, 1, 0), waiting((1, ""), (1, ""), (1, ""))))
     assert dec.start == {"job-0": ["m0"], "job-1": ["m2"]}
+
+
+def test_match_is_the_muri_style_policy_and_muri_its_alias():
+    from harmony.master import policy as P
+    from harmony.sim.run import setup
+    assert P.POLICIES["match"] is P.POLICIES["muri"]
+    assert setup("match") == ("match", "harmony")      # its pairs need the subtask queues

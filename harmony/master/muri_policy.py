@@ -1,4 +1,4 @@
-"""Muri-style matching (``muri``): pair jobs whose stages use different
+"""Muri-style matching (``match``, alias ``muri``): pair jobs whose stages use different
 resources, the pairing picked by maximum-weight matching.
 
 Muri (SIGCOMM'22) interleaves the stages of jobs that use different

@@ -189,9 +189,12 @@ def _mlfs_c(view: ClusterView) -> Decision:
 # machines and mlfs-c also stops jobs early (Decision.stop)
 _mlfs.preempts = _mlfs_c.preempts = True          # type: ignore[attr-defined]
 
+# ``match`` is the Muri-style matching policy's name (issue #15), ``muri``
+# an alias of it
 POLICIES = {"least-loaded": least_loaded, "colocate": least_loaded, "isolated": isolated,
-            "harmony": _harmony, "harmony-util": _harmony_util, "muri": _muri, "slaq": _slaq, "slaq-maxmin": _slaq_maxmin,
-            "oasis": _oasis, "mlfs": _mlfs, "mlfs-c": _mlfs_c}
+            "harmony": _harmony, "harmony-util": _harmony_util, "match": _muri,
+            "muri": _muri, "slaq": _slaq, "slaq-maxmin": _slaq_maxmin, "oasis": _oasis,
+            "mlfs": _mlfs, "mlfs-c": _mlfs_c}
 # execution modes: placement policy, and whether subtasks go through the queues
 MODES = {"isolated": ("isolated", False), "naive": ("colocate", False),
          "harmony": ("harmony", True)}

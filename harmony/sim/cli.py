@@ -55,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     common(r)
     r.add_argument("--policy", default="harmony",
                    help="a master policy or mode: isolated, naive, harmony, colocate, "
-                        "least-loaded, muri, slaq, slaq-maxmin, oasis, mlfs, mlfs-c "
+                        "least-loaded, match (alias muri), slaq, slaq-maxmin, oasis, mlfs, mlfs-c "
                         "(POLICY@MODE to set both)")
     r.add_argument("--mode", default=None, help="the execution mode (isolated, naive, harmony)")
     c = ss.add_parser("compare", help="simulate policies side by side")
@@ -124,7 +124,7 @@ def cmd_sim(a: argparse.Namespace) -> int:
             setup(n)
         results = {n: _run(a, trace, n) for n in names}
         from rich.console import Console
-        console = None if sys.stdout.isatty() else Console(width=170, force_terminal=False)
+        console = None if sys.stdout.isatty() else Console(width=210, force_terminal=False)
         compare_table(results, baseline=names[0] if "isolated" not in names else "isolated",
                       title=f"{len(trace)} jobs on {a.machines} machines", console=console)
         if a.out:

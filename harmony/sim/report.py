@@ -4,7 +4,10 @@ JSON output, a side-by-side table of policies and PNG plots.
 - ``summarize(result)``: number of jobs, mean / median / p95 JCT (p95 by
   linear interpolation between order statistics, numpy's default), makespan
   (last end less first arrival), and the average CPU and network
-  utilization (the utilization samples weighted by their bucket length).
+  utilization (the utilization samples weighted by their bucket length);
+  SLAQ's metric, the average normalized loss of the active jobs over time
+  (``avg_norm_loss``, :func:`norm_loss_series`), and OASiS's, the total
+  utility of the JCTs (``total_utility``, :func:`total_utility`).
 - ``write_result(result, out_dir)``: ``<out_dir>/<name>.json`` with the
   result and its summary (``read_result`` reads it back).
 - ``compare_table(results, baseline="isolated")``: a ``rich`` table, one row
@@ -32,13 +35,22 @@ from typing import Any
 class JobResult:
     """One job of a simulation: ``arrival`` (submitted), ``start`` (first
     ran), ``end`` (finished), seconds of simulated time; ``machines``: its
-    machine count over time as (time, count) pairs, optional."""
+    machine count over time as (time, count) pairs, optional.
+
+    For the quality metrics, optional: ``loss``, the objective it reported
+    after each epoch as (time, loss) pairs; ``loss_range``, (initial, final)
+    loss of its curve (the loss before any iteration and after all the
+    iterations it was submitted with), which normalizes ``loss`` to 1 ..
+    0; ``utility``, a :class:`harmony.sim.trace.Utility` spec of its JCT."""
     id: str
     app: str
     arrival: float
     start: float
     end: float
     machines: list[tuple[float, int]] = field(default_factory=list)
+    loss: list[tuple[float, float]] = field(default_factory=list)
+    loss_range: tuple[float, float] | None = None
+    utility: str = ""
 
     @property
     def jct(self) -> float:
@@ -93,7 +105,10 @@ class SimResult:
     def from_dict(cls, d: Mapping[str, Any]) -> SimResult:
         return cls(policy=d["policy"], mode=d.get("mode", ""), machines=d.get("machines", 0),
                    makespan=d.get("makespan"), meta=dict(d.get("meta", {})),
-                   jobs=[JobResult(**{**j, "machines": [tuple(x) for x in j.get("machines", [])]})
+                   jobs=[JobResult(**{**j, "machines": [tuple(x) for x in j.get("machines", [])],
+                                      "loss": [tuple(x) for x in j.get("loss", [])],
+                                      "loss_range": tuple(j["loss_range"])
+                                      if j.get("loss_range") else None})
                          for j in d["jobs"]],
                    util=[UtilSample(**u) for u in d.get("util", [])],
                    decisions=[SimDecision(**x) for x in d.get("decisions", [])])
@@ -110,11 +125,117 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
+def normalized(job: JobResult, loss: float) -> float:
+    """(loss - final) / (initial - final) of ``job``'s ``loss_range``,
+    clipped to [0, 1] (1: no progress, 0: its full training's loss)."""
+    assert job.loss_range is not None
+    first, final = job.loss_range
+    if first == final:
+        return 0.0
+    return min(1.0, max(0.0, (loss - final) / (first - final)))
+
+
+def norm_loss_series(result: SimResult) -> list[tuple[float, float, int]]:
+    """SLAQ's Figure 7(a): the average normalized loss of the active jobs
+    over time, as (t, average, active jobs) steps, each holding until the
+    next. A job is active from its arrival to its end (waiting, paused and
+    running alike); it counts 1.0 until it reports its first loss (SLAQ: "a
+    new job's initial loss is 1.0"), then its last reported loss normalized
+    by :func:`normalized`. Only jobs with a ``loss_range`` (a loss curve)
+    count; a job stopped early (mlfs-c) leaves the average at its end, like
+    any other, whatever loss it stopped at."""
+    ev: list[tuple[float, int, float, int]] = []   # (t, order, delta value, delta count)
+    for j in result.jobs:
+        if j.loss_range is None or not j.arrival == j.arrival:
+            continue
+        end = j.end if j.end == j.end else math.inf
+        ev.append((j.arrival, 0, 1.0, 1))
+        cur = 1.0
+        for t, loss in j.loss:
+            if t >= end:
+                t = end
+            v = normalized(j, loss)
+            ev.append((t, 1, v - cur, 0))
+            cur = v
+        if end < math.inf:
+            ev.append((end, 2, -cur, -1))
+    ev.sort(key=lambda e: (e[0], e[1]))
+    out: list[tuple[float, float, int]] = []
+    total, n = 0.0, 0
+    for i, (t, _, dv, dn) in enumerate(ev):
+        total += dv
+        n += dn
+        if i + 1 < len(ev) and ev[i + 1][0] == t:
+            continue
+        point = (t, total / n if n else 0.0, n)
+        if out and out[-1][0] == t:
+            out[-1] = point
+        else:
+            out.append(point)
+    return out
+
+
+def avg_norm_loss(result: SimResult) -> float:
+    """The time average of :func:`norm_loss_series` over the time some job
+    with a loss curve is active (SLAQ's headline metric; nan: no such job)."""
+    s = norm_loss_series(result)
+    num = den = 0.0
+    for (t0, avg, n), (t1, _, _) in zip(s, s[1:]):
+        if n:
+            num += avg * (t1 - t0)
+            den += t1 - t0
+    return num / den if den else math.nan
+
+
+def total_utility(result: SimResult) -> float:
+    """OASiS's objective: the sum over finished jobs of their utility of
+    their JCT (``JobResult.utility``; nan: no job has one)."""
+    from harmony.sim.trace import Utility
+
+    vals = [Utility.parse(j.utility).value(j.jct) for j in result.jobs
+            if j.utility and j.end == j.end]
+    return sum(vals) if vals else math.nan
+
+
+def loss_integral(job: JobResult) -> float:
+    """The integral of ``job``'s normalized loss over its life, arrival to
+    end (1.0 until its first report; nan if it has no curve or no end):
+    normalized-loss seconds, which a schedule lowers by making a job's
+    early progress sooner and by ending it sooner."""
+    if job.loss_range is None or not job.end == job.end:
+        return math.nan
+    total, t, v = 0.0, job.arrival, 1.0
+    for at, loss in job.loss:
+        at = min(at, job.end)
+        total += v * (at - t)
+        t, v = at, normalized(job, loss)
+    return total + v * (job.end - t)
+
+
+def time_to(job: JobResult, reduction: float) -> float:
+    """Seconds from ``job``'s arrival until it reported ``reduction`` (0..1)
+    of its loss reduction, i.e. a normalized loss <= 1 - reduction (SLAQ's
+    "time to 90% loss reduction"); nan if it never did or has no curve."""
+    if job.loss_range is None:
+        return math.nan
+    for t, loss in job.loss:
+        if normalized(job, loss) <= 1.0 - reduction + 1e-12:
+            return t - job.arrival
+    return math.nan
+
+
 def summarize(result: SimResult) -> dict[str, float]:
     """jobs, mean_jct, median_jct, p95_jct, makespan, cpu_util, net_util,
-    decisions (see the module docstring)."""
+    decisions, avg_norm_loss, final_norm_loss (the mean over jobs with a
+    curve of the normalized loss they ended at: above 0 for jobs stopped
+    early), time_to_90 (the mean of :func:`time_to` 90% over the jobs that
+    got there), norm_loss_s (the mean of :func:`loss_integral`),
+    total_utility (see the module docstring)."""
     jcts = [j.jct for j in result.jobs]
     total = sum(u.dt for u in result.util)
+    finals = [normalized(j, j.loss[-1][1]) for j in result.jobs if j.loss_range and j.loss]
+    t90 = [t for t in (time_to(j, 0.9) for j in result.jobs) if t == t]
+    areas = [a for a in (loss_integral(j) for j in result.jobs) if a == a]
     return {
         "jobs": len(jcts),
         "mean_jct": sum(jcts) / len(jcts) if jcts else math.nan,
@@ -124,6 +245,11 @@ def summarize(result: SimResult) -> dict[str, float]:
         "cpu_util": sum(u.cpu * u.dt for u in result.util) / total if total else math.nan,
         "net_util": sum(u.net * u.dt for u in result.util) / total if total else math.nan,
         "decisions": len(result.decisions),
+        "avg_norm_loss": avg_norm_loss(result),
+        "final_norm_loss": sum(finals) / len(finals) if finals else math.nan,
+        "time_to_90": sum(t90) / len(t90) if t90 else math.nan,
+        "norm_loss_s": sum(areas) / len(areas) if areas else math.nan,
+        "total_utility": total_utility(result),
     }
 
 
@@ -176,7 +302,10 @@ def compare_table(results: Mapping[str, SimResult], baseline: str = "isolated",
     """Print a side-by-side table of ``results`` (policy name -> result):
     mean / median / p95 JCT and makespan, each with its speedup over
     ``baseline`` (baseline / value), and the average CPU and network
-    utilization with their ratio to the baseline's. Without the baseline
+    utilization with their ratio to the baseline's, SLAQ's average
+    normalized loss over time and OASiS's total utility (lower and higher
+    are better; "-" where no job has a loss curve or a utility; see
+    :func:`summarize`). Without the baseline
     among the results the ratio columns show "-". Returns the table as
     plain text (also when printed to ``console``, a ``rich`` Console;
     default: one on stdout)."""
@@ -194,6 +323,8 @@ def compare_table(results: Mapping[str, SimResult], baseline: str = "isolated",
     for label in ("CPU util", "net util"):
         table.add_column(label, justify="right")
         table.add_column(f"x {baseline}", justify="right")
+    table.add_column("avg norm loss", justify="right")
+    table.add_column("total utility", justify="right")
     for name, s in sums.items():
         row = [name, str(s["jobs"])]
         for key, _ in _TIME_COLS:
@@ -201,6 +332,8 @@ def compare_table(results: Mapping[str, SimResult], baseline: str = "isolated",
         for key in ("cpu_util", "net_util"):
             row += ["-" if s[key] != s[key] else f"{100 * s[key]:.1f}%",
                     _ratio(s[key], base[key]) if base else "-"]
+        row += ["-" if s["avg_norm_loss"] != s["avg_norm_loss"] else f"{s['avg_norm_loss']:.3f}",
+                "-" if s["total_utility"] != s["total_utility"] else f"{s['total_utility']:.2f}"]
         table.add_row(*row)
     rec = Console(record=True, width=200, file=io.StringIO())
     rec.print(table)

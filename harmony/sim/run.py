@@ -18,7 +18,7 @@ from typing import Callable
 from harmony.master import policy as P
 from harmony.sim.engine import Contention, Outcome, SimJob, Simulator
 from harmony.sim.report import JobResult, SimDecision, SimResult, UtilSample
-from harmony.sim.trace import TraceJob, iteration_profile
+from harmony.sim.trace import TraceJob, Utility, iteration_profile
 
 #: at most this many simulated epochs per job after its profiling epochs: a
 #: simulated epoch is one simulated iteration of k real ones (k x the COMP
@@ -104,13 +104,52 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
     sim = Simulator(jobs, machines, policy=policy, mode=mode, contention=contention,
                     bucket=bucket, max_jobs_per_machine=max_jobs_per_machine, cpus=cpus,
                     progress=progress)
-    return to_result(sim.run(), name)
+    o = sim.run()
+    # what each job reported after its epochs (the master's own record)
+    losses = {}
+    for j in o.jobs:
+        cj = sim.core.jobs.get(j["job"])
+        if cj is not None:
+            losses[j["id"]] = [(float(e["time"]), float(e["metrics"]["objective"]))
+                               for e in cj.epochs
+                               if (e.get("metrics") or {}).get("objective") is not None]
+    return to_result(o, name, trace, losses, bandwidth, machines)
 
 
-def to_result(o: Outcome, name: str) -> SimResult:
-    jobs = [JobResult(j["id"], j["app"], j["arrival"], j["start"] if j["start"] is not None
-                      else math.nan, j["end"] if j["end"] is not None else math.nan)
-            for j in o.jobs]
+def default_utility(tj: TraceJob, bandwidth: float, machines: int | None = None) -> Utility:
+    """The utility of a job whose trace gives none, for OASiS's total-utility
+    metric: the sigmoid ``oasis`` assumes for such a job (g1 = 1, g3 =
+    ``DEFAULT_TARGET`` x its run time alone, g2 = 4 / g3), its run time
+    alone here the trace's own: iterations x (COMP + COMM) at its requested
+    machines (at most ``machines``) plus an evaluation per epoch."""
+    from harmony.master.oasis_policy import DEFAULT_TARGET
+    m = tj.machines if machines is None else max(1, min(tj.machines, machines))
+    t_cpu, t_net = iteration_profile(tj, m, bandwidth)
+    alone = tj.iterations * (t_cpu + t_net) + tj.epochs * tj.eval_s / m
+    g3 = DEFAULT_TARGET * max(alone, 1.0)
+    return Utility("sigmoid", (1.0, 4.0 / g3, g3))
+
+
+def to_result(o: Outcome, name: str, trace: list[TraceJob] | None = None,
+              losses: dict[str, list[tuple[float, float]]] | None = None,
+              bandwidth: float = 1.25e9, machines: int | None = None) -> SimResult:
+    """The engine's outcome as a :class:`SimResult`; with the ``trace``, each
+    job also gets its loss range (its curve's loss at 0 and at all its
+    iterations) and its utility (the trace's, else :func:`default_utility`),
+    and ``losses`` (trace id -> (time, loss) reports) its loss over time."""
+    by_id = {tj.id: tj for tj in trace or ()}
+    jobs = []
+    for j in o.jobs:
+        jr = JobResult(j["id"], j["app"], j["arrival"], j["start"] if j["start"] is not None
+                       else math.nan, j["end"] if j["end"] is not None else math.nan)
+        tj = by_id.get(j["id"])
+        if tj is not None:
+            if tj.curve is not None:
+                jr.loss_range = (tj.curve.loss(0), tj.curve.loss(tj.iterations))
+                jr.loss = list((losses or {}).get(j["id"], ()))
+            u = tj.utility or default_utility(tj, bandwidth, machines)
+            jr.utility = u.spec()
+        jobs.append(jr)
     b, n = o.util.bucket, o.machines
     util = [UtilSample(i * b, b, c / (b * n), (o.util.net[i] if i < len(o.util.net) else 0.0)
                        / (b * n)) for i, c in enumerate(o.util.cpu)]
