@@ -71,6 +71,8 @@ def test_a_lone_job_widens_onto_idle_machines_only_when_it_pays_and_has_work_lef
     cur0 = _cur(("g1", ("wide",), ("m0",)))
     cur, _, _ = TP.plan(cur0, [], [], profiles, {"wide": 4}, movable=["wide"])
     assert len(cur.group_of("wide").machines) == 4
+    cur, _, _ = TP.plan(cur0, [], [], profiles, {"wide": 2}, movable=["wide"])
+    assert len(cur.group_of("wide").machines) == 2          # never beyond its request
     cur, _, _ = TP.plan(cur0, [], [], profiles, {"wide": 4}, movable=[])
     assert len(cur.group_of("wide").machines) == 1          # too new to repay a move
     profiles = {"chatty": CHATTY}
@@ -94,3 +96,7 @@ def test_an_arrival_beside_a_job_still_profiling_stays_until_that_one_is_profile
     cur0 = _cur(("g1", ("cpu", "new"), ("m0",)), machines=("m0",))
     cur, left, _ = TP.plan(cur0, [], ["cpu"], profiles, {"cpu": 1, "new": 1})
     assert cur.group_of("cpu").jobs == ("cpu", "new") and not left
+    # in a group of more than two (new jobs profiled beside it), it leaves
+    cur0 = _cur(("g1", ("cpu", "new", "new2"), ("m0",)), machines=("m0",))
+    cur, left, _ = TP.plan(cur0, [], ["cpu"], profiles, {"cpu": 1, "new": 1, "new2": 1})
+    assert cur.group_of("cpu") is None and left == ["cpu"]

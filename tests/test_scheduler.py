@@ -66,13 +66,18 @@ def test_new_jobs_are_profiled_on_free_machines_then_on_the_smallest_group():
 
 
 def test_a_profiled_job_alone_grows_to_the_whole_cluster():
-    view = ClusterView(M2, (), (job(1, "profiling", (1.0, 0.2, 1), ["m0"], "g:job-0001",
-                                    epochs=3),))
+    j = job(1, "profiling", (1.0, 0.2, 1), ["m0"], "g:job-0001", epochs=3)
+    view = ClusterView(M2, (), (JobView(j.id, 2, j.submitted, state=j.state, profile=j.profile,
+                                        workers=j.workers, sched_group=j.sched_group,
+                                        epochs=3),))
     dec = harmony(view)
-    # one computation-bound job: its speed-up curve pays for both machines
-    # (1.2 s -> 0.7 s per iteration), more than the one it asked for
+    # one computation-bound job profiled on one machine of the two it asked
+    # for: its speed-up curve pays for both (1.2 s -> 0.7 s per iteration)
     assert dec.pause == {"job-0001": ["m0", "m1"]}
     assert harmony(view, objective="util").pause == dec.pause     # Algorithm 1 agrees
+    # a job that asked for one machine keeps one (nothing would shrink it
+    # again for the jobs that arrive later)
+    assert not harmony(ClusterView(M2, (), (j,))).pause
     view, last = settle(apply(view, dec))
     assert [j.workers for j in view.active] == [("m0", "m1")]
     assert last.predicted[view.active[0].sched_group] == pytest.approx(0.5 + 0.2)
@@ -92,12 +97,15 @@ def test_complementary_jobs_share_a_group_and_the_decision_is_stable():
 
 def test_a_finished_job_frees_machines_for_the_rest():
     cpu = (1.0, 0.1, 1)
-    view = ClusterView(M2, (), (job(1, "running", cpu, ["m0"], "g1", epochs=5),))  # job 2 ended
+
+    def two(epochs):          # it asked for 2 machines and got 1
+        return JobView("job-0001", 2, 1.0, state="running", profile=cpu, workers=("m0",),
+                       sched_group="g1", epochs=epochs)
+    view = ClusterView(M2, (), (two(5),))      # job 2 on m1 finished
     dec = harmony(view)
     assert dec.pause == {"job-0001": ["m0", "m1"]}
     # a job with little done is taken to have little left: a move would not repay
-    view = ClusterView(M2, (), (job(1, "running", cpu, ["m0"], "g1", epochs=1),))
-    assert not harmony(view).pause
+    assert not harmony(ClusterView(M2, (), (two(1),))).pause
 
 
 def test_widening_stops_where_the_speed_up_curve_does():

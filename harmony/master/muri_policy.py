@@ -35,10 +35,11 @@ jobs weighted by their interleaving efficiency. Here:
   COMP and two transfers at a time; Harmony's own groups are larger), so a
   group of 3-4 here would be a Harmony-style group under Eq 4.1, not
   Muri's interleave: the limit is Muri's model, not the runtime.
-* **Machines**: a new pair runs on max(its jobs' requested machines) free
-  machines, both jobs at that DoP; a job joining a running singleton runs on
-  that singleton's machines; an unmatched job runs alone on its requested
-  machines.
+* **Machines**: DoP as Harmony sizes it (``throughput.best_dop``: the
+  smallest machine count within 5% of the job's fastest on its own speed-up
+  curve, at most its request); a new pair runs on the larger of its two
+  jobs' DoPs, both jobs at that DoP; a job joining a running singleton runs
+  on that singleton's machines; an unmatched job runs alone at its DoP.
 * **Admission**: FIFO without overtaking for everything that needs free
   machines (a unit is ordered by its earliest-submitted job); joins of
   running singletons need none and always happen.
@@ -53,6 +54,7 @@ from __future__ import annotations
 
 from harmony.master.policy import MIN_GAIN, ClusterView, Decision, JobView
 from harmony.sched.model import Profile, group_iter_time, t_cpu_at, t_net_at
+from harmony.sched.throughput import best_dop
 
 #: pairs below this efficiency get no edge: a pair must beat running its
 #: two jobs one after the other by MIN_GAIN (2 * eff >= 1 + MIN_GAIN)
@@ -135,7 +137,8 @@ def muri(view: ClusterView) -> Decision:
     fits = [j for j in view.waiting if j.machines <= len(live)]
     cands = [j for j in fits if j.id in profiles][:MAX_POOL]
     by_id = {j.id: j for j in list(view.waiting) + list(view.active)}
-    dop = {j.id: j.machines for j in cands}
+    # DoP as Harmony sizes it: the job's own speed-up curve, at most its request
+    dop = {j.id: best_dop(profiles[j.id], j.machines, MIN_GAIN) for j in cands}
     dop.update({j.id: max(1, len(j.workers)) for j in open_})
     fixed = {j.id for j in open_}
     pool = [j.id for j in cands] + [j.id for j in open_]
@@ -168,7 +171,7 @@ def muri(view: ClusterView) -> Decision:
             continue
         unit = [j] if mate is None else [j, by_id[mate]]
         done.update(x.id for x in unit)
-        need = max(x.machines for x in unit)
+        need = max(dop.get(x.id, x.machines) for x in unit)
         if not blocked and need <= len(free):
             ms, free = free[:need], free[need:]
             gid = f"m:{j.id}"

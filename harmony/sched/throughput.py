@@ -25,15 +25,19 @@ move costs a pause or a block migration and a restart):
   E ≥ 1 + tol (groups are pairs at most: the NET queue serves a primary and
   a secondary); else alone on whatever idle machines there are; else waits.
 * **Arrivals** (jobs whose profiling just ended) stay where they were
-  profiled when that is alone, or in a pair with E ≥ 1 + tol, or beside a
-  job still profiling (judged when that one's profile is ready: it is then
-  the one to leave a poor pair); otherwise they leave that group and are
-  placed as waiting jobs.
+  profiled when that is alone, or in a pair with E ≥ 1 + tol, or in a pair
+  beside a job still profiling (judged when that one's profile is ready: it
+  is then the one to leave a poor pair); otherwise (a poor pair, or a group
+  of more) they leave that group and are placed as waiting jobs.
 * **Widening.** With machines idle and nothing waiting, a job alone with
-  enough work left (``movable``) is widened by a live resize, beyond what it
-  asked for, up to its best DoP on the whole cluster, when its predicted
-  iteration time falls by ≥ ``WIDEN_GAIN`` (a resize moves blocks and
-  stalls the job for an epoch boundary, so a small gain does not repay it).
+  enough work left (``movable``) that runs on fewer machines than its best
+  DoP (placed when machines were short) is widened by a live resize, up to
+  that DoP, when its predicted iteration time falls by ≥ ``WIDEN_GAIN`` (a
+  resize moves blocks and stalls the job for an epoch boundary, so a small
+  gain does not repay it). Never beyond what it asked for: nothing shrinks a
+  job again when new jobs arrive (the simulator's e2e workload: jobs widened
+  onto both machines of a 2-machine cluster, then every new job had to be
+  profiled beside them, and mean JCT went from 11 s to 19 s).
 """
 from __future__ import annotations
 
@@ -121,8 +125,8 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
         if len(g.jobs) == 1:
             notes.append(f"{j}: stays alone on {len(g.machines)} machine(s)")
             continue
-        if len(ps) < len(g.jobs):
-            # a partner still profiling: judged when its own profile is
+        if len(g.jobs) == 2 and len(ps) < 2:
+            # its partner still profiling: judged when that one's profile is
             # ready (then it is the arrival, and the one to leave a poor pair)
             notes.append(f"{j}: stays in {g.id} until its partners are profiled")
             continue
@@ -178,7 +182,7 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
                 continue
             p = profiles[g.jobs[0]]
             m = len(g.machines)
-            want = best_dop(p, len(cur.machines), tol)
+            want = best_dop(p, caps.get(p.id, 1), tol)
             if want <= m:
                 continue
             to = min(want, m + len(free))
