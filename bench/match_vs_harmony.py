@@ -49,7 +49,7 @@ from harmony.sched.synthetic import random_profiles  # noqa: E402
 from harmony.sim.workload import PAPER_RUN_MEDIAN_S, PAPER_RUN_SIGMA  # noqa: E402
 
 DOP = 16
-NAMES = ("harmony", "match")
+NAMES = ("harmony", "harmony-util", "match")
 
 
 def job_view(p: Profile, state: str = "profiled", workers: tuple[str, ...] = (),
