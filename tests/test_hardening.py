@@ -156,7 +156,7 @@ def flood(socks: list, pick, probe, seconds: float, limit: int) -> tuple[list[fl
 def test_a_flood_of_hostile_messages_leaves_the_master_answering(tmp_path):
     """Oversized frames, garbage, container and nesting bombs, too many
     frames, unknown types, spoofed heartbeats, from 4 connections on
-    loopback for a bounded time: the master answers ``cluster_info``
+    loopback until 1500 are sent (at most 20 s): the master answers ``cluster_info``
     within 1 s (median over the probes) and its RSS grows < 100 MiB."""
     proc, ep = start_master(tmp_path / "m")
     ctx = zmq.Context()
@@ -185,7 +185,7 @@ def test_a_flood_of_hostile_messages_leaves_the_master_answering(tmp_path):
                 c.cluster()
                 peaks.append(rss().rss)
             lat, sent = flood(socks, lambda i: rng.choice(oversized if i == 0 else payloads),
-                              probe, seconds=8, limit=5000)
+                              probe, seconds=20, limit=1500)
             peak = max(peaks)
             for s in socks:
                 s.close(0)
