@@ -133,9 +133,13 @@ class _Res:
     def _advance(self, now: float) -> None:
         dt = now - self.last
         if dt > 0:
+            busy = False
             for r in self.running.values():
-                r[0] -= dt * r[1]
-            if any(r[1] > 0 for r in self.running.values()):
+                rate = r[1]
+                r[0] -= dt * rate
+                if rate > 0:
+                    busy = True
+            if busy:
                 self.sim._busy(self.kind, self.last, now)
         self.last = now
 
@@ -154,24 +158,29 @@ class _Res:
         self._reschedule(now)
 
     def _reschedule(self, now: float) -> None:
-        self.machine.rates(self)
         self.version += 1
-        nxt, who = INF, None
-        for key, r in self.running.items():
-            if r[1] > 0:
-                t = now + r[0] / r[1]
+        if not self.running:
+            return
+        self.machine.rates(self)
+        nxt = INF
+        for r in self.running.values():
+            rate = r[1]
+            if rate > 0:
+                t = now + r[0] / rate
                 if t < nxt:
-                    nxt, who = t, key
-        if who is not None:
-            self.sim._at(nxt, self._fire, self.version)
+                    nxt = t
+        if nxt < INF:
+            sim = self.sim
+            heapq.heappush(sim._q, (nxt, next(sim._n), self._fire, (self.version,)))
 
     def _fire(self, version: int) -> None:
         if version != self.version:
             return
         now = self.sim.now
         self._advance(now)
-        done = [k for k, r in self.running.items() if r[1] > 0 and r[0] <= 1e-9]
-        cbs = [self.running.pop(k)[2] for k in done]
+        running = self.running
+        done = [k for k, r in running.items() if r[1] > 0 and r[0] <= 1e-9]
+        cbs = [running.pop(k)[2] for k in done]
         self._reschedule(now)
         for cb in cbs:
             cb()
@@ -201,22 +210,37 @@ class _Machine:
             # the cores; the queues decide which COMPs run (a stopped one
             # does not), not the transfers' local parts
             cores = self.sim.cpus
-            comps = sum(1 for key in run if len(key) == 2 and key not in self.stopped)
-            locals_ = n - sum(1 for key in run if len(key) == 2)
+            stopped = self.stopped
+            comps = whole = 0
+            for key in run:
+                if len(key) == 2:
+                    whole += 1
+                    if key not in stopped:
+                        comps += 1
+            locals_ = n - whole
             demand = cores * comps + locals_
             rate = 1.0 if demand <= cores else cores / demand
             if self.q is None and comps + locals_ > 1:      # no queues: interference
                 m = comps + locals_
                 rate *= m * c.model.rate("cpu", m)
-            for key, r in run.items():
-                r[1] = 0.0 if key in self.stopped else rate
+            if stopped:
+                for key, r in run.items():
+                    r[1] = 0.0 if key in stopped else rate
+            else:
+                for r in run.values():
+                    r[1] = rate
             return
         if self.q is not None:            # Harmony's NET queue: the primary leads
+            if n == 1:       # alone on the link: the full rate, primary or not
+                for r in run.values():
+                    r[1] = 1.0
+                return
             prim = self.q.primary()
             pkey = (prim.job, prim.seq) if prim is not None else None
             has_primary = pkey in run
+            share = c.secondary_share
             for key, r in run.items():
-                r[1] = 1.0 if key == pkey or not has_primary else c.secondary_share
+                r[1] = 1.0 if key == pkey or not has_primary else share
             return
         rate = c.model.rate(res.kind, n)
         for r in run.values():
