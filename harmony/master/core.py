@@ -259,6 +259,9 @@ class MasterCore:
         self._said: dict[str, list] = {}    # rate-limited log lines: key -> [t0, n]
         self._peer: tuple[str, str] = ("", "")
         self._out: list = []
+        self._handlers: dict[str, Any] = {}     # message type -> its bound _on_ handler
+        # job -> [epochs list, epochs summed, iterations done, progress points] (_job_view)
+        self._progress: dict[str, list] = {}
 
     # -- the one entry point -----------------------------------------------------------------
     def handle(self, event: Any, now: float) -> list:
@@ -330,7 +333,10 @@ class MasterCore:
 
     def _dispatch(self, ev: Received) -> None:
         ident, msg = ev.ident, ev.msg
-        handler = getattr(self, "_on_" + msg.type, None)
+        try:
+            handler = self._handlers[msg.type]
+        except KeyError:
+            handler = self._handlers[msg.type] = getattr(self, "_on_" + msg.type, None)
         if handler is None:
             self.bad_messages += 1
             self._send(ident, _err("unexpected", f"the master does not accept {msg.type!r}"))
@@ -712,15 +718,27 @@ class MasterCore:
         """What every policy sees of a job: its request, state, profile, where
         it runs, its progress (iterations done, objective) after its last
         ``P.PROGRESS_POINTS`` epochs, and its deadline and utility if any."""
-        progress, done = [], 0.0
-        for e in j.epochs:
+        # the points are summed up incrementally: a view is built on every
+        # scheduling pass, and a job's epochs list only grows (a launch
+        # replaces it); the cache holds the list it summed, so a new list
+        # starts over
+        epochs = j.epochs
+        c = self._progress.get(j.id)
+        if c is None or c[0] is not epochs or c[1] > len(epochs):
+            c = [epochs, 0, 0.0, []]
+            self._progress[j.id] = c
+        _, seen, done, progress = c
+        for e in epochs[seen:] if seen else epochs:
             done += float((e.get("timings") or {}).get("iters") or 1.0)
             obj = (e.get("metrics") or {}).get("objective")
             if isinstance(obj, (int, float)) and math.isfinite(obj):
                 progress.append((done, float(obj)))
+        if len(progress) > 2 * P.PROGRESS_POINTS:
+            del progress[:-P.PROGRESS_POINTS]
+        c[1], c[2] = len(epochs), done
         return P.JobView(j.id, j.machines, j.submitted, j.group, state=j.state.value,
                          workers=tuple(j.workers), sched_group=j.sched_group,
-                         epochs=len(j.epochs), progress=tuple(progress[-P.PROGRESS_POINTS:]),
+                         epochs=len(epochs), progress=tuple(progress[-P.PROGRESS_POINTS:]),
                          deadline=j.deadline, utility=j.utility, **kw)
 
     def _view(self, live: list[Worker], waiting: list[Job]) -> P.ClusterView:
@@ -1082,13 +1100,15 @@ class MasterCore:
         return 0 <= index < len(job.workers) and job.workers[index] == name
 
     def _exec_run(self, ident: bytes, msg: M.Message) -> tuple[Job, Run] | None:
+        f = msg.fields
+        jid = f["job"]
         key = self.exec_ident.get(ident)
-        job = self.jobs.get(msg["job"])
-        run = self.runs.get(msg["job"])
-        if key is None or job is None or run is None or key[:2] != (msg["job"], msg["index"]) \
+        job = self.jobs.get(jid)
+        run = self.runs.get(jid)
+        if key is None or job is None or run is None or key[0] != jid or key[1] != f["index"] \
                 or key[2] != run.attempt or not job.state.active \
                 or (self.secure and self._peer[0] != "worker"):
-            self._send(ident, _msg("abort", reason=f"job {msg['job']} is not running here"))
+            self._send(ident, _msg("abort", reason=f"job {jid} is not running here"))
             return None
         return job, run
 
@@ -1166,13 +1186,17 @@ class MasterCore:
         if jr is None:
             return
         job, run = jr
-        if msg["next"] not in ("cpu", "net"):
-            return self._end(job, JobState.FAILED, f"bad subtask kind {msg['next']!r}")
-        got = run.syncs.setdefault(msg["seq"], {})
-        got[msg["index"]] = msg["next"]
+        f = msg.fields
+        nxt, seq = f["next"], f["seq"]
+        if nxt != "cpu" and nxt != "net":
+            return self._end(job, JobState.FAILED, f"bad subtask kind {nxt!r}")
+        got = run.syncs.get(seq)
+        if got is None:
+            got = run.syncs[seq] = {}
+        got[f["index"]] = nxt
         if len(got) < len(job.workers):
             return
-        del run.syncs[msg["seq"]]
+        del run.syncs[seq]
         kinds = set(got.values())
         if len(kinds) != 1:
             return self._end(job, JobState.FAILED,
@@ -1182,9 +1206,10 @@ class MasterCore:
         # network subtasks on a machine, the shorter leads the link
         p = job.profile
         prio = (p.get("t_cpu") if kind == "cpu" else p.get("t_net", 0.0) / 2) or 0.0
-        out = _msg("enqueue", job=job.id, seq=msg["seq"] + 1, kind=kind, prio=float(prio))
+        out = _msg("enqueue", job=job.id, seq=seq + 1, kind=kind, prio=float(prio))
+        workers, send = self.workers, self._out.append
         for name in job.workers:
-            self._send(self.workers[name].ident, out)
+            send(Send(workers[name].ident, "enqueue", out[1]))
 
     def _on_epoch_done(self, ident: bytes, msg: M.Message) -> None:
         jr = self._exec_run(ident, msg)

@@ -553,18 +553,20 @@ class Simulator:
     def _deliver(self, ident: bytes, mtype: str, fields: dict, role: str = "",
                  name: str = "") -> None:
         self.messages += 1
-        self._carry(self.core.handle(C.Received(ident, M.Message(mtype, fields, [])),
-                                     self.now))
+        cmds = self.core.handle(C.Received(ident, M.Message(mtype, fields, [])), self.now)
+        if cmds:
+            self._carry(cmds)
 
     def _send_master(self, ex: _Exec, mtype: str, **fields: Any) -> None:
         fields["job"], fields["index"] = ex.jid, ex.index
         self._deliver(ex.ident, mtype, fields)
 
     def _carry(self, commands: list) -> None:
+        Send, route = C.Send, self._route
         for cmd in commands:
             kind = type(cmd)
-            if kind is C.Send:
-                self._route(cmd)
+            if kind is Send:
+                route(cmd)
             elif kind is C.Admit:
                 self._seq += 1
                 cmd.job.id = f"job-{self._seq:04d}"
@@ -583,6 +585,11 @@ class Simulator:
         if m is None:
             return          # a reply to the client, or to an executor that is gone
         t = cmd.type
+        if t == "enqueue":
+            q = m.q
+            if q is not None and f["job"] in m.execs:
+                m.act(q.enqueue(Sub(f["job"], f["seq"], f["kind"], f["prio"]), self.now))
+            return
         if t == "launch":
             job = self.by_job[f["job"]]
             if f.get("join"):
@@ -599,9 +606,6 @@ class Simulator:
                        False)
             m.execs[f["job"]] = ex
             self._later(self._startup(job, f["count"]), self._ready, ex, False)
-        elif t == "enqueue":
-            if m.q is not None and f["job"] in m.execs:
-                m.act(m.q.enqueue(Sub(f["job"], f["seq"], f["kind"], f["prio"]), self.now))
         elif t == "kill":
             ex = m.execs.get(f["job"])
             if ex is not None:
@@ -642,16 +646,19 @@ class Simulator:
         tick = C.Tick()
         events = 0
         last_progress = 0.0
-        while self._q:
-            t = self._q[0][0]
+        q, pop, handle, carry = self._q, heapq.heappop, self.core.handle, self._carry
+        while q:
+            t = q[0][0]
             if t > self.horizon:
                 break
             self.now = t
-            while self._q and self._q[0][0] == t:
-                _, _, fn, args = heapq.heappop(self._q)
+            while q and q[0][0] == t:
+                _, _, fn, args = pop(q)
                 fn(*args)
                 events += 1
-            self._carry(self.core.handle(tick, self.now))
+            cmds = handle(tick, t)
+            if cmds:
+                carry(cmds)
             if self.progress is not None and events - last_progress >= 5000:
                 last_progress = events
                 self.progress(self._done_fraction())
