@@ -262,6 +262,7 @@ class MasterCore:
         self._handlers: dict[str, Any] = {}     # message type -> its bound _on_ handler
         # job -> [epochs list, epochs summed, iterations done, progress points] (_job_view)
         self._progress: dict[str, list] = {}
+        self._worker_views: dict[str, P.WorkerView] = {}     # _view's last one per machine
 
     # -- the one entry point -----------------------------------------------------------------
     def handle(self, event: Any, now: float) -> list:
@@ -745,11 +746,21 @@ class MasterCore:
         placed = self._placed()
         active = sorted((j for j in self.jobs.values() if j.state.active),
                         key=lambda j: (j.submitted, j.id))
+        # a machine's view is rebuilt only when it changed (views are frozen,
+        # so the last one is reused: on a large cluster most machines keep theirs)
+        cache = self._worker_views
+        workers = []
+        for w in sorted(live, key=lambda w: w.name):
+            here = placed.get(w.name)
+            n, groups = (len(here), tuple(sorted({j.group for j in here if j.group}))) \
+                if here else (0, ())
+            v = cache.get(w.name)
+            if v is None or v.jobs != n or v.groups != groups or v.cpus != w.cpus \
+                    or v.memory != w.memory:
+                v = cache[w.name] = P.WorkerView(w.name, w.cpus, w.memory, n, groups)
+            workers.append(v)
         return P.ClusterView(
-            workers=tuple(P.WorkerView(w.name, w.cpus, w.memory, len(placed.get(w.name, ())),
-                                       tuple(sorted({j.group for j in placed.get(w.name, ())
-                                                     if j.group})))
-                          for w in sorted(live, key=lambda w: w.name)),
+            workers=tuple(workers),
             waiting=tuple(self._job_view(j, profile=self._view_profile(j, 1)) for j in waiting),
             active=tuple(self._job_view(
                 j, profile=self._view_profile(j, P.PROFILE_SAMPLES if j.state ==
@@ -1033,10 +1044,11 @@ class MasterCore:
     def _gc_checkpoints(self, job_id: str, keep: int | None) -> None:
         """Tell every live machine to drop the job's parts older than
         ``keep`` (all of them with None)."""
-        msg = _msg("ckpt_gc", job=job_id, keep=keep)
+        fields = {"job": job_id, "keep": keep}
+        out = self._out.append
         for w in self.workers.values():
             if w.alive:
-                self._send(w.ident, msg)
+                out(Send(w.ident, "ckpt_gc", fields))
 
     def _kill_executors(self, job: Job) -> None:
         run = self.runs.pop(job.id, None)
@@ -1167,14 +1179,18 @@ class MasterCore:
         if jr is None:
             return
         job, run = jr
-        key = (msg["epoch"], msg["iter"])
-        arrived = run.barriers.setdefault(key, set())
-        arrived.add(msg["index"])
+        f = msg.fields
+        key = (f["epoch"], f["iter"])
+        arrived = run.barriers.get(key)
+        if arrived is None:
+            arrived = run.barriers[key] = set()
+        arrived.add(f["index"])
         if len(arrived) == len(job.workers):
             del run.barriers[key]
-            rel = _msg("release", epoch=key[0], iter=key[1])
+            rel = {"epoch": key[0], "iter": key[1]}
+            out = self._out.append
             for i in self._all_idents(run):
-                self._send(i, rel)
+                out(Send(i, "release", rel))
 
     def _on_sync(self, ident: bytes, msg: M.Message) -> None:
         """The subtask synchronizer: once every machine of the job finished
@@ -1216,26 +1232,35 @@ class MasterCore:
         if jr is None:
             return
         job, run = jr
-        ep = msg["epoch"]
-        if msg.get("store") is not None:   # the block store's latest, per machine
-            job.store[job.workers[msg["index"]]] = {"epoch": ep, **{
-                str(k): v for k, v in msg["store"].items()
+        f = msg.fields
+        ep = f["epoch"]
+        if f.get("store") is not None:   # the block store's latest, per machine
+            job.store[job.workers[f["index"]]] = {"epoch": ep, **{
+                str(k): v for k, v in f["store"].items()
                 if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) < 200)}}
-        got = run.sums.setdefault(ep, {})
-        got[msg["index"]] = (msg["sums"], msg["timings"])
+        got = run.sums.get(ep)
+        if got is None:
+            got = run.sums[ep] = {}
+        got[f["index"]] = (f["sums"], f["timings"])
         if len(got) < len(job.workers):
             return
         total: dict[str, float] = {}
         timings: dict[str, float] = {}
+        num = (int, float)
         for i in sorted(got):
             sums, tim = got[i]
             for k, v in sums.items():
-                if isinstance(v, (int, float)):
+                if isinstance(v, num):
                     total[k] = total.get(k, 0.0) + v
             for k, v in tim.items():
-                if isinstance(v, (int, float)):
-                    timings[k] = (timings.get(k, 0.0) + float(v) if k in SUMMED_TIMINGS
-                                  else max(timings.get(k, 0.0), float(v)))
+                if isinstance(v, num):
+                    v = float(v)
+                    if k in SUMMED_TIMINGS:
+                        timings[k] = timings.get(k, 0.0) + v
+                    else:
+                        w = timings.get(k)
+                        # max(0.0, v) as before: the first value counts against 0.0
+                        timings[k] = max(0.0 if w is None else w, v)
         del run.sums[ep]
         run.timings[ep] = timings
         rc = run.reconfig
@@ -1246,10 +1271,11 @@ class MasterCore:
                 and (self._checkpoint_due(job, run, ep) or job.id in self.snapshots))
         if ckpt:
             run.ckpt_epoch, run.ckpt_parts = ep, {}
-        out = _msg("epoch_sums", epoch=ep, sums=total, pause=run.pausing or None,
-                       reconfig=reconfig or None, checkpoint=ckpt or None)
+        out = {"epoch": ep, "sums": total, "pause": run.pausing or None,
+               "reconfig": reconfig or None, "checkpoint": ckpt or None}
+        send = self._out.append
         for i in self._all_idents(run):
-            self._send(i, out)
+            send(Send(i, "epoch_sums", out))
 
     def _checkpoint_due(self, job: Job, run: Run, epoch: int) -> bool:
         first, at = run.last_ckpt

@@ -566,7 +566,8 @@ class Simulator:
         for cmd in commands:
             kind = type(cmd)
             if kind is Send:
-                route(cmd)
+                if cmd.type != "ckpt_gc":     # (daemons only; simulated disks hold nothing)
+                    route(cmd)
             elif kind is C.Admit:
                 self._seq += 1
                 cmd.job.id = f"job-{self._seq:04d}"
