@@ -512,7 +512,7 @@ class Simulator:
                  cpus: int = 16, memory: int = 64 << 30, bucket: float = 10.0,
                  max_jobs_per_machine: int = 0, input_blocks: int = 16,
                  model_blocks: int = 16, progress: Callable[[float], None] | None = None,
-                 horizon: float = 1e9) -> None:
+                 horizon: float = 1e9, wall_limit: float | None = None) -> None:
         self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
         self.contention = contention or Contention()
         self.core = C.MasterCore(policy=policy, mode=mode, heartbeat_timeout=INF,
@@ -536,6 +536,9 @@ class Simulator:
         self.messages = 0
         self.progress = progress
         self.horizon = horizon
+        # stop after this many seconds of wall time (a bounded benchmark):
+        # the jobs not done by then are reported unfinished
+        self.wall_limit = wall_limit
         self._client = b"client"
         self._seq = 0
 
@@ -660,9 +663,13 @@ class Simulator:
             cmds = handle(tick, t)
             if cmds:
                 carry(cmds)
-            if self.progress is not None and events - last_progress >= 5000:
+            if events - last_progress >= 5000:
                 last_progress = events
-                self.progress(self._done_fraction())
+                if self.progress is not None:
+                    self.progress(self._done_fraction())
+                if self.wall_limit is not None and \
+                        time.perf_counter() - wall > self.wall_limit:
+                    break
         return self._outcome(time.perf_counter() - wall, events)
 
     def _done_fraction(self) -> float:
@@ -681,7 +688,8 @@ class Simulator:
         return Outcome(jobs=jobs, makespan=max(ends) - min(j.arrival for j in self.jobs)
                        if ends else math.nan, util=self.util, machines=len(self.machines),
                        decisions=self.decisions, wall=wall, events=events,
-                       messages=self.messages, policy=self.policy, mode=self.mode)
+                       messages=self.messages, policy=self.policy, mode=self.mode,
+                       sim_time=self.now)
 
 
 @dataclass
@@ -696,6 +704,7 @@ class Outcome:
     messages: int
     policy: str
     mode: str
+    sim_time: float = 0.0           # the simulated clock when the run stopped
 
     def utilization(self) -> tuple[float, float]:
         """Mean CPU and network busy fraction over the makespan."""
