@@ -677,6 +677,9 @@ class MasterCore:
     # -- scheduling ------------------------------------------------------------------------
     def _schedule(self) -> None:
         live = [w for w in self.workers.values() if w.alive]
+        if getattr(self.policy, "preempts", False) and (
+                not live or any(r.pausing or r.reconfig for r in self.runs.values())):
+            return      # _schedule_full's rule, before the queue is sorted for nothing
         waiting = sorted((j for j in self.jobs.values()
                           if j.state == JobState.WAITING or (
                               j.state in (JobState.PAUSED, JobState.PROFILED) and not j.held)),
