@@ -144,17 +144,20 @@ class _Res:
         self.last = now
 
     def start(self, key: Any, work: float, done: Callable[[], None], now: float) -> None:
-        self._advance(now)
+        if now != self.last:
+            self._advance(now)
         self.running[key] = [max(0.0, work), 0.0, done]
         self._reschedule(now)
 
     def drop(self, key: Any, now: float) -> None:
-        self._advance(now)
+        if now != self.last:
+            self._advance(now)
         if self.running.pop(key, None) is not None:
             self._reschedule(now)
 
     def set_rates(self, now: float) -> None:
-        self._advance(now)
+        if now != self.last:
+            self._advance(now)
         self._reschedule(now)
 
     def _reschedule(self, now: float) -> None:
@@ -348,9 +351,10 @@ class _Exec:
         kind = "cpu" if self.step in (1, 4) else "net"
         if not self.queued:
             return self._run(kind)
-        self.seq += 1
-        self.waiting = self.seq           # its grant may come back at once
-        self.sim._send_master(self, "sync", seq=self.seq - 1, next=kind)
+        seq = self.seq
+        self.seq = self.waiting = seq + 1     # its grant may come back at once
+        self.sim._deliver(self.ident, "sync", {"seq": seq, "next": kind, "job": self.jid,
+                                               "index": self.index})
 
     def granted(self, seq: int) -> None:
         if self.waiting != seq or not self.alive:
