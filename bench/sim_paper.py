@@ -75,9 +75,9 @@ def speed(runs, limit):
         r = simulate(trace, machines, name, bandwidth=PAPER_BANDWIDTH, wall_limit=limit)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
         ev, dec = r.meta["events"], len(r.decisions)
-        done = len(r.jobs) - len(r.meta["unfinished"])
+        done = len(r.jobs) - len(r.meta["unfinished"])     # r.jobs: those submitted
         print(f"{label:28s} {wall:7.1f} {cpu:7.1f} {ev:9d} {ev / wall:9.0f} {dec:9d} "
-              f"{dec / wall:6.2f} {spent[1]:6d} {spent[0]:8.1f} {done:4d}/{len(r.jobs):<4d} "
+              f"{dec / wall:6.2f} {spent[1]:6d} {spent[0]:8.1f} {done:4d}/{len(trace):<4d} "
               f"{r.meta['sim_time'] / 3600:6.1f}", flush=True)
 
 
