@@ -13,6 +13,15 @@ decisions per second). With --big, also 1,000 jobs on 1,000 machines.
 
     python bench/sim_paper.py [--seeds 1,2,3] [--errors 0,0.025,0.05,0.075,0.1,0.2]
         [--policies muri,slaq] [--plot docs/sim_error.png] [--big]
+
+``--speed`` measures the simulator alone: the paper-scale harmony run (80
+jobs, 100 machines, seed 1), then with --big 1,000 jobs on 1,000 machines
+(mean gap 24 s) under isolated, muri and harmony, each stopped after
+--limit seconds of wall time (its unfinished jobs are counted): wall and
+process CPU seconds, simulated events and scheduler decisions per second of
+wall time, and the seconds spent inside the policy.
+
+    python bench/sim_paper.py --speed [--big] [--limit 300] [--setups isolated,muri,harmony]
 """
 from __future__ import annotations
 
@@ -43,6 +52,35 @@ def run(trace, machines, name, **kw):
     return s
 
 
+def speed(runs, limit):
+    """Time each (label, trace, machines, setup) run: the simulator's own
+    speed, with the seconds spent in the policy (every policy wrapped)."""
+    from harmony.master import policy as P
+    spent = [0.0, 0]
+    for name, f in list(P.POLICIES.items()):
+        def timed(view, f=f):
+            t = time.perf_counter()
+            try:
+                return f(view)
+            finally:
+                spent[0] += time.perf_counter() - t
+                spent[1] += 1
+        timed.__dict__.update(f.__dict__)      # preempts, queued
+        P.POLICIES[name] = timed
+    print(f"{'run':28s} {'wall s':>7} {'CPU s':>7} {'events':>9} {'events/s':>9} "
+          f"{'decisions':>9} {'dec/s':>6} {'calls':>6} {'policy s':>8} {'done':>9} {'sim h':>6}")
+    for label, trace, machines, name in runs:
+        spent[:] = [0.0, 0]
+        t, c = time.perf_counter(), time.process_time()
+        r = simulate(trace, machines, name, bandwidth=PAPER_BANDWIDTH, wall_limit=limit)
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        ev, dec = r.meta["events"], len(r.decisions)
+        done = len(r.jobs) - len(r.meta["unfinished"])     # r.jobs: those submitted
+        print(f"{label:28s} {wall:7.1f} {cpu:7.1f} {ev:9d} {ev / wall:9.0f} {dec:9d} "
+              f"{dec / wall:6.2f} {spent[1]:6d} {spent[0]:8.1f} {done:4d}/{len(trace):<4d} "
+              f"{r.meta['sim_time'] / 3600:6.1f}", flush=True)
+
+
 def row(name, s, base):
     return (f"{name:22s} {s['mean_jct'] / 3600:7.2f}h {base['mean_jct'] / s['mean_jct']:5.2f}x "
             f"{s['median_jct'] / 3600:7.2f}h {s['p95_jct'] / 3600:7.2f}h "
@@ -62,8 +100,23 @@ def main() -> None:
     ap.add_argument("--plot", default=None, help="write the model-error plot (PNG) here")
     ap.add_argument("--big", action="store_true", help="also 1,000 jobs on 1,000 machines")
     ap.add_argument("--policies", default="muri,slaq", help="other policies to compare")
+    ap.add_argument("--speed", action="store_true",
+                    help="only the simulator's speed (paper-scale harmony; with --big, "
+                         "1000x1000 runs too)")
+    ap.add_argument("--limit", type=float, default=300.0,
+                    help="--speed: stop each 1000x1000 run after this many seconds of wall time")
+    ap.add_argument("--setups", default="isolated,muri,harmony",
+                    help="--speed --big: the setups run at 1000x1000")
     a = ap.parse_args()
     logging.getLogger("harmony.master").setLevel(logging.ERROR)
+    if a.speed:
+        runs = [(f"paper {a.jobs}x{a.machines} harmony", generate("paper", a.jobs, 1),
+                 a.machines, "harmony")]
+        if a.big:
+            big = generate("paper", 1000, 1, mean_gap=24.0)
+            runs += [(f"1000x1000 {n}", big, 1000, n) for n in a.setups.split(",") if n]
+        speed(runs, a.limit)
+        return
     cont = Contention()
     print(f"contention model (naive): k_cpu={cont.model.cpu_k} k_net={cont.model.net_k} "
           f"({cont.model.source}); start-up {cont.startup}s + input/disk; links "

@@ -294,3 +294,22 @@ def test_change_predictions_use_comm_at_each_groups_dop():
     for g in ch.groups:
         assert ch.predicted[g.id] == pytest.approx(
             group_iter_time([profiles[j] for j in g.jobs], len(g.machines)))
+
+
+def test_a_bound_caps_the_regrouping_candidates_and_the_waiting_jobs():
+    from harmony.sched.regroup import Bound
+    machines = tuple(f"m{i}" for i in range(24))
+    groups = tuple(RunningGroup(f"g{i}", (f"r{i}",), machines[2 * i:2 * i + 2])
+                   for i in range(12))
+    cur = Current(groups, machines)
+    profiles = {f"r{i}": twin(f"r{i}", 1.0 + i / 10) for i in range(12)} | \
+        {f"w{i}": twin(f"w{i}", 1.0, 0.5) for i in range(6)}
+    waiting = [f"w{i}" for i in range(6)]
+    free = regroup_candidates(cur, waiting, profiles)
+    same = regroup_candidates(cur, waiting, profiles, bound=None)
+    assert [c.groups for c in free] == [c.groups for c in same]
+    bounded = regroup_candidates(cur, waiting, profiles, bound=Bound(groups=2, waiting=1))
+    assert 0 < len(bounded) <= 3 < len(free)
+    for c in bounded:        # only the first waiting job is ever placed
+        placed = {j for g in c.groups for j in g.jobs}
+        assert not placed & set(waiting[1:])

@@ -135,3 +135,11 @@ def test_paper_scale_run_finishes_every_job():
     from harmony.sim.workload import PAPER_BANDWIDTH, generate
     r = simulate(generate("paper"), 100, "harmony", bandwidth=PAPER_BANDWIDTH)
     assert len(r.jobs) == 80 and not r.meta["unfinished"]
+
+
+def test_a_wall_limit_stops_the_run_and_reports_what_is_unfinished():
+    from harmony.sim.workload import PAPER_BANDWIDTH, generate
+    r = simulate(generate("paper", 20, 1), 20, "isolated", bandwidth=PAPER_BANDWIDTH,
+                 wall_limit=0.0)
+    assert r.meta["unfinished"] and r.meta["events"] >= 5000
+    assert r.meta["sim_time"] > 0

@@ -276,6 +276,10 @@ class MasterCore:
         self._said: dict[str, list] = {}    # rate-limited log lines: key -> [t0, n]
         self._peer: tuple[str, str] = ("", "")
         self._out: list = []
+        self._handlers: dict[str, Any] = {}     # message type -> its bound _on_ handler
+        # job -> [epochs list, epochs summed, iterations done, progress points] (_job_view)
+        self._progress: dict[str, list] = {}
+        self._worker_views: dict[str, P.WorkerView] = {}     # _view's last one per machine
 
     # -- the one entry point -----------------------------------------------------------------
     def handle(self, event: Any, now: float) -> list:
@@ -347,7 +351,10 @@ class MasterCore:
 
     def _dispatch(self, ev: Received) -> None:
         ident, msg = ev.ident, ev.msg
-        handler = getattr(self, "_on_" + msg.type, None)
+        try:
+            handler = self._handlers[msg.type]
+        except KeyError:
+            handler = self._handlers[msg.type] = getattr(self, "_on_" + msg.type, None)
         if handler is None:
             self.bad_messages += 1
             self._send(ident, _err("unexpected", f"the master does not accept {msg.type!r}"))
@@ -740,6 +747,9 @@ class MasterCore:
                 del self.mem_wait[jid]
             elif j.state == JobState.PAUSED:
                 j.reason = "paused: a machine ran out of memory; waits for a job to end"
+        if getattr(self.policy, "preempts", False) and (
+                not live or any(r.pausing or r.reconfig for r in self.runs.values())):
+            return      # _schedule_full's rule, before the queue is sorted for nothing
         waiting = sorted((j for j in self.jobs.values()
                           if j.id not in self.mem_wait and (j.state == JobState.WAITING or (
                               j.state in (JobState.PAUSED, JobState.PROFILED) and not j.held))),
@@ -821,26 +831,48 @@ class MasterCore:
         """What every policy sees of a job: its request, state, profile, where
         it runs, its progress (iterations done, objective) after its last
         ``P.PROGRESS_POINTS`` epochs, and its deadline and utility if any."""
-        progress, done = [], 0.0
-        for e in j.epochs:
+        # the points are summed up incrementally: a view is built on every
+        # scheduling pass, and a job's epochs list only grows (a launch
+        # replaces it); the cache holds the list it summed, so a new list
+        # starts over
+        epochs = j.epochs
+        c = self._progress.get(j.id)
+        if c is None or c[0] is not epochs or c[1] > len(epochs):
+            c = [epochs, 0, 0.0, []]
+            self._progress[j.id] = c
+        _, seen, done, progress = c
+        for e in epochs[seen:] if seen else epochs:
             done += float((e.get("timings") or {}).get("iters") or 1.0)
             obj = (e.get("metrics") or {}).get("objective")
             if isinstance(obj, (int, float)) and math.isfinite(obj):
                 progress.append((done, float(obj)))
+        if len(progress) > 2 * P.PROGRESS_POINTS:
+            del progress[:-P.PROGRESS_POINTS]
+        c[1], c[2] = len(epochs), done
         return P.JobView(j.id, j.machines, j.submitted, j.group, state=j.state.value,
                          workers=tuple(j.workers), sched_group=j.sched_group,
-                         epochs=len(j.epochs), progress=tuple(progress[-P.PROGRESS_POINTS:]),
+                         epochs=len(epochs), progress=tuple(progress[-P.PROGRESS_POINTS:]),
                          deadline=j.deadline, utility=j.utility, **kw)
 
     def _view(self, live: list[Worker], waiting: list[Job]) -> P.ClusterView:
         placed = self._placed()
         active = sorted((j for j in self.jobs.values() if j.state.active),
                         key=lambda j: (j.submitted, j.id))
+        # a machine's view is rebuilt only when it changed (views are frozen,
+        # so the last one is reused: on a large cluster most machines keep theirs)
+        cache = self._worker_views
+        workers = []
+        for w in sorted(live, key=lambda w: w.name):
+            here = placed.get(w.name)
+            n, groups = (len(here), tuple(sorted({j.group for j in here if j.group}))) \
+                if here else (0, ())
+            v = cache.get(w.name)
+            if v is None or v.jobs != n or v.groups != groups or v.cpus != w.cpus \
+                    or v.memory != w.memory:
+                v = cache[w.name] = P.WorkerView(w.name, w.cpus, w.memory, n, groups)
+            workers.append(v)
         return P.ClusterView(
-            workers=tuple(P.WorkerView(w.name, w.cpus, w.memory, len(placed.get(w.name, ())),
-                                       tuple(sorted({j.group for j in placed.get(w.name, ())
-                                                     if j.group})))
-                          for w in sorted(live, key=lambda w: w.name)),
+            workers=tuple(workers),
             waiting=tuple(self._job_view(j, profile=self._view_profile(j, 1)) for j in waiting),
             active=tuple(self._job_view(
                 j, profile=self._view_profile(j, P.PROFILE_SAMPLES if j.state ==
@@ -1130,10 +1162,11 @@ class MasterCore:
     def _gc_checkpoints(self, job_id: str, keep: int | None) -> None:
         """Tell every live machine to drop the job's parts older than
         ``keep`` (all of them with None)."""
-        msg = _msg("ckpt_gc", job=job_id, keep=keep)
+        fields = {"job": job_id, "keep": keep}
+        out = self._out.append
         for w in self.workers.values():
             if w.alive:
-                self._send(w.ident, msg)
+                out(Send(w.ident, "ckpt_gc", fields))
 
     def _kill_executors(self, job: Job) -> None:
         run = self.runs.pop(job.id, None)
@@ -1197,13 +1230,15 @@ class MasterCore:
         return 0 <= index < len(job.workers) and job.workers[index] == name
 
     def _exec_run(self, ident: bytes, msg: M.Message) -> tuple[Job, Run] | None:
+        f = msg.fields
+        jid = f["job"]
         key = self.exec_ident.get(ident)
-        job = self.jobs.get(msg["job"])
-        run = self.runs.get(msg["job"])
-        if key is None or job is None or run is None or key[:2] != (msg["job"], msg["index"]) \
+        job = self.jobs.get(jid)
+        run = self.runs.get(jid)
+        if key is None or job is None or run is None or key[0] != jid or key[1] != f["index"] \
                 or key[2] != run.attempt or not job.state.active \
                 or (self.secure and self._peer[0] != "worker"):
-            self._send(ident, _msg("abort", reason=f"job {msg['job']} is not running here"))
+            self._send(ident, _msg("abort", reason=f"job {jid} is not running here"))
             return None
         return job, run
 
@@ -1263,14 +1298,18 @@ class MasterCore:
         if jr is None:
             return
         job, run = jr
-        key = (msg["epoch"], msg["iter"])
-        arrived = run.barriers.setdefault(key, set())
-        arrived.add(msg["index"])
+        f = msg.fields
+        key = (f["epoch"], f["iter"])
+        arrived = run.barriers.get(key)
+        if arrived is None:
+            arrived = run.barriers[key] = set()
+        arrived.add(f["index"])
         if len(arrived) == len(job.workers):
             del run.barriers[key]
-            rel = _msg("release", epoch=key[0], iter=key[1])
+            rel = {"epoch": key[0], "iter": key[1]}
+            out = self._out.append
             for i in self._all_idents(run):
-                self._send(i, rel)
+                out(Send(i, "release", rel))
 
     def _on_sync(self, ident: bytes, msg: M.Message) -> None:
         """The subtask synchronizer: once every machine of the job finished
@@ -1282,13 +1321,17 @@ class MasterCore:
         if jr is None:
             return
         job, run = jr
-        if msg["next"] not in ("cpu", "net"):
-            return self._end(job, JobState.FAILED, f"bad subtask kind {msg['next']!r}")
-        got = run.syncs.setdefault(msg["seq"], {})
-        got[msg["index"]] = msg["next"]
+        f = msg.fields
+        nxt, seq = f["next"], f["seq"]
+        if nxt != "cpu" and nxt != "net":
+            return self._end(job, JobState.FAILED, f"bad subtask kind {nxt!r}")
+        got = run.syncs.get(seq)
+        if got is None:
+            got = run.syncs[seq] = {}
+        got[f["index"]] = nxt
         if len(got) < len(job.workers):
             return
-        del run.syncs[msg["seq"]]
+        del run.syncs[seq]
         kinds = set(got.values())
         if len(kinds) != 1:
             return self._end(job, JobState.FAILED,
@@ -1298,37 +1341,47 @@ class MasterCore:
         # network subtasks on a machine, the shorter leads the link
         p = job.profile
         prio = (p.get("t_cpu") if kind == "cpu" else p.get("t_net", 0.0) / 2) or 0.0
-        out = _msg("enqueue", job=job.id, seq=msg["seq"] + 1, kind=kind, prio=float(prio))
+        out = _msg("enqueue", job=job.id, seq=seq + 1, kind=kind, prio=float(prio))
+        workers, send = self.workers, self._out.append
         for name in job.workers:
-            self._send(self.workers[name].ident, out)
+            send(Send(workers[name].ident, "enqueue", out[1]))
 
     def _on_epoch_done(self, ident: bytes, msg: M.Message) -> None:
         jr = self._exec_run(ident, msg)
         if jr is None:
             return
         job, run = jr
-        ep = msg["epoch"]
-        if msg.get("store") is not None:   # the block store's latest, per machine
-            if msg["store"].get("pause_wanted"):
+        f = msg.fields
+        ep = f["epoch"]
+        if f.get("store") is not None:   # the block store's latest, per machine
+            if f["store"].get("pause_wanted"):
                 self._dirty = True          # _memory_pressure acts on it
-            job.store[job.workers[msg["index"]]] = {"epoch": ep, **{
-                str(k): v for k, v in msg["store"].items()
+            job.store[job.workers[f["index"]]] = {"epoch": ep, **{
+                str(k): v for k, v in f["store"].items()
                 if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) < 200)}}
-        got = run.sums.setdefault(ep, {})
-        got[msg["index"]] = (msg["sums"], msg["timings"])
+        got = run.sums.get(ep)
+        if got is None:
+            got = run.sums[ep] = {}
+        got[f["index"]] = (f["sums"], f["timings"])
         if len(got) < len(job.workers):
             return
         total: dict[str, float] = {}
         timings: dict[str, float] = {}
+        num = (int, float)
         for i in sorted(got):
             sums, tim = got[i]
             for k, v in sums.items():
-                if isinstance(v, (int, float)):
+                if isinstance(v, num):
                     total[k] = total.get(k, 0.0) + v
             for k, v in tim.items():
-                if isinstance(v, (int, float)):
-                    timings[k] = (timings.get(k, 0.0) + float(v) if k in SUMMED_TIMINGS
-                                  else max(timings.get(k, 0.0), float(v)))
+                if isinstance(v, num):
+                    v = float(v)
+                    if k in SUMMED_TIMINGS:
+                        timings[k] = timings.get(k, 0.0) + v
+                    else:
+                        w = timings.get(k)
+                        # max(0.0, v) as before: the first value counts against 0.0
+                        timings[k] = max(0.0 if w is None else w, v)
         if self.cruise and not run.pausing and not run.ending:
             self._cruise(job, run, {i: got[i][1] for i in got})
         del run.sums[ep]
@@ -1342,10 +1395,11 @@ class MasterCore:
                 and (self._checkpoint_due(job, run, ep) or job.id in self.snapshots))
         if ckpt:
             run.ckpt_epoch, run.ckpt_parts = ep, {}
-        out = _msg("epoch_sums", epoch=ep, sums=total, pause=run.pausing or None,
-                       reconfig=reconfig or None, checkpoint=ckpt or None, stop=end or None)
+        out = {"epoch": ep, "sums": total, "pause": run.pausing or None,
+               "reconfig": reconfig or None, "checkpoint": ckpt or None, "stop": end or None}
+        send = self._out.append
         for i in self._all_idents(run):
-            self._send(i, out)
+            send(Send(i, "epoch_sums", out))
 
     def _cruise(self, job: Job, run: Run, per_index: dict[int, dict]) -> None:
         """Cruise (``--cruise``): feed the epoch's per-executor timings to the

@@ -19,12 +19,16 @@ class JobState(str, Enum):
 
     @property
     def terminal(self) -> bool:
-        return self in (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)
+        return self in _TERMINAL
 
     @property
     def active(self) -> bool:
         """Executors run (a profiling job runs like a running one)."""
-        return self in (JobState.RUNNING, JobState.PROFILING)
+        return self in _ACTIVE
+
+
+_TERMINAL = (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)
+_ACTIVE = (JobState.RUNNING, JobState.PROFILING)
 
 
 _ALLOWED = {

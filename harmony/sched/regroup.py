@@ -41,6 +41,20 @@ _SET_CANDIDATES = 24  # waiting jobs considered for a replacement set (pairs, tr
 
 
 @dataclass(frozen=True)
+class Bound:
+    """A bounded regrouping search for large clusters (an extension; the
+    paper tries "all possible combinations"): candidates take at most
+    ``groups`` groups besides the seed, and only the first ``waiting``
+    waiting jobs (in priority order) are rescheduled with them. Each
+    candidate is one run of Algorithm 1, whose cost does not shrink with
+    the pool, so on hundreds of groups and a long queue the unbounded chain
+    (``_chain_sizes``: 16 candidates at 316 groups) made every completion
+    cost seconds (``harmony.master.harmony_policy.LARGE``)."""
+    groups: int = 4
+    waiting: int = 32
+
+
+@dataclass(frozen=True)
 class RunningGroup:
     """A group as it runs: a stable ``id``, its jobs, its machine names."""
     id: str
@@ -288,7 +302,8 @@ ORDERS = ("waiting first", "running first")
 
 def regroup_candidates(current: Current, waiting: Sequence[str],
                        profiles: Mapping[str, Profile], seed: str | None = None,
-                       reason: str = "regroup", orders: Sequence[str] = ORDERS) -> list[Change]:
+                       reason: str = "regroup", orders: Sequence[str] = ORDERS,
+                       bound: Bound | None = None) -> list[Change]:
     """The candidate decisions ``regroup`` chooses from, fewest groups first.
 
     Candidate k takes the group ``seed`` (a group id, e.g. the finished
@@ -302,17 +317,23 @@ def regroup_candidates(current: Current, waiting: Sequence[str],
     0, 1, 2, 3, 4, then in steps of half again up to all groups (the paper
     tries "all possible combinations", incrementally; the steps bound the
     cost on large clusters). Groups holding a job without a profile (still
-    profiling) never take part.
+    profiling) never take part. With ``bound`` (a large cluster, see
+    ``Bound``) k stops at ``bound.groups`` and only the first
+    ``bound.waiting`` waiting jobs take part.
     """
     base_util = utilization(current.groups, profiles, len(current.machines))
     movable = [g for g in current.groups if all(j in profiles for j in g.jobs)]
     first = [g for g in movable if g.id == seed]
     others = sorted((g for g in movable if g.id != seed), key=lambda g: len(g.jobs))
+    sizes = _chain_sizes(len(others))
+    if bound is not None:
+        waiting = waiting[:bound.waiting]
+        sizes = [k for k in sizes if k <= bound.groups]
     wait = [profiles[w] for w in waiting]
     idle = current.idle
     changes: list[Change] = []
     seen: set[frozenset] = set()
-    for k in _chain_sizes(len(others)):
+    for k in sizes:
         part = first + others[:k]
         pool = [m for g in part for m in g.machines] + list(idle)
         run = [profiles[j] for g in part for j in g.jobs]
@@ -335,7 +356,8 @@ def regroup_candidates(current: Current, waiting: Sequence[str],
 
 def regroup(current: Current, waiting: Sequence[str], profiles: Mapping[str, Profile],
             seed: str | None = None, tol: float = TOLERANCE,
-            reason: str = "regroup", orders: Sequence[str] = ORDERS) -> Change:
+            reason: str = "regroup", orders: Sequence[str] = ORDERS,
+            bound: Bound | None = None) -> Change:
     """Algorithm 1 on incrementally more groups (``regroup_candidates``),
     choosing with the 5% rules (``pick``): fewer moved jobs unless moving
     more gains >= ``tol`` in U, and no change at all for a gain < ``tol``
@@ -353,7 +375,8 @@ def regroup(current: Current, waiting: Sequence[str], profiles: Mapping[str, Pro
     pause and migration.
     """
     base_util = utilization(current.groups, profiles, len(current.machines))
-    changes = [c for c in regroup_candidates(current, waiting, profiles, seed, reason, orders)
+    changes = [c for c in regroup_candidates(current, waiting, profiles, seed, reason, orders,
+                                             bound)
                if c.moved == 0 or c.util[0] > base_util[0] * (1 + 1e-9)]
     i = pick(score(*base_util), [(c.moved, score(*c.util)) for c in changes], tol)
     if i is None:
@@ -364,7 +387,7 @@ def regroup(current: Current, waiting: Sequence[str], profiles: Mapping[str, Pro
 
 def on_completion(current: Current, finished: str, waiting: Sequence[str],
                   profiles: Mapping[str, Profile], tol: float = TOLERANCE,
-                  orders: Sequence[str] = ORDERS) -> Change:
+                  orders: Sequence[str] = ORDERS, bound: Bound | None = None) -> Change:
     """A running job finished: repair its group (see the module docstring).
 
     The returned Change is against ``current`` without ``finished`` (its
@@ -386,7 +409,7 @@ def on_completion(current: Current, finished: str, waiting: Sequence[str],
                         for x in current.groups)
             return _diff(after, new, profiles, "replace" if len(hit) == 1 else "replace-set")
     return regroup(after, waiting, profiles, seed=g.id if rest else None, tol=tol,
-                   orders=orders,
+                   orders=orders, bound=bound,
                    reason=f"completion of {finished}")
 
 

@@ -133,45 +133,57 @@ class _Res:
     def _advance(self, now: float) -> None:
         dt = now - self.last
         if dt > 0:
+            busy = False
             for r in self.running.values():
-                r[0] -= dt * r[1]
-            if any(r[1] > 0 for r in self.running.values()):
+                rate = r[1]
+                r[0] -= dt * rate
+                if rate > 0:
+                    busy = True
+            if busy:
                 self.sim._busy(self.kind, self.last, now)
         self.last = now
 
     def start(self, key: Any, work: float, done: Callable[[], None], now: float) -> None:
-        self._advance(now)
+        if now != self.last:
+            self._advance(now)
         self.running[key] = [max(0.0, work), 0.0, done]
         self._reschedule(now)
 
     def drop(self, key: Any, now: float) -> None:
-        self._advance(now)
+        if now != self.last:
+            self._advance(now)
         if self.running.pop(key, None) is not None:
             self._reschedule(now)
 
     def set_rates(self, now: float) -> None:
-        self._advance(now)
+        if now != self.last:
+            self._advance(now)
         self._reschedule(now)
 
     def _reschedule(self, now: float) -> None:
-        self.machine.rates(self)
         self.version += 1
-        nxt, who = INF, None
-        for key, r in self.running.items():
-            if r[1] > 0:
-                t = now + r[0] / r[1]
+        if not self.running:
+            return
+        self.machine.rates(self)
+        nxt = INF
+        for r in self.running.values():
+            rate = r[1]
+            if rate > 0:
+                t = now + r[0] / rate
                 if t < nxt:
-                    nxt, who = t, key
-        if who is not None:
-            self.sim._at(nxt, self._fire, self.version)
+                    nxt = t
+        if nxt < INF:
+            sim = self.sim
+            heapq.heappush(sim._q, (nxt, next(sim._n), self._fire, (self.version,)))
 
     def _fire(self, version: int) -> None:
         if version != self.version:
             return
         now = self.sim.now
         self._advance(now)
-        done = [k for k, r in self.running.items() if r[1] > 0 and r[0] <= 1e-9]
-        cbs = [self.running.pop(k)[2] for k in done]
+        running = self.running
+        done = [k for k, r in running.items() if r[1] > 0 and r[0] <= 1e-9]
+        cbs = [running.pop(k)[2] for k in done]
         self._reschedule(now)
         for cb in cbs:
             cb()
@@ -201,22 +213,37 @@ class _Machine:
             # the cores; the queues decide which COMPs run (a stopped one
             # does not), not the transfers' local parts
             cores = self.sim.cpus
-            comps = sum(1 for key in run if len(key) == 2 and key not in self.stopped)
-            locals_ = n - sum(1 for key in run if len(key) == 2)
+            stopped = self.stopped
+            comps = whole = 0
+            for key in run:
+                if len(key) == 2:
+                    whole += 1
+                    if key not in stopped:
+                        comps += 1
+            locals_ = n - whole
             demand = cores * comps + locals_
             rate = 1.0 if demand <= cores else cores / demand
             if self.q is None and comps + locals_ > 1:      # no queues: interference
                 m = comps + locals_
                 rate *= m * c.model.rate("cpu", m)
-            for key, r in run.items():
-                r[1] = 0.0 if key in self.stopped else rate
+            if stopped:
+                for key, r in run.items():
+                    r[1] = 0.0 if key in stopped else rate
+            else:
+                for r in run.values():
+                    r[1] = rate
             return
         if self.q is not None:            # Harmony's NET queue: the primary leads
+            if n == 1:       # alone on the link: the full rate, primary or not
+                for r in run.values():
+                    r[1] = 1.0
+                return
             prim = self.q.primary()
             pkey = (prim.job, prim.seq) if prim is not None else None
             has_primary = pkey in run
+            share = c.secondary_share
             for key, r in run.items():
-                r[1] = 1.0 if key == pkey or not has_primary else c.secondary_share
+                r[1] = 1.0 if key == pkey or not has_primary else share
             return
         rate = c.model.rate(res.kind, n)
         for r in run.values():
@@ -324,9 +351,10 @@ class _Exec:
         kind = "cpu" if self.step in (1, 4) else "net"
         if not self.queued:
             return self._run(kind)
-        self.seq += 1
-        self.waiting = self.seq           # its grant may come back at once
-        self.sim._send_master(self, "sync", seq=self.seq - 1, next=kind)
+        seq = self.seq
+        self.seq = self.waiting = seq + 1     # its grant may come back at once
+        self.sim._deliver(self.ident, "sync", {"seq": seq, "next": kind, "job": self.jid,
+                                               "index": self.index})
 
     def granted(self, seq: int) -> None:
         if self.waiting != seq or not self.alive:
@@ -488,7 +516,7 @@ class Simulator:
                  cpus: int = 16, memory: int = 64 << 30, bucket: float = 10.0,
                  max_jobs_per_machine: int = 0, input_blocks: int = 16,
                  model_blocks: int = 16, progress: Callable[[float], None] | None = None,
-                 horizon: float = 1e9) -> None:
+                 horizon: float = 1e9, wall_limit: float | None = None) -> None:
         self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
         self.contention = contention or Contention()
         self.core = C.MasterCore(policy=policy, mode=mode, heartbeat_timeout=INF,
@@ -512,6 +540,9 @@ class Simulator:
         self.messages = 0
         self.progress = progress
         self.horizon = horizon
+        # stop after this many seconds of wall time (a bounded benchmark):
+        # the jobs not done by then are reported unfinished
+        self.wall_limit = wall_limit
         self._client = b"client"
         self._seq = 0
 
@@ -529,18 +560,21 @@ class Simulator:
     def _deliver(self, ident: bytes, mtype: str, fields: dict, role: str = "",
                  name: str = "") -> None:
         self.messages += 1
-        self._carry(self.core.handle(C.Received(ident, M.Message(mtype, fields, [])),
-                                     self.now))
+        cmds = self.core.handle(C.Received(ident, M.Message(mtype, fields, [])), self.now)
+        if cmds:
+            self._carry(cmds)
 
     def _send_master(self, ex: _Exec, mtype: str, **fields: Any) -> None:
         fields["job"], fields["index"] = ex.jid, ex.index
         self._deliver(ex.ident, mtype, fields)
 
     def _carry(self, commands: list) -> None:
+        Send, route = C.Send, self._route
         for cmd in commands:
             kind = type(cmd)
-            if kind is C.Send:
-                self._route(cmd)
+            if kind is Send:
+                if cmd.type != "ckpt_gc":     # (daemons only; simulated disks hold nothing)
+                    route(cmd)
             elif kind is C.Admit:
                 self._seq += 1
                 cmd.job.id = f"job-{self._seq:04d}"
@@ -559,6 +593,11 @@ class Simulator:
         if m is None:
             return          # a reply to the client, or to an executor that is gone
         t = cmd.type
+        if t == "enqueue":
+            q = m.q
+            if q is not None and f["job"] in m.execs:
+                m.act(q.enqueue(Sub(f["job"], f["seq"], f["kind"], f["prio"]), self.now))
+            return
         if t == "launch":
             job = self.by_job[f["job"]]
             if f.get("join"):
@@ -575,9 +614,6 @@ class Simulator:
                        False)
             m.execs[f["job"]] = ex
             self._later(self._startup(job, f["count"]), self._ready, ex, False)
-        elif t == "enqueue":
-            if m.q is not None and f["job"] in m.execs:
-                m.act(m.q.enqueue(Sub(f["job"], f["seq"], f["kind"], f["prio"]), self.now))
         elif t == "kill":
             ex = m.execs.get(f["job"])
             if ex is not None:
@@ -618,19 +654,26 @@ class Simulator:
         tick = C.Tick()
         events = 0
         last_progress = 0.0
-        while self._q:
-            t = self._q[0][0]
+        q, pop, handle, carry = self._q, heapq.heappop, self.core.handle, self._carry
+        while q:
+            t = q[0][0]
             if t > self.horizon:
                 break
             self.now = t
-            while self._q and self._q[0][0] == t:
-                _, _, fn, args = heapq.heappop(self._q)
+            while q and q[0][0] == t:
+                _, _, fn, args = pop(q)
                 fn(*args)
                 events += 1
-            self._carry(self.core.handle(tick, self.now))
-            if self.progress is not None and events - last_progress >= 5000:
+            cmds = handle(tick, t)
+            if cmds:
+                carry(cmds)
+            if events - last_progress >= 5000:
                 last_progress = events
-                self.progress(self._done_fraction())
+                if self.progress is not None:
+                    self.progress(self._done_fraction())
+                if self.wall_limit is not None and \
+                        time.perf_counter() - wall > self.wall_limit:
+                    break
         return self._outcome(time.perf_counter() - wall, events)
 
     def _done_fraction(self) -> float:
@@ -649,7 +692,8 @@ class Simulator:
         return Outcome(jobs=jobs, makespan=max(ends) - min(j.arrival for j in self.jobs)
                        if ends else math.nan, util=self.util, machines=len(self.machines),
                        decisions=self.decisions, wall=wall, events=events,
-                       messages=self.messages, policy=self.policy, mode=self.mode)
+                       messages=self.messages, policy=self.policy, mode=self.mode,
+                       sim_time=self.now)
 
 
 @dataclass
@@ -664,6 +708,7 @@ class Outcome:
     messages: int
     policy: str
     mode: str
+    sim_time: float = 0.0           # the simulated clock when the run stopped
 
     def utilization(self) -> tuple[float, float]:
         """Mean CPU and network busy fraction over the makespan."""

@@ -95,7 +95,8 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
              contention: Contention | None = None, bandwidth: float = 1.25e9,
              grain: int = GRAIN, error: float = 0.0, seed: int = 1, bucket: float | None = None,
              max_jobs_per_machine: int = 0, cpus: int = 8,
-             progress: Callable[[float], None] | None = None) -> SimResult:
+             progress: Callable[[float], None] | None = None,
+             wall_limit: float | None = None) -> SimResult:
     policy, mode = setup(name)
     jobs = sim_jobs(trace, bandwidth, grain, error, seed)
     if bucket is None:
@@ -103,7 +104,7 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
         bucket = max(1.0, span / 200)
     sim = Simulator(jobs, machines, policy=policy, mode=mode, contention=contention,
                     bucket=bucket, max_jobs_per_machine=max_jobs_per_machine, cpus=cpus,
-                    progress=progress)
+                    progress=progress, wall_limit=wall_limit)
     o = sim.run()
     # what each job reported after its epochs (the master's own record)
     losses = {}
@@ -159,6 +160,6 @@ def to_result(o: Outcome, name: str, trace: list[TraceJob] | None = None,
     return SimResult(policy=name, jobs=jobs, util=util, decisions=decisions, mode=o.mode,
                      machines=n, makespan=o.makespan, meta={
                          "policy": o.policy, "mode": o.mode, "wall_s": o.wall,
-                         "events": o.events, "messages": o.messages,
+                         "events": o.events, "messages": o.messages, "sim_time": o.sim_time,
                          "decisions_per_s": len(o.decisions) / o.wall if o.wall else 0.0,
                          "unfinished": unfinished})
