@@ -87,13 +87,14 @@ def _fresh(groups: Sequence[RunningGroup], want: str) -> str:
 
 def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
          profiles: Mapping[str, Profile], caps: Mapping[str, int], tol: float = 0.05,
-         movable: Sequence[str] = ()) -> tuple[Current, list[str], list[str]]:
+         movable: Sequence[str] = (), pending: int = 0) -> tuple[Current, list[str], list[str]]:
     """The next grouping: (groups, jobs left waiting, notes).
 
     ``cur`` holds what runs, the ``arrivals`` (profiled just now) still in the
     groups they were profiled in; ``waiting`` the profiled jobs that wait,
     in submission order; ``caps`` the machines each job asked for;
-    ``movable`` the running jobs that may be widened (enough work left)."""
+    ``movable`` the running jobs that may be widened (enough work left);
+    ``pending`` how many new jobs wait for machines to be profiled on."""
     groups = list(cur.groups)
     notes: list[str] = []
     left: list[str] = []
@@ -124,6 +125,17 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
             continue
         without(j)
         queue.append(j)
+    # lent machines come back: with jobs waiting, a lone job on more machines
+    # than it asked for shrinks to its best DoP within what it asked for
+    if waiting or queue or pending:
+        for i, g in enumerate(groups):
+            if len(g.jobs) != 1 or g.jobs[0] not in profiles:
+                continue
+            cap = caps.get(g.jobs[0], 1)
+            if len(g.machines) > cap:
+                to = best_dop(profiles[g.jobs[0]], cap, tol)
+                groups[i] = RunningGroup(g.id, g.jobs, g.machines[:to])
+                notes.append(f"{g.jobs[0]}: gives back {len(g.machines) - to} machine(s)")
     # waiting jobs, in order, then the arrivals that left their profiling group
     for j in list(waiting) + queue:
         p = profiles.get(j)
@@ -162,7 +174,7 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
             continue
         left.append(j)
     # widening: idle machines, nothing waiting
-    if not left:
+    if not left and not pending:
         for i, g in enumerate(groups):
             free = idle()
             if not free:
