@@ -44,10 +44,12 @@ ALONE_OK = 0.8      # alone on fewer machines than its best DoP: fine down to th
 WIDEN_GAIN = 0.2    # widen a running job for >= 20% faster iterations (a move has a cost)
 
 
-def best_dop(p: Profile, cap: int, tol: float = 0.05) -> int:
-    """The smallest m in 1..cap with T(m) within ``tol`` of the fastest."""
+def best_dop(p: Profile | Sequence[Profile], cap: int, tol: float = 0.05) -> int:
+    """The smallest m in 1..cap with T(m) within ``tol`` of the fastest (of a
+    job, or of a group: ``group_iter_time``)."""
     cap = max(1, cap)
-    times = [job_iter_time(p, m) for m in range(1, cap + 1)]
+    ps = [p] if isinstance(p, Profile) else list(p)
+    times = [group_iter_time(ps, m) for m in range(1, cap + 1)]
     fastest = min(times)
     return next(m for m, t in enumerate(times, 1) if t <= (1 + tol) * fastest)
 
@@ -125,17 +127,17 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
             continue
         without(j)
         queue.append(j)
-    # lent machines come back: with jobs waiting, a lone job on more machines
-    # than it asked for shrinks to its best DoP within what it asked for
+    # lent machines come back: with jobs waiting, a group on more machines
+    # than its jobs asked for shrinks to its best DoP within that
     if waiting or queue or pending:
         for i, g in enumerate(groups):
-            if len(g.jobs) != 1 or g.jobs[0] not in profiles:
+            if not all(x in profiles for x in g.jobs):
                 continue
-            cap = caps.get(g.jobs[0], 1)
+            cap = max(caps.get(x, 1) for x in g.jobs)
             if len(g.machines) > cap:
-                to = best_dop(profiles[g.jobs[0]], cap, tol)
+                to = best_dop([profiles[x] for x in g.jobs], cap, tol)
                 groups[i] = RunningGroup(g.id, g.jobs, g.machines[:to])
-                notes.append(f"{g.jobs[0]}: gives back {len(g.machines) - to} machine(s)")
+                notes.append(f"{g.id}: gives back {len(g.machines) - to} machine(s)")
     # waiting jobs, in order, then the arrivals that left their profiling group
     for j in list(waiting) + queue:
         p = profiles.get(j)
@@ -179,15 +181,15 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
             free = idle()
             if not free:
                 break
-            if len(g.jobs) != 1 or g.jobs[0] not in profiles or g.jobs[0] not in movable:
+            if not all(x in profiles and x in movable for x in g.jobs):
                 continue
-            p = profiles[g.jobs[0]]
+            ps = [profiles[x] for x in g.jobs]
             m = len(g.machines)
-            want = best_dop(p, len(cur.machines), tol)
+            want = best_dop(ps, len(cur.machines), tol)
             if want <= m:
                 continue
             to = min(want, m + len(free))
-            if job_iter_time(p, to) <= job_iter_time(p, m) / (1 + WIDEN_GAIN):
+            if group_iter_time(ps, to) <= group_iter_time(ps, m) / (1 + WIDEN_GAIN):
                 groups[i] = RunningGroup(g.id, g.jobs, g.machines + tuple(free[:to - m]))
-                notes.append(f"{p.id}: widened to {to} machine(s)")
+                notes.append(f"{g.id}: widened to {to} machine(s)")
     return Current(tuple(groups), cur.machines), left, notes
