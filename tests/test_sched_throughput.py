@@ -110,9 +110,14 @@ def test_widening_is_lent_and_given_back_when_a_job_waits_or_a_new_one_comes():
     # no widening while a new job waits to be profiled
     cur, _, _ = TP.plan(cur0, [], [], profiles, caps, movable=["wide"], pending=1)
     assert cur.group_of("wide").machines == ("m0",)
-    # a new job to profile, or a profiled one waiting: the lent machines come back
+    # a new job to profile and no idle machine, or a profiled one waiting:
+    # the lent machines come back
     cur, _, notes = TP.plan(wide, [], [], profiles, caps, movable=["wide"], pending=1)
     assert cur.group_of("wide").machines == ("m0",) and "gives back" in notes[0]
+    # ... but not while enough machines are idle for the new job
+    part = _cur(("g1", ("wide",), ("m0", "m1", "m2")))
+    cur, _, notes = TP.plan(part, [], [], profiles, caps, movable=["wide"], pending=1)
+    assert cur.group_of("wide").machines == ("m0", "m1", "m2") and not notes
     cur, left, _ = TP.plan(wide, ["cpu"], [], profiles, caps, movable=["wide"])
     assert left == [] and cur.group_of("cpu").machines == ("m1",)
     # (with nothing left waiting, it may widen again onto what is still idle)

@@ -35,9 +35,9 @@ move costs a pause or a block migration and a restart):
   for, up to its best DoP on the whole cluster, when its predicted
   iteration time falls by ≥ ``WIDEN_GAIN`` (a resize moves blocks and
   stalls the job for an epoch boundary, so a small gain does not repay it).
-  As soon as a job waits or a new job needs machines to be profiled on, a
-  group on more machines than its jobs asked for gives the extra back,
-  down to its best DoP within that. (Widening for keeps let one job take 77
+  When they are needed (a profiled job waits, or new jobs ask for more
+  machines to be profiled on than are idle), a group on more machines than
+  its jobs asked for gives the extra back, down to its best DoP within that. (Widening for keeps let one job take 77
   of 100 machines at paper scale; the next arrivals were profiled, and
   then paired, in its group.)
 """
@@ -105,7 +105,8 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
     groups they were profiled in; ``waiting`` the profiled jobs that wait,
     in submission order; ``caps`` the machines each job asked for;
     ``movable`` the running jobs that may be widened (enough work left);
-    ``pending`` how many new jobs wait for machines to be profiled on."""
+    ``pending`` the machines new jobs (not yet profiled) ask for to be
+    profiled on."""
     groups = list(cur.groups)
     notes: list[str] = []
     left: list[str] = []
@@ -138,9 +139,9 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
             continue
         without(j)
         queue.append(j)
-    # lent machines come back: with jobs waiting, a group on more machines
-    # than its jobs asked for shrinks to its best DoP within that
-    if waiting or queue or pending:
+    # lent machines come back when needed: a group on more machines than its
+    # jobs asked for shrinks to its best DoP within that
+    if waiting or queue or pending > len(idle()):
         for i, g in enumerate(groups):
             if not all(x in profiles for x in g.jobs):
                 continue
