@@ -71,14 +71,67 @@ def test_a_lone_job_widens_onto_idle_machines_only_when_it_pays_and_has_work_lef
     cur0 = _cur(("g1", ("wide",), ("m0",)))
     cur, _, _ = TP.plan(cur0, [], [], profiles, {"wide": 4}, movable=["wide"])
     assert len(cur.group_of("wide").machines) == 4
-    cur, _, _ = TP.plan(cur0, [], [], profiles, {"wide": 2}, movable=["wide"])
-    assert len(cur.group_of("wide").machines) == 2          # never beyond its request
     cur, _, _ = TP.plan(cur0, [], [], profiles, {"wide": 4}, movable=[])
     assert len(cur.group_of("wide").machines) == 1          # too new to repay a move
     profiles = {"chatty": CHATTY}
     cur0 = _cur(("g1", ("chatty",), ("m0",)))
     cur, _, _ = TP.plan(cur0, [], [], profiles, {"chatty": 4}, movable=["chatty"])
     assert len(cur.group_of("chatty").machines) == 1        # wider would be slower
+
+
+def test_a_third_job_joins_a_pair_only_when_it_improves_the_interleaving():
+    a, b = Profile("a", 1.0, 0.1, 1), Profile("b", 0.1, 0.5, 1)
+    c, d = Profile("c", 0.05, 0.4, 1), Profile("d", 1.0, 0.1, 1)
+    profiles = {x.id: x for x in (a, b, c, d)}
+    caps = dict.fromkeys(profiles, 1)
+    pair = _cur(("g1", ("a", "b"), ("m0",)), machines=("m0",))
+    # the pair leaves 0.5 s of the link idle per 1.1 s iteration: c fills it
+    assert TP.efficiency([a, b, c], 1) > 1.05 * TP.efficiency([a, b], 1)
+    cur, left, notes = TP.plan(pair, ["c"], [], profiles, caps)
+    assert left == [] and cur.group_of("c").id == "g1", notes
+    # d only time-slices the CPU with a: the pair's interleaving gets worse
+    assert TP.efficiency([a, b, d], 1) < TP.efficiency([a, b], 1)
+    cur, left, _ = TP.plan(pair, ["d"], [], profiles, caps)
+    assert left == ["d"] and cur.groups == pair.groups
+    # never more than MAX_GROUP jobs in a group
+    full = _cur(("g1", ("a", "b", "c"), ("m0",)), machines=("m0",))
+    e = Profile("e", 0.0, 0.05, 1)
+    profiles["e"] = e
+    cur, left, _ = TP.plan(full, ["e"], [], profiles, dict.fromkeys(profiles, 1))
+    assert TP.MAX_GROUP == 3 and left == ["e"]
+
+
+def test_widening_is_lent_and_given_back_when_a_job_waits_or_a_new_one_comes():
+    profiles = {"wide": WIDE, "cpu": CPU}
+    caps = {"wide": 1, "cpu": 1}
+    cur0 = _cur(("g1", ("wide",), ("m0",)))
+    wide, _, _ = TP.plan(cur0, [], [], profiles, caps, movable=["wide"])
+    assert wide.group_of("wide").machines == ("m0", "m1", "m2", "m3")   # beyond its 1
+    # no widening while a new job waits to be profiled
+    cur, _, _ = TP.plan(cur0, [], [], profiles, caps, movable=["wide"], pending=1)
+    assert cur.group_of("wide").machines == ("m0",)
+    # a new job to profile and no idle machine, or a profiled one waiting:
+    # the lent machines come back
+    cur, _, notes = TP.plan(wide, [], [], profiles, caps, movable=["wide"], pending=1)
+    assert cur.group_of("wide").machines == ("m0",) and "gives back" in notes[0]
+    # ... but not while enough machines are idle for the new job
+    part = _cur(("g1", ("wide",), ("m0", "m1", "m2")))
+    cur, _, notes = TP.plan(part, [], [], profiles, caps, movable=["wide"], pending=1)
+    assert cur.group_of("wide").machines == ("m0", "m1", "m2") and not notes
+    cur, left, _ = TP.plan(wide, ["cpu"], [], profiles, caps, movable=["wide"])
+    assert left == [] and cur.group_of("cpu").machines == ("m1",)
+    # (with nothing left waiting, it may widen again onto what is still idle)
+    assert cur.group_of("wide").machines == ("m0", "m2", "m3")
+
+
+def test_a_group_widens_as_a_whole():
+    profiles = {"wide": WIDE, "net": NET}
+    cur0 = _cur(("g1", ("wide", "net"), ("m0",)))
+    cur, _, notes = TP.plan(cur0, [], [], profiles, {"wide": 1, "net": 1},
+                            movable=["wide", "net"])
+    assert cur.group_of("net").machines == ("m0", "m1", "m2", "m3"), notes
+    cur, _, _ = TP.plan(cur0, [], [], profiles, {"wide": 1, "net": 1}, movable=["wide"])
+    assert cur.group_of("net").machines == ("m0",)     # net too new to move
 
 
 def test_throughput_counts_each_job_against_its_best_alone():

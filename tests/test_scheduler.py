@@ -75,9 +75,9 @@ def test_a_profiled_job_alone_grows_to_the_whole_cluster():
     # for: its speed-up curve pays for both (1.2 s -> 0.7 s per iteration)
     assert dec.pause == {"job-0001": ["m0", "m1"]}
     assert harmony(view, objective="util").pause == dec.pause     # Algorithm 1 agrees
-    # a job that asked for one machine keeps one (nothing would shrink it
-    # again for the jobs that arrive later)
-    assert not harmony(ClusterView(M2, (), (j,))).pause
+    # one that asked for one machine is lent the second (nothing waits),
+    # given back when another job needs it
+    assert harmony(ClusterView(M2, (), (j,))).pause == {"job-0001": ["m0", "m1"]}
     view, last = settle(apply(view, dec))
     assert [j.workers for j in view.active] == [("m0", "m1")]
     assert last.predicted[view.active[0].sched_group] == pytest.approx(0.5 + 0.2)

@@ -205,8 +205,9 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
                     and j.profile is not None and cur.group_of(j.id)]
         caps = {j.id: max(1, j.machines) for j in view.active + view.waiting}
         movable = [j.id for j in view.active if j.epochs >= WIDEN_AFTER]
+        pending = sum(max(1, j.machines) for j in view.waiting if j.profile is None)
         cur, waiting, tp_notes = TP.plan(cur, waiting, arrivals, profiles, caps,
-                                         tol=MIN_GAIN, movable=movable)
+                                         tol=MIN_GAIN, movable=movable, pending=pending)
         notes += tp_notes
         for a in arrivals:
             if cur.group_of(a) is None and a not in waiting:

@@ -17,27 +17,31 @@ Rules (incremental: running jobs are not moved for a small gain, since a
 move costs a pause or a block migration and a restart):
 
 * **DoP.** ``best_dop`` is the smallest machine count within ``tol`` of the
-  job's fastest iteration time, at most what it asked for: a job alone is
-  never made wider than its own speed-up curve pays for.
+  job's (or group's) fastest iteration time, at most what it asked for: a
+  job alone is never made wider than its own speed-up curve pays for.
 * **Waiting jobs, first come first served, with backfilling.** Each goes
   alone onto idle machines if enough are idle for x ≥ ``ALONE_OK``; else
-  into the running single-job group where the pair's E is highest, if
-  E ≥ 1 + tol (groups are pairs at most: the NET queue serves a primary and
-  a secondary); else alone on whatever idle machines there are; else waits.
+  into the running group (of fewer than ``MAX_GROUP`` jobs) whose E it
+  raises most, if by a factor ≥ 1 + tol (a lone job's E is 1, so a pair
+  must beat its jobs one after the other by tol, and a third job must make
+  the pair's interleaving better by tol); else alone on whatever idle
+  machines there are; else waits.
 * **Arrivals** (jobs whose profiling just ended) stay where they were
-  profiled when that is alone, or in a pair with E ≥ 1 + tol, or in a pair
-  beside a job still profiling (judged when that one's profile is ready: it
-  is then the one to leave a poor pair); otherwise (a poor pair, or a group
-  of more) they leave that group and are placed as waiting jobs.
-* **Widening.** With machines idle and nothing waiting, a job alone with
-  enough work left (``movable``) that runs on fewer machines than its best
-  DoP (placed when machines were short) is widened by a live resize, up to
-  that DoP, when its predicted iteration time falls by ≥ ``WIDEN_GAIN`` (a
-  resize moves blocks and stalls the job for an epoch boundary, so a small
-  gain does not repay it). Never beyond what it asked for: nothing shrinks a
-  job again when new jobs arrive (the simulator's e2e workload: jobs widened
-  onto both machines of a 2-machine cluster, then every new job had to be
-  profiled beside them, and mean JCT went from 11 s to 19 s).
+  profiled when that is alone, or in a group whose E they raise by ≥ tol,
+  or in a pair beside a job still profiling (judged when that one's
+  profile is ready: it is then the one to leave a poor pair); otherwise
+  they leave that group and are placed as waiting jobs.
+* **Widening is lent.** With machines idle, nothing waiting and no new job
+  to profile (``pending``), a group whose jobs all have enough work left
+  (``movable``) is widened by a live resize, beyond what its jobs asked
+  for, up to its best DoP on the whole cluster, when its predicted
+  iteration time falls by ≥ ``WIDEN_GAIN`` (a resize moves blocks and
+  stalls the job for an epoch boundary, so a small gain does not repay it).
+  When they are needed (a profiled job waits, or new jobs ask for more
+  machines to be profiled on than are idle), a group on more machines than
+  its jobs asked for gives the extra back, down to its best DoP within that. (Widening for keeps let one job take 77
+  of 100 machines at paper scale; the next arrivals were profiled, and
+  then paired, in its group.)
 """
 from __future__ import annotations
 
@@ -47,13 +51,16 @@ from harmony.sched.model import Profile, group_iter_time, job_iter_time
 from harmony.sched.regroup import Current, RunningGroup
 
 ALONE_OK = 0.8      # alone on fewer machines than its best DoP: fine down to this x
+MAX_GROUP = 3       # jobs per group at most (the runtime's queues serve any number)
 WIDEN_GAIN = 0.2    # widen a running job for >= 20% faster iterations (a move has a cost)
 
 
-def best_dop(p: Profile, cap: int, tol: float = 0.05) -> int:
-    """The smallest m in 1..cap with T(m) within ``tol`` of the fastest."""
+def best_dop(p: Profile | Sequence[Profile], cap: int, tol: float = 0.05) -> int:
+    """The smallest m in 1..cap with T(m) within ``tol`` of the fastest (of a
+    job, or of a group: ``group_iter_time``)."""
     cap = max(1, cap)
-    times = [job_iter_time(p, m) for m in range(1, cap + 1)]
+    ps = [p] if isinstance(p, Profile) else list(p)
+    times = [group_iter_time(ps, m) for m in range(1, cap + 1)]
     fastest = min(times)
     return next(m for m, t in enumerate(times, 1) if t <= (1 + tol) * fastest)
 
@@ -93,13 +100,15 @@ def _fresh(groups: Sequence[RunningGroup], want: str) -> str:
 
 def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
          profiles: Mapping[str, Profile], caps: Mapping[str, int], tol: float = 0.05,
-         movable: Sequence[str] = ()) -> tuple[Current, list[str], list[str]]:
+         movable: Sequence[str] = (), pending: int = 0) -> tuple[Current, list[str], list[str]]:
     """The next grouping: (groups, jobs left waiting, notes).
 
     ``cur`` holds what runs, the ``arrivals`` (profiled just now) still in the
     groups they were profiled in; ``waiting`` the profiled jobs that wait,
     in submission order; ``caps`` the machines each job asked for;
-    ``movable`` the running jobs that may be widened (enough work left)."""
+    ``movable`` the running jobs that may be widened (enough work left);
+    ``pending`` the machines new jobs (not yet profiled) ask for to be
+    profiled on."""
     groups = list(cur.groups)
     notes: list[str] = []
     left: list[str] = []
@@ -127,14 +136,28 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
             continue
         if len(g.jobs) == 2 and len(ps) < 2:
             # its partner still profiling: judged when that one's profile is
-            # ready (then it is the arrival, and the one to leave a poor pair)
-            notes.append(f"{j}: stays in {g.id} until its partners are profiled")
+            # ready (then it is the arrival, and the one to leave a poor pair;
+            # leaving now paused a long job beside a short new one)
+            notes.append(f"{j}: stays in {g.id} until its partner is profiled")
             continue
-        if len(g.jobs) == 2 and len(ps) == 2 and efficiency(ps, len(g.machines)) >= 1 + tol:
+        rest = [profiles[x] for x in g.jobs if x != j and x in profiles]
+        if len(ps) == len(g.jobs) <= MAX_GROUP and efficiency(ps, len(g.machines)) >= \
+                (1 + tol) * efficiency(rest, len(g.machines)):
             notes.append(f"{j}: stays in {g.id} (E {efficiency(ps, len(g.machines)):.2f})")
             continue
         without(j)
         queue.append(j)
+    # lent machines come back when needed: a group on more machines than its
+    # jobs asked for shrinks to its best DoP within that
+    if waiting or queue or pending > len(idle()):
+        for i, g in enumerate(groups):
+            if not all(x in profiles for x in g.jobs):
+                continue
+            cap = max(caps.get(x, 1) for x in g.jobs)
+            if len(g.machines) > cap:
+                to = best_dop([profiles[x] for x in g.jobs], cap, tol)
+                groups[i] = RunningGroup(g.id, g.jobs, g.machines[:to])
+                notes.append(f"{g.id}: gives back {len(g.machines) - to} machine(s)")
     # waiting jobs, in order, then the arrivals that left their profiling group
     for j in list(waiting) + queue:
         p = profiles.get(j)
@@ -156,15 +179,19 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
             continue
         best = None
         for i, g in enumerate(groups):
-            if len(g.jobs) != 1 or g.jobs[0] not in profiles:
+            if len(g.jobs) >= MAX_GROUP or not all(x in profiles for x in g.jobs):
                 continue
-            e = efficiency([profiles[g.jobs[0]], p], len(g.machines))
-            if e >= 1 + tol and (best is None or e > best[0]):
-                best = (e, i)
+            ps = [profiles[x] for x in g.jobs]
+            m = len(g.machines)
+            e = efficiency(ps, m)
+            gain = efficiency(ps + [p], m) / e if e > 0 else 0.0
+            if gain >= 1 + tol and (best is None or gain > best[0]):
+                best = (gain, i)
         if best is not None:
             g = groups[best[1]]
             groups[best[1]] = RunningGroup(g.id, g.jobs + (j,), g.machines)
-            notes.append(f"{j}: joins {g.id} (E {best[0]:.2f})")
+            e = efficiency([profiles[x] for x in g.jobs] + [p], len(g.machines))
+            notes.append(f"{j}: joins {g.id} (E {e:.2f})")
             continue
         if alone is not None:
             gid = _fresh(groups, f"g:{j}")
@@ -173,20 +200,20 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
             continue
         left.append(j)
     # widening: idle machines, nothing waiting
-    if not left:
+    if not left and not pending:
         for i, g in enumerate(groups):
             free = idle()
             if not free:
                 break
-            if len(g.jobs) != 1 or g.jobs[0] not in profiles or g.jobs[0] not in movable:
+            if not all(x in profiles and x in movable for x in g.jobs):
                 continue
-            p = profiles[g.jobs[0]]
+            ps = [profiles[x] for x in g.jobs]
             m = len(g.machines)
-            want = best_dop(p, caps.get(p.id, 1), tol)
+            want = best_dop(ps, len(cur.machines), tol)
             if want <= m:
                 continue
             to = min(want, m + len(free))
-            if job_iter_time(p, to) <= job_iter_time(p, m) / (1 + WIDEN_GAIN):
+            if group_iter_time(ps, to) <= group_iter_time(ps, m) / (1 + WIDEN_GAIN):
                 groups[i] = RunningGroup(g.id, g.jobs, g.machines + tuple(free[:to - m]))
-                notes.append(f"{p.id}: widened to {to} machine(s)")
+                notes.append(f"{g.id}: widened to {to} machine(s)")
     return Current(tuple(groups), cur.machines), left, notes
