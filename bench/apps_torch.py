@@ -61,6 +61,16 @@ G = load_app(SRC, "torch_mlp.py").read_input.__globals__
 KINDS = ("train", "epoch", "train_cpu", "epoch_cpu")
 
 
+def train_epoch(net, opt, X, y, g, batch_size: int) -> None:
+    """One epoch of the plain single-process loop: shuffled mini-batches."""
+    perm = torch.randperm(len(y), generator=g)
+    for s in range(0, len(y), batch_size):
+        idx = perm[s:s + batch_size]
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(net(X[idx]), y[idx]).backward()
+        opt.step()
+
+
 def plain_loop(a) -> dict[str, list[float]]:
     """Per-epoch wall and CPU seconds of training alone and of training +
     evaluation, and the final test accuracy."""
@@ -75,12 +85,7 @@ def plain_loop(a) -> dict[str, list[float]]:
     acc = 0.0
     for _ in range(a.epochs):
         t0, c0 = time.perf_counter(), time.process_time()
-        perm = torch.randperm(len(y), generator=g)
-        for s in range(0, len(y), a.batch_size):
-            idx = perm[s:s + a.batch_size]
-            opt.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(net(X[idx]), y[idx]).backward()
-            opt.step()
+        train_epoch(net, opt, X, y, g, a.batch_size)
         t1, c1 = time.perf_counter(), time.process_time()
         with torch.no_grad():
             for xx, yy in ((X, y), (tX, ty)):
@@ -152,12 +157,7 @@ def paired(a) -> dict[str, list[float]]:
     g = torch.Generator().manual_seed(a.seed)
 
     def plain_epoch(_):
-        perm = torch.randperm(len(y), generator=g)
-        for s in range(0, len(y), a.batch_size):
-            idx = perm[s:s + a.batch_size]
-            opt.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(net(X[idx]), y[idx]).backward()
-            opt.step()
+        train_epoch(net, opt, X, y, g, a.batch_size)
 
     def app_epoch(epoch):
         nonlocal model
