@@ -1,7 +1,9 @@
 """Shared fixtures: real local clusters on random loopback ports, real data."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # default): one key set for the session, found by clients through the
 # environment, as a user's shell would.
 _KEYS = tempfile.mkdtemp(prefix="harmony-test-keys-")
+atexit.register(shutil.rmtree, _KEYS, True)     # every run made one and left it
 init_keys(_KEYS, workers=[f"m{i}" for i in range(8)] + ["w1"])
 os.environ["HARMONY_KEYS"] = _KEYS
 NMF_APP = ROOT / "apps" / "nmf.py"
