@@ -102,6 +102,7 @@ def run_mode(spec: str, jobs, times, tmp: str, a) -> dict:
                          for s in sts.values())}
     res.update(prediction_error(os.path.join(sd, "master", "metrics")))
     res["samples"] = prediction_samples(os.path.join(sd, "master", "metrics"))
+    res["noise"] = noise_samples(os.path.join(sd, "master", "metrics"))
     res["statuses"] = list(sts.values())         # for bench/sim_fidelity.py
     res["metrics_dir"] = os.path.join(sd, "master", "metrics")
     return res
@@ -139,6 +140,41 @@ def prediction_samples(metrics: str) -> list[tuple[int, float, bool]]:
             continue
         measured = tm["train"] / tm["iters"]
         out.append((size, abs(pred - measured) / measured, group not in profiling.values()))
+    return out
+
+
+def noise_samples(metrics: str) -> list[float]:
+    """The testbed's noise floor: per job epoch, |previous epoch's iteration
+    time - this epoch's| / this epoch's, over consecutive epochs of one job
+    (after its first) on the same machines beside the same jobs (by the
+    last decision before each). No model predicts an epoch from the past
+    better than the epoch before it does on a steady run, so this bounds
+    what the scheduler's model can reach on this machine."""
+    path = os.path.join(metrics, "jobs.jsonl")
+    if not os.path.exists(path):
+        return []
+    dpath = os.path.join(metrics, "decisions.jsonl")
+    decisions = [json.loads(line) for line in open(dpath)] if os.path.exists(dpath) else []
+    last: dict[str, tuple] = {}
+    out = []
+    for ep in (json.loads(line) for line in open(path)):
+        assign: dict = {}
+        for d in decisions:
+            if d["t"] > ep["t"]:
+                break
+            assign = d["assign"]
+        g = assign.get(ep["job"])
+        mates = frozenset(j for j, x in assign.items() if x == g) if g else frozenset()
+        tm = ep["timings"]
+        if not tm.get("iters") or ep["epoch"] == 0:
+            last.pop(ep["job"], None)
+            continue
+        t = tm["train"] / tm["iters"]
+        where = (tuple(ep["workers"]), mates)
+        prev = last.get(ep["job"])
+        if prev is not None and prev[0] == where and prev[2] == ep["epoch"] - 1:
+            out.append(abs(prev[1] - t) / t)
+        last[ep["job"]] = (where, t, ep["epoch"])
     return out
 
 
@@ -204,7 +240,7 @@ def main() -> None:
                 r = run_mode(mode, jobs, times, os.path.join(tmp, f"r{rnd}"), a)
                 runs[mode].append(r)
                 print(json.dumps({k: v for k, v in r.items()
-                                  if k not in ("statuses", "metrics_dir", "samples")}), flush=True)
+                                  if k not in ("statuses", "metrics_dir", "samples", "noise")}), flush=True)
     if a.out:
         with open(a.out, "w") as fh:
             json.dump({m: [{k: v for k, v in r.items() if k != "statuses"} for r in rs]
@@ -236,6 +272,14 @@ def main() -> None:
             label = f"{size}" if size < 4 else "4+"
             print(f"{m:13} {label:>10} {len(errs):6d} {100 * statistics.median(errs):6.1f}% "
                   f"{100 * p90(errs):6.1f}%")
+    print("\nnoise floor: |previous epoch - epoch| / epoch, one job on unchanged machines "
+          "beside unchanged jobs (the error of predicting an epoch by the one before)")
+    print(f"{'mode':13} {'epochs':>6} {'median':>7} {'p90':>7}")
+    for m in modes:
+        noise = [x for r in runs[m] for x in r.get("noise", [])]
+        if noise:
+            print(f"{m:13} {len(noise):6d} {100 * statistics.median(noise):6.1f}% "
+                  f"{100 * p90(noise):6.1f}%")
 
 
 if __name__ == "__main__":
