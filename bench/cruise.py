@@ -69,16 +69,31 @@ def epoch_time(c: Client, job: str, a) -> float:
     return statistics.median(e["timings"]["train"] for e in eps)
 
 
-def switch(c: Client, job: str, w: int, s: int) -> None:
+def move_note(st: dict) -> tuple[float, float, float] | None:
+    """(MiB moved, seconds from the request to the new layout, seconds the
+    iterations stood) of the job's last live reconfiguration."""
+    notes = [e[2] for e in st["events"] if " MiB moved; took " in str(e[2])]
+    if not notes:
+        return None
+    n = notes[-1]
+    mib = float(n.split(" MiB moved")[0].split(", ")[-1])
+    took = float(n.split(" MiB moved; took ")[1].split("s,")[0])
+    stood = float(n.split("iterations stood ")[1].split("s)")[0])
+    return mib, took, stood
+
+
+def switch(c: Client, job: str, w: int, s: int, moves: list | None = None) -> None:
     info = c.resize(job, N, workers=w if w < N or s < N else None,
                     servers=s if w < N or s < N else None)
     if info.get("state") == "unchanged":
         return
     t0 = time.time()
-    while c.status(job)["move"] is not None:
+    while (st := c.status(job))["move"] is not None:
         if time.time() - t0 > 120:
             raise SystemExit("a role switch did not finish in 120 s")
         time.sleep(0.1)
+    if moves is not None and (m := move_note(st)) is not None:
+        moves.append(m)
 
 
 def cluster(tmp: str, name: str, variant: str, a, cruise: bool) -> LocalCluster:
@@ -97,12 +112,13 @@ def submit(c: Client, data: str, a) -> str:
 
 def run_variant(variant: str, data: str, tmp: str, a) -> dict:
     grid = {}
+    moves: list[tuple[float, float, float]] = []
     with cluster(tmp, f"grid-{variant}", variant, a, False) as cl, \
             Client(cl.endpoint, keys=cl.keys) as c:
         job = submit(c, data, a)
         wait_epochs(c, job, 2)
         for w, s in layouts():
-            switch(c, job, w, s)
+            switch(c, job, w, s, moves)
             grid[(w, s)] = epoch_time(c, job, a)
             print(f"  {variant} W={w} S={s}: {grid[(w, s)]:.3f} s/epoch", flush=True)
         c.cancel(job)
@@ -124,10 +140,21 @@ def run_variant(variant: str, data: str, tmp: str, a) -> dict:
             time.sleep(0.1)
             st = c.status(job)
         lay = st["layout"]
+        cruise_move = move_note(st)
         tuned = epoch_time(c, job, a)
         c.cancel(job)
     return {"variant": variant, "grid": grid, "best": best, "worst": worst, "bad": bad,
-            "tuned": tuned, "layout": lay}
+            "tuned": tuned, "layout": lay, "moves": moves, "cruise_move": cruise_move}
+
+
+def fit(moves: list[tuple[float, float, float]]) -> tuple[float, float] | None:
+    """Least squares took = a + b * MiB over the grid's reconfigurations."""
+    if len(moves) < 2 or len({m for m, _, _ in moves}) < 2:
+        return None
+    xs, ys = [m for m, _, _ in moves], [t for _, t, _ in moves]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
 
 
 def main() -> None:
@@ -159,6 +186,22 @@ def main() -> None:
         print(f"{r['variant']:8} {str(r['best']):>16} {b:7.3f} {w:7.3f} {r['tuned']:7.3f} "
               f"{r['tuned'] / b:7.2f} {r['bad']:7.3f} -> {1 - r['tuned'] / r['bad']:+.0%}  "
               f"{desc}")
+    print("\nplan execution (live reconfigurations of the grid and Cruise's): time from the "
+          "request to the new layout, and how long iterations stood, against MiB moved")
+    print(f"{'variant':8} {'plans':>5} {'MiB min-max':>13} {'took min-max (s)':>17} "
+          f"{'stood median (s)':>17} {'fit: s + s/MiB':>16} {'cruise plan':>24}")
+    for r in results:
+        mv = r["moves"]
+        if not mv:
+            continue
+        f = fit(mv)
+        cm = r["cruise_move"]
+        print(f"{r['variant']:8} {len(mv):5d} "
+              f"{min(m for m, _, _ in mv):5.1f}-{max(m for m, _, _ in mv):<7.1f} "
+              f"{min(t for _, t, _ in mv):8.2f}-{max(t for _, t, _ in mv):<8.2f} "
+              f"{statistics.median(s for _, _, s in mv):17.2f} "
+              f"{(f'{f[0]:.2f} + {f[1]:.3f}' if f else '-'):>16} "
+              f"{(f'{cm[0]:.1f} MiB in {cm[1]:.2f}s' if cm else '-'):>24}")
 
 
 if __name__ == "__main__":

@@ -1663,7 +1663,8 @@ class MasterCore:
         job.workers = list(rc.to)
         job.move = None
         note = (f"{rc.note}: now on {', '.join(job.workers)} ({rc.blocks} block(s), "
-                f"{moved / 2**20:.1f} MiB moved; iterations stood {stood:.2f}s)")
+                f"{moved / 2**20:.1f} MiB moved; took {self.now - rc.t0:.2f}s, iterations "
+                f"stood {stood:.2f}s)")
         if job.state == JobState.PROFILING:
             job.transition(JobState.RUNNING, note, now=self.now)
         else:
