@@ -11,9 +11,11 @@ per-machine bandwidth cap):
              pause/resume/migration) over the subtask queues
 
 Reports makespan and mean JCT with ratios to isolated, the scheduler's
-decisions, and the prediction error of group iteration times: for every
-running job and epoch, the group iteration time the last decision predicted
-vs the job's measured iteration time in that epoch.
+decisions, and the prediction error of iteration times: for every running
+job and epoch, the iteration time the last decision predicted for it (its
+own, by the queue replay, where the policy makes one; else its group's, Eq
+4.1) vs the job's measured iteration time in that epoch, beside the noise
+floor of predicting an epoch by the one before it.
 
     python bench/scheduler_e2e.py [--jobs 8] [--mean-gap 6] [--epochs 12]
 """
@@ -109,8 +111,8 @@ def run_mode(spec: str, jobs, times, tmp: str, a) -> dict:
 
 
 def prediction_samples(metrics: str) -> list[tuple[int, float, bool]]:
-    """Per job epoch: (group size, |predicted group iteration time -
-    measured| / measured, steady), with the prediction and the group of the
+    """Per job epoch: (group size, |predicted iteration time (the job's own
+    where the decision has one, else its group's) - measured| / measured, steady), with the prediction and the group of the
     last decision before that epoch. Steady leaves out epochs during which
     another job was being profiled on the group's machines (the prediction
     cannot include a job without a profile)."""
@@ -133,7 +135,8 @@ def prediction_samples(metrics: str) -> list[tuple[int, float, bool]]:
                 profiling.pop(j, None)
             group = d["assign"].get(ep["job"], group)
             if group is not None and group in d["predicted"]:
-                pred = d["predicted"][group]
+                # the job's own prediction where the policy makes one
+                pred = d.get("predicted_jobs", {}).get(ep["job"], d["predicted"][group])
                 size = sum(1 for g in d["assign"].values() if g == group)
         tm = ep["timings"]
         if pred is None or not tm.get("iters") or ep["epoch"] == 0 or ep["job"] in profiling:
@@ -262,7 +265,7 @@ def main() -> None:
               f"{med[best]['mean_jct'] / med[m]['mean_jct']:6.2f} "
               f"{statistics.median(r['moves'] for r in rs):5.0f} "
               f"{statistics.median(r['pauses'] for r in rs):6.0f}")
-    print("\nprediction error of the group iteration time, per group size (all rounds; "
+    print("\nprediction error of the iteration time, per group size (all rounds; "
           "steady epochs: no job being profiled on the group's machines)")
     print(f"{'mode':13} {'group size':>10} {'epochs':>6} {'median':>7} {'p90':>7}")
     for m in modes:

@@ -352,8 +352,8 @@ def cmd_status(a: argparse.Namespace) -> int:
         line = f"group      {st['sched_group']}"
         if st.get("predicted_iter") is not None:
             line += f"  predicted iteration {st['predicted_iter']:.3f}s"
-        if st.get("group_measured_iter") is not None:
-            line += (f", measured {st['group_measured_iter']:.3f}s "
+        if st.get("measured_iter") is not None:
+            line += (f", measured {st['measured_iter']:.3f}s "
                      f"(error {100 * st['prediction_error']:.1f}%)")
         print(line)
     ck = st.get("checkpoint")

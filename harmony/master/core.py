@@ -483,16 +483,14 @@ class MasterCore:
         return f"placed by {self.policy_name or 'the policy'} on {on}{share}"
 
     def _group_prediction(self, job: Job) -> dict[str, Any]:
-        """The scheduler's predicted iteration time of the job's group and
-        the measured one (mean of its running members' moving averages)."""
+        """The scheduler's predicted iteration time of the job in its group
+        and the measured one (its moving average)."""
         if not job.sched_group or job.predicted is None or not job.state.active:
             return {}
-        members = [j for j in self.jobs.values() if j.state.active
-                   and j.sched_group == job.sched_group and j.profile.get("t_iter")]
-        if not members:
+        measured = job.profile.get("t_iter")
+        if not measured:
             return {}
-        measured = sum(j.profile["t_iter"] for j in members) / len(members)
-        return {"group_measured_iter": measured,
+        return {"measured_iter": measured,
                 "prediction_error": abs(job.predicted - measured) / measured}
 
     def _on_cancel(self, ident: bytes, msg: M.Message) -> None:
@@ -825,7 +823,8 @@ class MasterCore:
             return None
         link = p.get("link", 0.0)
         remote = p.get("bytes", 0.0) / link if link > 0 else 0.0
-        return (p["t_cpu"], p["t_net"], int(p["machines"]), remote, p.get("overhead", 0.0))
+        return (p["t_cpu"], p["t_net"], int(p["machines"]), remote, p.get("overhead", 0.0),
+                p.get("iters", 0.0), p.get("end_cpu", 0.0), p.get("end_other", 0.0))
 
     def _job_view(self, j: Job, **kw: Any) -> P.JobView:
         """What every policy sees of a job: its request, state, profile, where
@@ -938,6 +937,7 @@ class MasterCore:
             "t": self.now, "note": dec.note, "util": dec.util, "profile": dec.profile,
             "start": dec.start, "pause": dec.pause, "promote": dec.promote,
             "assign": dec.assign, "predicted": dec.predicted,
+            **({"predicted_jobs": dec.predicted_jobs} if dec.predicted_jobs else {}),
             **({"stop": dec.stop} if dec.stop else {})})
 
     def _set_predictions(self, dec: P.Decision) -> None:
@@ -946,7 +946,8 @@ class MasterCore:
         if dec.predicted:
             for job in self.jobs.values():
                 if not job.state.terminal and job.sched_group in dec.predicted:
-                    job.predicted = dec.predicted[job.sched_group]
+                    job.predicted = dec.predicted_jobs.get(job.id,
+                                                           dec.predicted[job.sched_group])
 
     def _launch(self, job: Job, machines: list[str], state: JobState = JobState.RUNNING) -> None:
         # every launch gets a new number (it tags the executors, their
@@ -1685,7 +1686,10 @@ class MasterCore:
                            "timings": timings, "time": self.now})
         alone = not any(j is not job and j.state.active and set(j.workers) & set(job.workers)
                         for j in self.jobs.values())
-        job.update_profile(timings, len(job.workers), alone=alone)
+        prev = job.epochs[-2] if len(job.epochs) > 1 else None
+        wall = self.now - prev["time"] if prev is not None and \
+            prev.get("epoch") == msg["epoch"] - 1 and "time" in prev else None
+        job.update_profile(timings, len(job.workers), alone=alone, wall=wall)
         if job.profile.get("samples") in (1, P.PROFILE_SAMPLES):
             self._dirty = True   # a profile became usable: the scheduler may act
         self._persist("save_epoch", job.id, job.epochs[-1])

@@ -32,6 +32,7 @@ from harmony.sched.model import Profile, group_iter_time, score
 from harmony.sched.regroup import (Bound, Current, RunningGroup, on_arrival, on_completion,
                                    regroup, utilization)
 from harmony.sched import throughput as TP
+from harmony.sched.replay import predict
 
 __all__ = ["harmony", "harmony_util", "PROFILE_SAMPLES", "MIN_GAIN"]
 
@@ -45,6 +46,13 @@ WIDEN_AFTER = 2
 # bench/scheduler_e2e.py it then ran alone at the end (makespan 148 s against
 # 67 s in the run before that change of order came into play).
 ORDERS = ("running first",)
+
+# Decision: each job's own iteration time is predicted by replaying its
+# group's queues (harmony.sched.replay: FIFO grants, preemption, epoch ends)
+# where at most REPLAY_GROUPS groups share machines (a replay costs about
+# 1-3 ms, and profiles drift every epoch); beyond that, and for the search
+# itself, Eq 4.1's group time stands.
+REPLAY_GROUPS = 16
 
 # Decision (an extension for large clusters): with more than LARGE jobs
 # running or waiting, regrouping searches a bounded set of candidates
@@ -240,10 +248,13 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
         dec.profile[j.id] = list(g.machines)
 
     # the grouping -> actions
+    shared = sum(1 for g in cur.groups if len(g.jobs) > 1)
     for g in cur.groups:
         profs = [profiles[x] for x in g.jobs if x in profiles and x in state]
         if profs:
             dec.predicted[g.id] = group_iter_time(profs, len(g.machines))
+            if shared <= REPLAY_GROUPS:
+                dec.predicted_jobs.update(predict(profs, len(g.machines)))
         for x in g.jobs:
             dec.assign[x] = g.id
             if x in dec.profile:

@@ -97,10 +97,15 @@ class Job:
     utility: str = ""                  # its utility of the JCT (a Utility spec), if any
 
     def update_profile(self, timings: dict[str, float], machines: int,
-                       weight: float = 0.3, alone: bool = False) -> None:
+                       weight: float = 0.3, alone: bool = False,
+                       wall: float | None = None) -> None:
         """Moving averages per iteration of Tcpu (COMP), Tnet (PULL + PUSH)
         and the iteration time, and the machine count they were measured at.
-        A change of machine count restarts the averages."""
+        A change of machine count restarts the averages. Also the epoch's
+        shape, for the queue replay (:mod:`harmony.sched.replay`):
+        iterations per epoch, the evaluation's seconds (``end_cpu``) and,
+        from ``wall`` (seconds since the previous epoch's report), the rest
+        of the epoch's end (``end_other``: barrier, sums, report)."""
         iters = max(1.0, float(timings.get("iters", 1.0)))
         sample = {"t_cpu": timings.get("comp", 0.0) / iters,
                   "t_net": (timings.get("pull", 0.0) + timings.get("push", 0.0)) / iters,
@@ -120,6 +125,16 @@ class Job:
             o = max(0.0, sample["t_iter"] - sample["t_cpu"] - sample["t_net"])
             p["overhead"] = o if fresh or "overhead" not in p else \
                 (1 - weight) * p["overhead"] + weight * o
+            end = {"end_cpu": float(timings.get("eval", 0.0))}
+            if wall is not None:
+                end["end_other"] = max(0.0, wall - timings.get("train", 0.0) - end["end_cpu"])
+            for k, v in end.items():
+                p[k] = v if fresh or k not in p else (1 - weight) * p[k] + weight * v
+        elif "end_cpu" not in p and "eval_cpu" in timings:
+            # never measured alone yet: the evaluation's CPU seconds (its wall
+            # time in a group holds its waits for the others' subtasks)
+            p["end_cpu"] = float(timings["eval_cpu"])
+        p["iters"] = iters
         p["samples"] = 1 if fresh else p.get("samples", 0) + 1
 
     def transition(self, new: JobState, note: str = "", now: float | None = None) -> None:

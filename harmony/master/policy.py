@@ -63,6 +63,9 @@ class Decision:
     promote: list[str] = field(default_factory=list)   # profiled in place: keeps running
     assign: dict[str, str] = field(default_factory=dict)        # job -> scheduler group
     predicted: dict[str, float] = field(default_factory=dict)   # group -> iteration time (s)
+    # job -> its own predicted iteration time (s), where the policy predicts
+    # per job (the Harmony scheduler's queue replay); else the group's
+    predicted_jobs: dict[str, float] = field(default_factory=dict)
     util: tuple[float, float] | None = None   # predicted cluster (CPU, net) utilization
     # end running jobs early (MLF-C's load control): job -> why. The master
     # asks the job to stop at its next epoch end; it then ends as a normal

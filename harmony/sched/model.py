@@ -55,19 +55,27 @@ class Profile:
     # seconds per iteration the job spends outside its COMP and COMM when it
     # runs alone: queue grants, the synchronizer's round trips (measured)
     overhead: float = 0.0
+    # the epoch's shape, for the queue replay (harmony.sched.replay):
+    # iterations per epoch (0: not known), the evaluation's seconds at ``dop``
+    # and the rest of the epoch's end (barrier, sums, report), measured alone
+    iters: float = 0.0
+    end_cpu: float = 0.0
+    end_other: float = 0.0
 
     def __post_init__(self) -> None:
         if self.t_cpu < 0 or self.t_net < 0 or self.dop < 1 or not self.remote >= 0 \
-                or not self.overhead >= 0:
+                or not self.overhead >= 0 \
+                or not all(x >= 0 for x in (self.iters, self.end_cpu, self.end_other)):
             raise ValueError(f"bad profile {self!r}: times must be >= 0 and dop >= 1")
 
     @classmethod
     def from_view(cls, job_id: str, prof: Sequence[float]) -> Profile:
-        """From a policy view's profile tuple: (Tcpu, Tnet, c_g[, remote[, overhead]])."""
+        """From a policy view's profile tuple: (Tcpu, Tnet, c_g[, remote[,
+        overhead[, iters, end_cpu, end_other]]])."""
         t_cpu, t_net, dop = prof[:3]
-        return cls(job_id, float(t_cpu), float(t_net), max(1, int(dop)),
-                   float(prof[3]) if len(prof) > 3 else 0.0,
-                   float(prof[4]) if len(prof) > 4 else 0.0)
+        rest = [float(x) for x in prof[3:8]]
+        rest += [0.0] * (5 - len(rest))
+        return cls(job_id, float(t_cpu), float(t_net), max(1, int(dop)), *rest)
 
     @classmethod
     def from_record(cls, job_id: str, rec: Mapping[str, float]) -> Profile:

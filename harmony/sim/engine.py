@@ -290,7 +290,7 @@ class _Exec:
         self.alive = True
         self.stood = 0.0
         self.tm: dict[str, float] = {}
-        self.t_epoch = 0.0
+        self.t_epoch = self.t_train = 0.0
         self.inputs: list[list] = []
         self.join = join
         self.pending_sums: dict | None = None
@@ -341,7 +341,7 @@ class _Exec:
         if not self.alive:
             return
         self.tm = {"pull": 0.0, "comp": 0.0, "push": 0.0, "eval": 0.0}
-        self.t_epoch = self.sim.now
+        self.t_epoch = self.t_train = self.sim.now
         self.stood0 = self.stood
         self.it, self.step = 0, 0
         self._sub()
@@ -411,6 +411,8 @@ class _Exec:
             return
         if self.step == 2:
             self.it += 1
+            if self.it >= self.job.plan[self.epoch][0]:
+                self.t_train = self.sim.now      # the training part ends (as the executor's)
             self.step = 0 if self.it < self.job.plan[self.epoch][0] else \
                 3 if self.job.eval_cpu > 0 else None
             if self.step is None:
@@ -428,7 +430,7 @@ class _Exec:
         e = 1.0 + self.job.error
         timings = {"pull": tm["pull"] * e, "push": tm["push"] * e,
                    "comp": max(0.0, tm["comp"] - stood) * e, "stood": stood,
-                   "train": (self.sim.now - self.t_epoch) * e, "iters": iters,
+                   "train": (self.t_train - self.t_epoch) * e, "iters": iters,
                    "eval": tm["eval"], "bytes": self.job.bytes * iters * e,
                    "link": self.job.link, "sync": 0.0}
         self.sim._send_master(self, "epoch_done", epoch=self.epoch,

@@ -1,0 +1,212 @@
+"""Per-job iteration times of a group, predicted by replaying its queues (pure).
+
+Eq 4.1 gives a group one iteration time, max(Σ Tcpu, Σ Tnet, max T_j),
+which holds when the group's jobs iterate in lockstep, one iteration each
+per cycle. The runtime does not enforce that: each machine's queues grant in
+FIFO order (:mod:`harmony.worker.queues`), a job whose subtasks are short
+laps a job whose COMP is long, and while one job is at its epoch's end
+(evaluation, the epoch barrier, its report) its partners run without it.
+With few iterations per epoch that is a large share of the time: on the
+scheduler's end-to-end bench (2 iterations per epoch) a job paired with
+another measured anywhere between its time alone and the pair's sum.
+
+This module predicts what the queues do instead: it replays one machine of
+the group (every machine of a group runs the same subtasks in the same
+order) through the runtime's own queue state machine, :class:`ResourceQueues`,
+on simulated time, and measures each job's training-phase seconds per
+iteration the way the executor does (from its epoch's first PULL to its
+last PUSH, over its iterations). Each job's program, per iteration:
+PULL (``t_net``/2), COMP (``t_cpu``), PUSH (``t_net``/2), each asked for
+after ``overhead``/3 of synchronizer round trip; after ``iters`` iterations
+its epoch end: ``end_net`` of network, ``end_cpu`` on the CPU queue (the
+evaluation's subtasks) and ``end_other`` seconds holding no queue (the
+barrier and report). The CPU serves one COMP at a time (with the queue's
+preemption); of two running transfers the primary moves at full rate and
+the secondary waits for it (Eq 4.1's Σ Tnet: the secondary only gets what
+the primary leaves idle, nothing when the primary saturates the link).
+
+Cost: a few hundred events per call (about 1 ms for a pair), so callers use
+it where groups are few (the master's predictions, the bench); the
+planners' search keeps Eq 4.1.
+"""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from harmony.sched.model import Profile, job_iter_time, t_cpu_at, t_net_at
+from harmony.worker.queues import Demote, Grant, Promote, ResourceQueues, Resume, Stop, Sub
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One job's subtask seconds on the group's machines (see the module
+    docstring). ``iters`` = 0: no epoch ends (every iteration is measured)."""
+    id: str
+    t_cpu: float
+    t_net: float
+    overhead: float = 0.0
+    iters: int = 0
+    end_cpu: float = 0.0
+    end_net: float = 0.0
+    end_other: float = 0.0
+
+    def __post_init__(self) -> None:
+        if min(self.t_cpu, self.t_net, self.overhead, self.end_cpu, self.end_net,
+               self.end_other) < 0 or self.iters < 0:
+            raise ValueError(f"bad shape {self!r}: times and iters must be >= 0")
+
+
+class _Job:
+    __slots__ = ("shape", "program", "pc", "seq", "epoch_start", "samples", "epochs")
+
+    def __init__(self, shape: Shape) -> None:
+        s = shape
+        gap = s.overhead / 3      # the synchronizer's round trip before each subtask
+        n = max(1, s.iters)
+        prog = []
+        for i in range(n):
+            prog += [("net", s.t_net / 2, gap, "first" if i == 0 else ""),
+                     ("cpu", s.t_cpu, gap, ""),
+                     ("net", s.t_net / 2, gap, "last" if i == n - 1 else "")]
+        if s.iters:
+            prog += [(k, w, 0.0, "") for k, w in (("net", s.end_net), ("cpu", s.end_cpu))
+                     if w > 0]
+            if s.end_other > 0:
+                prog.append(("wait", 0.0, s.end_other, ""))
+        self.shape, self.program, self.pc, self.seq = shape, prog, 0, 0
+        self.epoch_start: float | None = None
+        self.samples: list[float] = []
+        self.epochs = 0
+
+
+def iteration_times(shapes: Sequence[Shape], epochs: int = 4, warmup: int = 1,
+                    max_events: int = 50_000) -> dict[str, float]:
+    """Each job's predicted seconds per training iteration in the group:
+    the mean over ``epochs`` epochs after ``warmup`` of (train phase) / iters,
+    replayed until every job has that many (or ``max_events`` passed; a job
+    with no measured epoch by then gets its own iteration time alone,
+    t_cpu + t_net + overhead)."""
+    jobs = {s.id: _Job(s) for s in shapes}
+    if len(jobs) != len(shapes):
+        raise ValueError("job ids in a group must be unique")
+    q = ResourceQueues()
+    run: dict[tuple[str, int], list] = {}     # running sub -> [remaining, rate, role]
+    timers: list[tuple[float, int, str]] = []  # (time, tie, job): enqueue its next subtask
+    now, tie, events = 0.0, 0, 0
+    want = warmup + epochs
+
+    def act(actions: list) -> None:
+        for a in actions:
+            key = (a.sub.job, a.sub.seq)
+            if isinstance(a, Grant):
+                run[key] = [jobs[a.sub.job].program[jobs[a.sub.job].pc][1],
+                            0.0 if a.role == "secondary" else 1.0]
+            elif isinstance(a, (Promote, Resume)):
+                run[key][1] = 1.0
+            elif isinstance(a, (Demote, Stop)):
+                run[key][1] = 0.0
+
+    def start(jid: str) -> None:
+        j = jobs[jid]
+        kind = j.program[j.pc][0]
+        if kind == "wait":
+            return finish(jid)
+        j.seq += 1
+        s = j.shape
+        prio = s.t_cpu if kind == "cpu" else s.t_net / 2
+        act(q.enqueue(Sub(jid, j.seq, kind, prio)))
+
+    def finish(jid: str) -> None:
+        j = jobs[jid]
+        kind, _, _, mark = j.program[j.pc]
+        if kind != "wait":
+            run.pop((jid, j.seq))
+            act(q.done(jid, j.seq))
+        if mark == "last":
+            if j.epochs >= warmup and j.epoch_start is not None:
+                j.samples.append((now - j.epoch_start) / (j.shape.iters or 1))
+            j.epochs += 1
+        j.pc = (j.pc + 1) % len(j.program)
+        due(jid)
+
+    def due(jid: str) -> None:
+        """The job's next subtask is asked for after its round trip."""
+        nonlocal tie
+        j = jobs[jid]
+        _, _, gap, mark = j.program[j.pc]
+        if mark == "first":
+            j.epoch_start = now
+        tie += 1
+        heapq.heappush(timers, (now + gap, tie, jid))
+
+    for jid in jobs:
+        due(jid)
+    while events < max_events and any(j.epochs < want for j in jobs.values()):
+        events += 1
+        # the next event: a running subtask ends, or a job's next subtask is due
+        t_next, who = float("inf"), None
+        for key, (left, rate) in run.items():
+            if rate > 0 and now + left / rate < t_next:
+                t_next, who = now + left / rate, key
+        if timers and timers[0][0] <= t_next:
+            t, _, jid = heapq.heappop(timers)
+            _advance(run, t - now)
+            now = t
+            start(jid)
+            continue
+        if who is None:
+            break                                  # nothing can move: a bad shape
+        _advance(run, t_next - now)
+        now = t_next
+        finish(who[0])
+    out = {}
+    for jid, j in jobs.items():
+        if j.samples:
+            out[jid] = sum(j.samples) / len(j.samples)
+        else:
+            s = j.shape
+            out[jid] = s.t_cpu + s.t_net + s.overhead
+    return out
+
+
+def _advance(run: dict, dt: float) -> None:
+    if dt <= 0:
+        return
+    for rec in run.values():
+        if rec[1] > 0:
+            rec[0] = max(0.0, rec[0] - dt * rec[1])
+
+
+# -- predictions from profiles --------------------------------------------------------
+def shape_at(p: Profile, m: int) -> Shape:
+    """A profiled job's shape on ``m`` machines (COMP and the evaluation
+    scale as 1/m, Eq 4.2; COMM as ``t_net_at``)."""
+    return Shape(p.id, t_cpu_at(p, m), t_net_at(p, m), p.overhead, int(round(p.iters)),
+                 p.end_cpu * p.dop / m, 0.0, p.end_other)
+
+
+def _key(s: Shape) -> tuple:
+    r = lambda x: float(f"{x:.3g}")       # noqa: E731  (3 significant digits)
+    return (s.id, r(s.t_cpu), r(s.t_net), r(s.overhead), s.iters, r(s.end_cpu),
+            r(s.end_net), r(s.end_other))
+
+
+@lru_cache(maxsize=4096)
+def _cached(keys: tuple) -> tuple:
+    shapes = [Shape(*k) for k in keys]
+    res = iteration_times(shapes)
+    return tuple(res[s.id] for s in shapes)
+
+
+def predict(profiles: Sequence[Profile], m: int) -> dict[str, float]:
+    """Each job's predicted seconds per iteration in a group on ``m``
+    machines: its own iteration time when alone (``job_iter_time``), else
+    the queue replay (cached on shapes rounded to 3 significant digits)."""
+    if len(profiles) == 1:
+        p = profiles[0]
+        return {p.id: job_iter_time(p, m)}
+    keys = tuple(_key(shape_at(p, m)) for p in profiles)
+    return dict(zip((p.id for p in profiles), _cached(keys)))

@@ -1,0 +1,75 @@
+"""The queue replay: per-job iteration times of a group under the runtime's queues."""
+from __future__ import annotations
+
+import pytest
+
+from harmony.master.harmony_policy import harmony
+from harmony.master.policy import ClusterView, JobView, WorkerView
+from harmony.sched.model import Profile, group_iter_time, job_iter_time
+from harmony.sched.replay import Shape, iteration_times, predict
+
+
+def test_alone_is_its_own_iteration_time():
+    t = iteration_times([Shape("a", 0.7, 0.2, 0.03)])
+    assert t["a"] == pytest.approx(0.93)
+
+
+def test_two_cpu_jobs_take_turns():
+    t = iteration_times([Shape("a", 1.0, 0.0), Shape("b", 1.0, 0.0)])
+    assert t == pytest.approx({"a": 2.0, "b": 2.0})
+
+
+def test_complementary_pair_between_eq41_and_one_after_the_other():
+    shapes = [Shape("a", 1.0, 0.2), Shape("b", 0.2, 1.0)]
+    t = iteration_times(shapes)
+    eq41 = group_iter_time([Profile("a", 1.0, 0.2, 1), Profile("b", 0.2, 1.0, 1)], 1)
+    for v in t.values():
+        assert eq41 - 1e-9 <= v < 2.4       # never better than Eq 4.1, better than in turn
+
+
+def test_partner_at_its_epoch_end_runs_alone():
+    """Eq 4.1 says 2 s per iteration for two equal CPU jobs; with 2 iterations
+    per epoch and a 2 s epoch end (barrier, report) the partner is away a
+    large part of the time, and each job's iterations run faster."""
+    shapes = [Shape(x, 1.0, 0.0, iters=2, end_other=2.0) for x in "ab"]
+    t = iteration_times(shapes)
+    assert all(1.0 <= v < 1.9 for v in t.values()), t
+
+
+def test_short_comp_preempts_a_long_one():
+    """The queue stops a COMP 4x longer for a short one (harmony.worker.queues):
+    the short job does not wait out its partner's long COMP as in lockstep."""
+    t = iteration_times([Shape("short", 0.1, 0.05), Shape("long", 1.0, 0.05)])
+    assert t["short"] < 0.6 < 1.1 <= t["long"], t
+
+
+def test_bad_shapes():
+    with pytest.raises(ValueError):
+        Shape("a", -1.0, 0.0)
+    with pytest.raises(ValueError):
+        iteration_times([Shape("a", 1.0, 0.0), Shape("a", 1.0, 0.0)])
+
+
+def test_predict_alone_and_cached():
+    p = Profile("a", 0.5, 0.1, 1, overhead=0.02, iters=2, end_cpu=0.3)
+    assert predict([p], 1) == {"a": pytest.approx(job_iter_time(p, 1))}
+    q = Profile("b", 0.1, 0.5, 1, iters=3)
+    one, two = predict([p, q], 1), predict([p, q], 1)
+    assert one == two and set(one) == {"a", "b"}
+    # on 2 machines COMP halves: both iterate faster
+    wide = predict([p, q], 2)
+    assert wide["a"] < one["a"]
+
+
+def test_harmony_decision_predicts_per_job():
+    """The scheduler's decision carries each grouped job's own prediction."""
+    w = (WorkerView("m0", 1, 1 << 30, 2),)
+    prof = {"j1": (1.0, 0.05, 1, 0.0, 0.01, 2, 0.3, 0.2),
+            "j2": (0.1, 0.6, 1, 0.0, 0.01, 2, 0.1, 0.2)}
+    active = tuple(JobView(j, 1, float(i), state="running", profile=prof[j], workers=("m0",),
+                           sched_group="g", epochs=5) for i, j in enumerate(prof))
+    dec = harmony(ClusterView(workers=w, waiting=(), active=active, now=10.0))
+    assert set(dec.predicted_jobs) == {"j1", "j2"}
+    want = predict([Profile.from_view(j, prof[j]) for j in prof], 1)
+    assert dec.predicted_jobs == pytest.approx(want)
+    assert dec.predicted_jobs["j1"] != dec.predicted_jobs["j2"]
