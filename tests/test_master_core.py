@@ -378,3 +378,50 @@ def test_a_machine_out_of_memory_moves_its_youngest_job_to_an_idle_machine():
     rc = c.core.runs[b].reconfig
     assert rc is not None and rc.to == ["m2"] and "memory" in rc.note
     assert c.core.runs[a].reconfig is None and not c.core.runs[a].pausing
+
+
+def test_checkpoint_gc_tells_only_machines_that_may_hold_parts():
+    """A periodic checkpoint tells the machines the job ran on and those
+    that acknowledged a part (a replica included); the job's end tells every
+    live machine; a core that restarted, not knowing, tells every machine."""
+    c = Cluster(machines=4)
+    jid = c.submit()
+    ex = c.start(jid)
+    job = c.core.jobs[jid]
+    here = job.workers[0]
+    c.core.snapshots.add(jid)          # a model export asks for a checkpoint
+    c.msg(ex[0], "epoch_done", job=jid, index=0, epoch=0, sums={}, timings={})
+    n = len(c.sent)
+    c.msg(ex[0], "ckpt_part", job=jid, index=0, epoch=0, version=1, bytes=100,
+          replica="m3" if here != "m3" else "m2")
+    gc = [s for s in c.sent[n:] if s.type == "ckpt_gc"]
+    told = {s.to for s in gc}
+    replica = "m3" if here != "m3" else "m2"
+    assert told == {f"d:{here}".encode(), f"d:{replica}".encode()}
+    assert all(s.fields == {"job": jid, "keep": 0} for s in gc)
+    # the job's end tells every live machine
+    n = len(c.sent)
+    c.msg(b"client", "cancel", job=jid)
+    assert {s.to for s in c.sent[n:] if s.type == "ckpt_gc"} == \
+        {f"d:m{i}".encode() for i in range(4)}
+
+
+def test_checkpoint_gc_after_a_master_restart_tells_every_machine():
+    c = Cluster(machines=4)
+    jid = c.submit()
+    job = c.core.jobs[jid]
+    # a new core loads the table: it does not know where the job's parts are
+    c.core = C.MasterCore({jid: job}, mode="naive", heartbeat_timeout=5.0,
+                          launch_timeout=60.0)
+    c.run(c.core.recover(0.0))
+    for i in range(4):
+        c.msg(f"d:m{i}".encode(), "register", name=f"m{i}", host="h", cpus=2,
+              memory=1 << 30, pid=1, executors=[], data_endpoint=f"tcp://h:{i}")
+    c.tick()
+    ex = c.start(jid)
+    c.core.snapshots.add(jid)
+    c.msg(ex[0], "epoch_done", job=jid, index=0, epoch=0, sums={}, timings={})
+    n = len(c.sent)
+    c.msg(ex[0], "ckpt_part", job=jid, index=0, epoch=0, version=1, bytes=100)
+    assert {s.to for s in c.sent[n:] if s.type == "ckpt_gc"} == \
+        {f"d:m{i}".encode() for i in range(4)}

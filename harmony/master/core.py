@@ -257,6 +257,9 @@ class MasterCore:
         self.jobs: dict[str, Job] = dict(jobs or {})
         self.datasets: dict[str, dict] = dict(datasets or {})
         self.snapshots: set[str] = set()   # jobs a fresh model export waits for
+        # job -> machines that may hold parts of its checkpoints (since this
+        # master started; a job not in it: any machine may)
+        self._ckpt_at: dict[str, set[str]] = {}
         self.workers: dict[str, Worker] = {}
         self.by_ident: dict[bytes, str] = {}            # daemon ident -> worker name
         self.exec_ident: dict[bytes, tuple[str, int, int]] = {}
@@ -438,6 +441,7 @@ class MasterCore:
 
     def _admitted(self, ident: bytes, job: Job) -> None:
         self.jobs[job.id] = job
+        self._ckpt_at[job.id] = set()        # new: no machine holds its parts yet
         self._dirty = True
         log.info("submitted %s (%s, %d machine(s))", job.id, job.app_name, job.machines)
         self._send(ident, _msg("submitted", job=job.id))
@@ -955,6 +959,7 @@ class MasterCore:
         job.launches += 1
         job.attempt = job.failures + 1
         job.workers = list(machines)
+        self._may_hold_parts(job.id, machines)    # its executors write parts there
         if job.resume:
             # resume: keep the epochs up to the checkpoint, drop any later
             # ones (an attempt that failed after it), in one transaction
@@ -1157,17 +1162,37 @@ class MasterCore:
                           "holders": sorted({h for m, r, _ in parts.values()
                                              for h in (m, r) if h})}
         self._persist("save", job)
-        self._gc_checkpoints(job.id, epoch)
+        self._gc_checkpoints(job.id, epoch, job.checkpoint["holders"])
         self.snapshots.discard(job.id)      # a fresh model export has its checkpoint
 
-    def _gc_checkpoints(self, job_id: str, keep: int | None) -> None:
-        """Tell every live machine to drop the job's parts older than
-        ``keep`` (all of them with None)."""
+    def _gc_checkpoints(self, job_id: str, keep: int | None,
+                        holders: list[str] | None = None) -> None:
+        """Tell machines to drop the job's checkpoint parts older than
+        ``keep``, or all of them (None: the job ended; every live machine is
+        told, so parts whose write never finished go too). A periodic
+        checkpoint (``keep``, with the machines that hold it: ``holders``)
+        tells only the machines that may hold older parts: those the job ran
+        on and those that acknowledged a part, since this master started
+        (every live machine when it does not know: after a restart). At
+        1,000 machines, telling every machine at every checkpoint was the
+        simulator's largest single cost."""
         fields = {"job": job_id, "keep": keep}
         out = self._out.append
-        for w in self.workers.values():
-            if w.alive:
+        known = self._ckpt_at.get(job_id) if keep is not None else None
+        told = set()
+        for name, w in self.workers.items():
+            if w.alive and (known is None or name in known):
                 out(Send(w.ident, "ckpt_gc", fields))
+                told.add(name)
+        if keep is None:
+            self._ckpt_at.pop(job_id, None)
+        else:     # what may hold parts now: the kept ones, and machines not told
+            self._ckpt_at[job_id] = set(holders or ()) | ((known or set()) - told)
+
+    def _may_hold_parts(self, job_id: str, machines) -> None:
+        known = self._ckpt_at.get(job_id)
+        if known is not None:
+            known.update(m for m in machines if m)
 
     def _kill_executors(self, job: Job) -> None:
         run = self.runs.pop(job.id, None)
@@ -1446,6 +1471,7 @@ class MasterCore:
             return
         i = msg["index"]
         run.ckpt_parts[i] = (job.workers[i], msg.get("replica"), msg["bytes"])
+        self._may_hold_parts(job.id, run.ckpt_parts[i][:2])
         if len(run.ckpt_parts) < len(job.workers):
             return
         ep, parts = run.ckpt_epoch, run.ckpt_parts
@@ -1662,6 +1688,7 @@ class MasterCore:
         moved = int(sum(m["bytes_out"] for m in rc.migrated.values()))
         stood = self.now - (rc.stood_since or rc.t0)
         job.workers = list(rc.to)
+        self._may_hold_parts(job.id, rc.to)
         job.move = None
         note = (f"{rc.note}: now on {', '.join(job.workers)} ({rc.blocks} block(s), "
                 f"{moved / 2**20:.1f} MiB moved; took {self.now - rc.t0:.2f}s, iterations "
@@ -1763,6 +1790,7 @@ class MasterCore:
         i = msg["index"]
         run.final[i] = (job.workers[i], msg.get("replica"), msg.get("bytes") or 0,
                         msg["epoch"], msg.get("error"))
+        self._may_hold_parts(job.id, run.final[i][:2])
         if msg.get("error"):
             log.warning("%s: final checkpoint part %d failed: %s", job.id, i, msg["error"])
 
@@ -1787,7 +1815,7 @@ class MasterCore:
             "final": True,
             "model": [{"index": i, "epoch": ep, "holders": [m] + ([r] if r else [])}
                       for i, (m, r, _, _, _) in sorted(parts.items())]}
-        self._gc_checkpoints(job.id, ep)
+        self._gc_checkpoints(job.id, ep, job.checkpoint["holders"])
         return None
 
     def _retain_models(self) -> None:
