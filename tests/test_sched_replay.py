@@ -73,3 +73,14 @@ def test_harmony_decision_predicts_per_job():
     want = predict([Profile.from_view(j, prof[j]) for j in prof], 1)
     assert dec.predicted_jobs == pytest.approx(want)
     assert dec.predicted_jobs["j1"] != dec.predicted_jobs["j2"]
+
+
+def test_long_epochs_are_replayed_capped_with_the_same_end_share():
+    """An epoch of 400 iterations is replayed as one of ITERS_CAP with its end
+    scaled alike: the prediction matches the explicitly scaled shape's."""
+    from harmony.sched.replay import ITERS_CAP
+    p = Profile("a", 1.0, 0.1, 1, iters=400, end_cpu=40.0, end_other=8.0)
+    q = Profile("b", 0.2, 0.5, 1, iters=ITERS_CAP)
+    f = ITERS_CAP / 400
+    small = Profile("a", 1.0, 0.1, 1, iters=ITERS_CAP, end_cpu=40.0 * f, end_other=8.0 * f)
+    assert predict([p, q], 1) == pytest.approx(predict([small, q], 1))

@@ -181,11 +181,21 @@ def _advance(run: dict, dt: float) -> None:
 
 
 # -- predictions from profiles --------------------------------------------------------
+#: epochs of more iterations are replayed as epochs of this many, with their
+#: end scaled down alike (the same share of the job's time at its epoch
+#: end): a replay's cost grows with the iterations it plays, and past a few
+#: iterations per epoch the order within an epoch repeats
+ITERS_CAP = 8
+
+
 def shape_at(p: Profile, m: int) -> Shape:
     """A profiled job's shape on ``m`` machines (COMP and the evaluation
-    scale as 1/m, Eq 4.2; COMM as ``t_net_at``)."""
-    return Shape(p.id, t_cpu_at(p, m), t_net_at(p, m), p.overhead, int(round(p.iters)),
-                 p.end_cpu * p.dop / m, 0.0, p.end_other)
+    scale as 1/m, Eq 4.2; COMM as ``t_net_at``), epochs capped at
+    ``ITERS_CAP`` iterations."""
+    iters = int(round(p.iters))
+    f = ITERS_CAP / iters if iters > ITERS_CAP else 1.0
+    return Shape(p.id, t_cpu_at(p, m), t_net_at(p, m), p.overhead, min(iters, ITERS_CAP),
+                 f * p.end_cpu * p.dop / m, 0.0, f * p.end_other)
 
 
 def _key(s: Shape) -> tuple:
