@@ -27,6 +27,7 @@ per epoch: ``objective`` (mean training cross-entropy), ``accuracy``,
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
@@ -98,16 +99,18 @@ class TorchMLP(App):
         Option("dataset", str, "digits", "scikit-learn data set (shipped, no download)",
                choices=DATASETS),
         Option("split_seed", int, 0, "seed of the train/test split"),
-        Option("threads", int, 1, "torch intra-op threads per machine"),
+        Option("threads", int, 0, "torch intra-op threads per machine (0: the machine's "
+               "cores, as the worker daemon sets HARMONY_THREADS; 1 outside a cluster)"),
     ]
 
     def read_input(self, part: InputPart):
         o = self.opts
         if o.hidden < 1 or o.layers < 0 or o.lr <= 0 or not (0 <= o.momentum < 1) \
-                or o.batch_size < 1 or o.threads < 1:
+                or o.batch_size < 1 or o.threads < 0:
             raise AppError("bad app options: need hidden >= 1, layers >= 0, lr > 0, "
-                           "0 <= momentum < 1, batch_size >= 1, threads >= 1")
-        torch.set_num_threads(o.threads)
+                           "0 <= momentum < 1, batch_size >= 1, threads >= 0")
+        threads = o.threads or int(os.environ.get("HARMONY_THREADS") or 1)
+        torch.set_num_threads(max(1, threads))
         Xtr, ytr, Xte, yte = dataset(o.dataset, o.split_seed)
         self.net = make_mlp(Xtr.shape[1], o.hidden, o.layers, int(ytr.max()) + 1, o.seed)
         self.rows = ModuleRows(self.net)
