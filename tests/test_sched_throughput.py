@@ -153,3 +153,20 @@ def test_an_arrival_beside_a_job_still_profiling_stays_until_that_one_is_profile
     cur0 = _cur(("g1", ("cpu", "new", "new2"), ("m0",)), machines=("m0",))
     cur, left, _ = TP.plan(cur0, [], ["cpu"], profiles, {"cpu": 1, "new": 1, "new2": 1})
     assert cur.group_of("cpu") is None and left == ["cpu"]
+
+
+def test_lending_must_repay_two_moves():
+    """WIDE saves 3 s per iteration on 4 machines (4.2 -> 1.2): with 10
+    iterations left that repays two moves of 1 s, with 1 left not two of
+    2 s; growing to the 2 machines it asked for is not lending."""
+    profiles = {"wide": WIDE}
+    cur0 = _cur(("g1", ("wide",), ("m0",)))
+    cur, _, _ = TP.plan(cur0, [], [], profiles, {"wide": 1}, movable=["wide"],
+                        iters_left={"wide": 10}, move_cost=1.0)
+    assert len(cur.group_of("wide").machines) == 4
+    cur, _, notes = TP.plan(cur0, [], [], profiles, {"wide": 1}, movable=["wide"],
+                            iters_left={"wide": 1}, move_cost=2.0)
+    assert len(cur.group_of("wide").machines) == 1 and "two moves" in notes[0]
+    cur, _, _ = TP.plan(cur0, [], [], profiles, {"wide": 2}, movable=["wide"],
+                        iters_left={"wide": 1}, move_cost=2.0)
+    assert len(cur.group_of("wide").machines) == 2

@@ -4,6 +4,8 @@ Pure tests drive ``harmony_policy.harmony`` with cluster views and apply its
 decisions the way the master does; the end-to-end test runs it on a local
 cluster.
 """
+import dataclasses
+
 import pytest
 
 from harmony.client import Client
@@ -76,8 +78,11 @@ def test_a_profiled_job_alone_grows_to_the_whole_cluster():
     assert dec.pause == {"job-0001": ["m0", "m1"]}
     assert harmony(view, objective="util").pause == dec.pause     # Algorithm 1 agrees
     # one that asked for one machine is lent the second (nothing waits),
-    # given back when another job needs it
-    assert harmony(ClusterView(M2, (), (j,))).pause == {"job-0001": ["m0", "m1"]}
+    # given back when another job needs it, if the time it saves repays two
+    # moves: not with 3 iterations left (as many as it ran), with 30 it does
+    assert harmony(ClusterView(M2, (), (j,))).pause == {}
+    long = dataclasses.replace(j, profile=(1.0, 0.2, 1, 0.0, 0.0, 10))
+    assert harmony(ClusterView(M2, (), (long,))).pause == {"job-0001": ["m0", "m1"]}
     view, last = settle(apply(view, dec))
     assert [j.workers for j in view.active] == [("m0", "m1")]
     assert last.predicted[view.active[0].sched_group] == pytest.approx(0.5 + 0.2)

@@ -34,6 +34,7 @@ import logging
 import math
 import secrets
 import signal
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -260,6 +261,8 @@ class MasterCore:
         # job -> machines that may hold parts of its checkpoints (since this
         # master started; a job not in it: any machine may)
         self._ckpt_at: dict[str, set[str]] = {}
+        # seconds the last live moves stalled their jobs' iterations
+        self._move_stood: deque[float] = deque(maxlen=20)
         self.workers: dict[str, Worker] = {}
         self.by_ident: dict[bytes, str] = {}            # daemon ident -> worker name
         self.exec_ident: dict[bytes, tuple[str, int, int]] = {}
@@ -880,7 +883,8 @@ class MasterCore:
             active=tuple(self._job_view(
                 j, profile=self._view_profile(j, P.PROFILE_SAMPLES if j.state ==
                                               JobState.PROFILING else 1)) for j in active),
-            finished=tuple(self._ended), max_jobs=self.max_jobs, now=self.now)
+            finished=tuple(self._ended), max_jobs=self.max_jobs, now=self.now,
+            move_cost=statistics.median(self._move_stood) if self._move_stood else 0.0)
 
     def _note_ended(self, job: Job) -> None:
         """An active job leaves its group: the Harmony policy's completion event."""
@@ -1687,6 +1691,7 @@ class MasterCore:
         run.reconfig = None
         moved = int(sum(m["bytes_out"] for m in rc.migrated.values()))
         stood = self.now - (rc.stood_since or rc.t0)
+        self._move_stood.append(stood)
         job.workers = list(rc.to)
         self._may_hold_parts(job.id, rc.to)
         job.move = None

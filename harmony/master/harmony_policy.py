@@ -39,6 +39,9 @@ __all__ = ["harmony", "harmony_util", "PROFILE_SAMPLES", "MIN_GAIN"]
 #: epochs a running job must have done (this attempt) before it is widened:
 #: a job with little done is taken to have little left to repay a move
 WIDEN_AFTER = 2
+#: seconds a live move stalls a job until the master has measured one
+#: (Cruise's MOVE_OVERHEAD: the epoch boundary and the acknowledgements)
+DEFAULT_MOVE_COST = 1.0
 
 # Decision: running jobs keep their priority over waiting ones when the
 # scheduler regroups (Algorithm 1 takes jobs in this order). Letting waiting
@@ -214,8 +217,13 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
         caps = {j.id: max(1, j.machines) for j in view.active + view.waiting}
         movable = [j.id for j in view.active if j.epochs >= WIDEN_AFTER]
         pending = sum(max(1, j.machines) for j in view.waiting if j.profile is None)
+        # iterations left: as many as it ran this attempt (Cruise's assumption)
+        iters_left = {j.id: j.epochs * max(1.0, profiles[j.id].iters) for j in view.active
+                      if j.id in profiles}
         cur, waiting, tp_notes = TP.plan(cur, waiting, arrivals, profiles, caps,
-                                         tol=MIN_GAIN, movable=movable, pending=pending)
+                                         tol=MIN_GAIN, movable=movable, pending=pending,
+                                         iters_left=iters_left,
+                                         move_cost=view.move_cost or DEFAULT_MOVE_COST)
         notes += tp_notes
         for a in arrivals:
             if cur.group_of(a) is None and a not in waiting:

@@ -37,6 +37,11 @@ move costs a pause or a block migration and a restart):
   for, up to its best DoP on the whole cluster, when its predicted
   iteration time falls by ≥ ``WIDEN_GAIN`` (a resize moves blocks and
   stalls the job for an epoch boundary, so a small gain does not repay it).
+  Lending beyond what the jobs asked for must also repay its cost: the
+  seconds its iterations save over the iterations its jobs are expected to
+  still run (as many as they ran this attempt: Cruise's assumption) must
+  exceed two moves' measured stall (the lending and the giving back;
+  ``move_cost``).
   When they are needed (a profiled job waits, or new jobs ask for more
   machines to be profiled on than are idle), a group on more machines than
   its jobs asked for gives the extra back, down to its best DoP within that. (Widening for keeps let one job take 77
@@ -100,7 +105,9 @@ def _fresh(groups: Sequence[RunningGroup], want: str) -> str:
 
 def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
          profiles: Mapping[str, Profile], caps: Mapping[str, int], tol: float = 0.05,
-         movable: Sequence[str] = (), pending: int = 0) -> tuple[Current, list[str], list[str]]:
+         movable: Sequence[str] = (), pending: int = 0,
+         iters_left: Mapping[str, float] | None = None,
+         move_cost: float = 0.0) -> tuple[Current, list[str], list[str]]:
     """The next grouping: (groups, jobs left waiting, notes).
 
     ``cur`` holds what runs, the ``arrivals`` (profiled just now) still in the
@@ -108,7 +115,10 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
     in submission order; ``caps`` the machines each job asked for;
     ``movable`` the running jobs that may be widened (enough work left);
     ``pending`` the machines new jobs (not yet profiled) ask for to be
-    profiled on."""
+    profiled on; ``iters_left`` the iterations each running job is expected to
+    still run and ``move_cost`` the seconds a live move stalls a job
+    (measured): a group widens only if the time its iterations save repays
+    two moves (the widening and the giving back)."""
     groups = list(cur.groups)
     notes: list[str] = []
     left: list[str] = []
@@ -213,7 +223,17 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
             if want <= m:
                 continue
             to = min(want, m + len(free))
-            if group_iter_time(ps, to) <= group_iter_time(ps, m) / (1 + WIDEN_GAIN):
+            t_m = group_iter_time(ps, m)
+            cap = max(caps.get(x, 1) for x in g.jobs)
+            if to > cap and iters_left is not None and (t_m - group_iter_time(ps, to)) * min(
+                    iters_left.get(x, 0.0) for x in g.jobs) < 2 * move_cost:
+                # lending beyond what its jobs asked for must repay its moves
+                notes.append(f"{g.id}: not lent {to - max(m, cap)} machine(s) (saves less "
+                             f"than two moves cost)")
+                to = min(to, cap)
+                if to <= m:
+                    continue
+            if group_iter_time(ps, to) <= t_m / (1 + WIDEN_GAIN):
                 groups[i] = RunningGroup(g.id, g.jobs, g.machines + tuple(free[:to - m]))
                 notes.append(f"{g.id}: widened to {to} machine(s)")
     return Current(tuple(groups), cur.machines), left, notes
