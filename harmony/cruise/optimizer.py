@@ -170,11 +170,13 @@ class _Model:
     """The MILP's matrices (variables laid out in blocks: ``off``). ``W``:
     the number of workers, fixed (m_j·W is then linear: no u, r) or None;
     ``cutoff``: only layouts that cost at most this (C's upper bound, which
-    also bounds every d_i by cutoff / (Cwproc_i·q) and so the digits of n_i)."""
+    also bounds every d_i by cutoff / (Cwproc_i·q) and so the digits of n_i);
+    ``floors``: add the two communication floor rows (off: the formulation
+    of "plain", as it was before them)."""
 
     def __init__(self, machines: Machines, job: Workload, allow_both: bool,
                  allow_idle: bool, symmetry: bool, W: int | None = None,
-                 cutoff: float = math.inf) -> None:
+                 cutoff: float = math.inf, floors: bool = True) -> None:
         n, D, M = len(machines), job.data_blocks, job.model_blocks
         q, B = job.items_per_block, job.batch
         a = job.block_units / np.asarray(machines.bw, dtype=float)     # inf -> 0
@@ -182,7 +184,7 @@ class _Model:
         dmax = [min(D, int(math.floor(cutoff / cq[i] * (1 + 1e-9))))
                 if math.isfinite(cutoff) and cq[i] > 0 else D for i in range(n)]
         K = [_bits(math.ceil(dmax[i] * q / B - 1e-9)) for i in range(n)]
-        Wmax = min(n, D) if W is None else W
+        Wmax = (min(n, D) if floors else n) if W is None else W
         L = _bits(n) if W is None else 0
         U = [M * max(Wmax, 1) * max(float(a[i].max()), 1e-300) for i in range(n)]
         plb = _comm_floor(a, M, W) if not allow_both else [0.0] * n
@@ -258,10 +260,10 @@ class _Model:
                 con([(g(i, k), 1.0), (P(i), -1.0), (z(i, k), -U[i])], -U[i], inf)
             con([(C, 1.0), (d(i), -cq[i])]
                 + [(g(i, k), -(2.0 ** k)) for k in range(K[i])], 0, inf)
-            if not allow_both and plb[i] > 0:    # C >= Cwproc_i q d_i + n_i p_i
+            if floors and not allow_both and plb[i] > 0:   # C >= Cwproc_i q d_i + n_i p_i
                 con([(C, 1.0), (d(i), -cq[i])]
                     + [(z(i, k), -(2.0 ** k) * plb[i]) for k in range(K[i])], 0, inf)
-            elif allow_both and amin[i] > 0:     # n_i P_i >= amin_i (M n_i - nmax_i m_i)
+            elif floors and allow_both and amin[i] > 0:    # n_i P_i >= amin_i (M n_i - nmax_i m_i)
                 con([(C, 1.0), (d(i), -cq[i]), (m(i), amin[i] * nmax[i])]
                     + [(z(i, k), -(2.0 ** k) * amin[i] * M) for k in range(K[i])], 0, inf)
         if symmetry:
@@ -416,8 +418,8 @@ def heterogeneous(machines: Machines, job: Workload, *, allow_both: bool = False
         return Solution(r[1], r[2], r[0], "optimal", time.perf_counter() - t0,
                         source="classes")
     if method == "plain":
-        res, d, m = _Model(machines, job, allow_both, allow_idle, symmetry).solve(
-            _options(mip_gap, time_limit))
+        res, d, m = _Model(machines, job, allow_both, allow_idle, symmetry,
+                           floors=False).solve(_options(mip_gap, time_limit))
         if res.status == 0:
             cost = block_cost(machines, job, d, m).cost
             if not math.isclose(cost, res.fun, rel_tol=1e-5, abs_tol=1e-9):
