@@ -10,7 +10,7 @@ import pytest
 
 from harmony.cruise import layouts
 from harmony.cruise.costmodel import Machines, Workload, block_cost
-from harmony.cruise.optimizer import (_bound, _compositions, _twins, eq35, exhaustive,
+from harmony.cruise.optimizer import (_bound, _compositions, _Model, _twins, eq35, exhaustive,
                                       heterogeneous, homogeneous, spread)
 
 INF = math.inf
@@ -208,6 +208,45 @@ def test_milp_methods_match_enumeration(method, seed, n, kinds, both, idle):
     assert sol.cost == pytest.approx(ref.cost, rel=1e-6)
     assert block_cost(mach, job, sol.d, sol.m).cost == pytest.approx(sol.cost, rel=1e-12)
     assert valid(sol, n, both, idle)
+
+
+def test_by_w_matches_enumeration_with_both_roles():
+    # end to end with both roles: search, bounds and per-W MILPs together
+    rng = random.Random(23)
+    for _ in range(12):
+        n = rng.randint(3, 4)
+        mach = (class_machines(rng, n, rng.randint(1, n)) if rng.random() < 0.5
+                else random_machines(rng, n))
+        job = Workload(rng.randint(n, 6), rng.randint(1, 5), rng.choice([50, 100, 150, 250]),
+                       10.0, 100)
+        idle = rng.random() < 0.5
+        ref = exhaustive(mach, job, allow_both=True, allow_idle=idle)
+        sol = heterogeneous(mach, job, allow_both=True, allow_idle=idle)
+        assert sol.status == "optimal"
+        assert sol.cost == pytest.approx(ref.cost, rel=1e-6), (mach, job, idle)
+        assert valid(sol, n, True, idle)
+
+
+def test_milp_rows_alone_keep_the_optimum():
+    # the MILPs without an incumbent (the search often finds the optimum
+    # and would hide a row that cuts it off): one with W in binary, one per W
+    rng = random.Random(31)
+    for t in range(8):
+        n = rng.randint(3, 4)
+        mach = random_machines(rng, n)
+        job = Workload(rng.randint(n, 6), rng.randint(1, 5), rng.choice([50, 100, 150, 250]),
+                       10.0, 100)
+        both, idle = t % 2 == 0, rng.random() < 0.5
+        ref = exhaustive(mach, job, allow_both=both, allow_idle=idle).cost
+        opts = {"disp": False, "mip_rel_gap": 1e-9}
+        res, d, m = _Model(mach, job, both, idle, True).solve(opts)
+        assert res.status == 0 and block_cost(mach, job, d, m).cost == pytest.approx(ref)
+        per_w = []
+        for w in range(1, n + 1):
+            res, d, m = _Model(mach, job, both, idle, True, W=w).solve(opts)
+            if res.status == 0:
+                per_w.append(block_cost(mach, job, d, m).cost)
+        assert min(per_w) == pytest.approx(ref)
 
 
 def het_cluster(n: int) -> Machines:
