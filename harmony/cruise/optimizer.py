@@ -287,7 +287,7 @@ class _Model:
 
 
 METHODS = ("auto", "classes", "milp", "by_w", "plain")
-CLASS_LIMIT = 200_000          # worker layouts × model splits for "auto" to pick "classes"
+CLASS_LIMIT = 1_000_000        # worker layouts × model splits for "auto" to pick "classes"
 SEARCH_SECONDS = 0.5           # at most this long in the local search before the MILP,
 SEARCH_SHARE = 0.1             # and at most this share of the time limit
 
