@@ -2,10 +2,11 @@
 
 Paper (§3.4.6, 32 machines): the homogeneous cost calculation takes 30 ms,
 the heterogeneous one 37.4 s (Gurobi). Here: Eq 3.5's closed form
-(``harmony.cruise.optimizer.homogeneous``) and the MILP
-(``heterogeneous``, HiGHS through scipy.optimize.milp) on
+(``harmony.cruise.optimizer.homogeneous``) and the exact optimizer
+(``heterogeneous``: class enumeration and MILPs by HiGHS through
+scipy.optimize.milp) on
 
-  homog   N equal machines (the MILP should find the closed form's cost);
+  homog   N equal machines (it should find the closed form's cost);
   het     the paper's heterogeneous mix scaled: 1 in 8 machines computes 2x
           faster and has 2x the bandwidth to the other fast ones (N=4: one
           fast machine), disjoint roles as in the paper;
@@ -13,11 +14,15 @@ the heterogeneous one 37.4 s (Gurobi). Here: Eq 3.5's closed form
           executors; its link to itself is free).
 
 Job: 128 data blocks of 1000 items, 64 model blocks, mini-batch 1000 items.
-Each MILP solve stops at --time-limit seconds; "time_limit" rows give the
-best layout found and HiGHS's relative gap to its bound. Timings are wall
-time on whatever machine runs this (HiGHS uses one thread here).
+--method picks ``heterogeneous``'s method (default "auto": the class
+enumeration for disjoint roles, one MILP per number of workers below the
+best layout a local search finds otherwise; "plain" is the MILP alone).
+Each solve stops at --time-limit seconds; "time_limit" rows give the best
+layout found and the relative gap to the best lower bound. Rows say where
+the layout comes from (classes, closed_form, search, milp). Timings are
+wall time on whatever machine runs this (HiGHS uses one thread here).
 
-    python bench/cruise_solve.py [--sizes 4,16,64] [--time-limit 120]
+    python bench/cruise_solve.py [--sizes 4,16,64] [--time-limit 120] [--method auto]
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harmony.cruise.costmodel import Machines, Workload, block_cost  # noqa: E402
-from harmony.cruise.optimizer import heterogeneous, homogeneous  # noqa: E402
+from harmony.cruise.optimizer import METHODS, heterogeneous, homogeneous  # noqa: E402
 
 JOB = Workload(data_blocks=128, model_blocks=64, items_per_block=1000, block_units=1.0,
                batch=1000)
@@ -64,7 +69,7 @@ def het_machines(n: int) -> Machines:
 def fmt(sol, ref: float | None = None) -> str:
     s = f"{sol.seconds:8.2f} s {sol.status:10s}"
     s += f" gap {sol.gap:5.1%}" if sol.status == "time_limit" else " " * 10
-    s += f" W:{sol.workers:<2d} S:{sol.servers:<2d} C={sol.cost:8.2f}"
+    s += f" W:{sol.workers:<2d} S:{sol.servers:<2d} C={sol.cost:8.2f} {sol.source:11s}"
     if ref is not None:
         s += f" ({sol.cost / ref - 1:+.1%} vs even)"
     return s
@@ -74,11 +79,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="4,16,64")
     ap.add_argument("--time-limit", type=float, default=120.0)
+    ap.add_argument("--method", default="auto", choices=METHODS)
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     print(f"job: D={JOB.data_blocks} data blocks x {JOB.items_per_block:g} items, "
           f"M={JOB.model_blocks} model blocks, B={JOB.batch:g}; "
-          f"MILP time limit {args.time_limit:g} s")
+          f"method {args.method}, time limit {args.time_limit:g} s")
     rows = []
     for n in sizes:
         reps = []
@@ -89,23 +95,25 @@ def main() -> None:
         het = het_machines(n)
         # the closed form's layout (blind to the fast machines) on the mixed cluster
         even = block_cost(het, JOB, cf.d, cf.m).cost
+        kw = {"time_limit": args.time_limit, "method": args.method}
+        both = {**kw, "method": "auto"} if args.method == "classes" else kw   # disjoint only
         with quiet_stdout():
-            mh = heterogeneous(homog, JOB, time_limit=args.time_limit)
-            md = heterogeneous(het, JOB, time_limit=args.time_limit)
-            mb = heterogeneous(het, JOB, allow_both=True, time_limit=args.time_limit)
+            mh = heterogeneous(homog, JOB, **kw)
+            md = heterogeneous(het, JOB, **kw)
+            mb = heterogeneous(het, JOB, allow_both=True, **both)
         rows.append((n, statistics.median(reps), cf, mh, md, mb, even))
         print(f"\nN={n}")
         print(f"  closed form (Eq 3.5) {statistics.median(reps) * 1e3:8.3f} ms"
               f"  W:{cf.workers} S:{cf.servers} C={cf.cost:.2f}")
-        print(f"  MILP homog           {fmt(mh)}")
-        print(f"  MILP het             {fmt(md, even)}")
-        print(f"  MILP het+both        {fmt(mb, even)}", flush=True)
-    print("\n| machines | Eq 3.5 | MILP homog | MILP het | MILP het+both |")
+        print(f"  homog                {fmt(mh)}")
+        print(f"  het                  {fmt(md, even)}")
+        print(f"  het+both             {fmt(mb, even)}", flush=True)
+    print("\n| machines | Eq 3.5 | homog | het | het+both |")
     print("|---:|---:|---:|---:|---:|")
     for n, t, cf, mh, md, mb, even in rows:
         def cell(s):
-            return f"{s.seconds:.2f} s" + (f" (limit, gap {s.gap:.0%})"
-                                           if s.status == "time_limit" else "")
+            t = f"{s.seconds * 1e3:.1f} ms" if s.seconds < 0.1 else f"{s.seconds:.2f} s"
+            return t + (f" (limit, gap {s.gap:.0%})" if s.status == "time_limit" else "")
         print(f"| {n} | {t * 1e3:.2f} ms | {cell(mh)} | {cell(md)} | {cell(mb)} |")
 
 
