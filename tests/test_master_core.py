@@ -425,3 +425,15 @@ def test_checkpoint_gc_after_a_master_restart_tells_every_machine():
     c.msg(ex[0], "ckpt_part", job=jid, index=0, epoch=0, version=1, bytes=100)
     assert {s.to for s in c.sent[n:] if s.type == "ckpt_gc"} == \
         {f"d:m{i}".encode() for i in range(4)}
+
+
+def test_the_view_carries_the_expected_gap_to_the_next_arrival_and_the_move_cost():
+    c = Cluster(machines=1)
+    assert c.core._view([], []).arrival_gap == 0.0       # not known yet
+    for t in (0.0, 2.0, 4.0):
+        c.t = t
+        c.submit()
+    assert c.core._view([], []).arrival_gap == pytest.approx(2.0)
+    c.tick(6.0)                                           # none for 6 s: longer than the mean
+    assert c.core._view([], []).arrival_gap == pytest.approx(6.0)
+    assert c.core._view([], []).move_cost == 0.0          # no live move measured yet

@@ -170,3 +170,16 @@ def test_lending_must_repay_two_moves():
     cur, _, _ = TP.plan(cur0, [], [], profiles, {"wide": 2}, movable=["wide"],
                         iters_left={"wide": 1}, move_cost=2.0)
     assert len(cur.group_of("wide").machines) == 2
+
+
+def test_lending_counts_only_until_the_next_arrival_is_expected():
+    """With 10 iterations left WIDE would repay two 1 s moves; if the next
+    job is expected in 0.5 s (and takes the machines back) it does not."""
+    profiles = {"wide": WIDE}
+    cur0 = _cur(("g1", ("wide",), ("m0",)))
+    cur, _, _ = TP.plan(cur0, [], [], profiles, {"wide": 1}, movable=["wide"],
+                        iters_left={"wide": 10}, move_cost=1.0, arrival_gap=30.0)
+    assert len(cur.group_of("wide").machines) == 4
+    cur, _, notes = TP.plan(cur0, [], [], profiles, {"wide": 1}, movable=["wide"],
+                            iters_left={"wide": 10}, move_cost=1.0, arrival_gap=0.5)
+    assert len(cur.group_of("wide").machines) == 1 and "two moves" in notes[0]

@@ -125,8 +125,18 @@ def test_ingest_spills_beyond_the_limit_or_refuses(storage):
     li.ingest(blocks(), memory_limit=3 * size)
     assert len(li.memory) == 3 and len(li.on_disk) == 5
     li2 = LocalInput(None)
+    seen = []
+
+    def counted():
+        for b in blocks():
+            # what is in memory once the next block is made: never over the limit
+            seen.append(li2.memory.total_bytes() + b.nbytes)
+            yield b
     with pytest.raises(SpillDisabledError, match=r"budget X; spilling is disabled \(--no-spill\)"):
-        li2.ingest(blocks(), memory_limit=3 * size, spill=False, budget_note=" budget X")
+        li2.ingest(counted(), memory_limit=3 * size, spill=False, budget_note=" budget X")
+    # refused while the block in hand still fits: no moment over the limit
+    # for the daemon's OOM killer to catch before the job says why
+    assert max(seen) <= 3 * size and len(li2.memory) == 2
 
 
 def test_full_store_is_a_clear_error(tmp_path):

@@ -263,6 +263,7 @@ class MasterCore:
         self._ckpt_at: dict[str, set[str]] = {}
         # seconds the last live moves stalled their jobs' iterations
         self._move_stood: deque[float] = deque(maxlen=20)
+        self._arrivals: deque[float] = deque(maxlen=10)     # the last submission times
         self.workers: dict[str, Worker] = {}
         self.by_ident: dict[bytes, str] = {}            # daemon ident -> worker name
         self.exec_ident: dict[bytes, tuple[str, int, int]] = {}
@@ -445,6 +446,7 @@ class MasterCore:
     def _admitted(self, ident: bytes, job: Job) -> None:
         self.jobs[job.id] = job
         self._ckpt_at[job.id] = set()        # new: no machine holds its parts yet
+        self._arrivals.append(self.now)
         self._dirty = True
         log.info("submitted %s (%s, %d machine(s))", job.id, job.app_name, job.machines)
         self._send(ident, _msg("submitted", job=job.id))
@@ -884,7 +886,17 @@ class MasterCore:
                 j, profile=self._view_profile(j, P.PROFILE_SAMPLES if j.state ==
                                               JobState.PROFILING else 1)) for j in active),
             finished=tuple(self._ended), max_jobs=self.max_jobs, now=self.now,
-            move_cost=statistics.median(self._move_stood) if self._move_stood else 0.0)
+            move_cost=statistics.median(self._move_stood) if self._move_stood else 0.0,
+            arrival_gap=self._arrival_gap())
+
+    def _arrival_gap(self) -> float:
+        """Seconds until the next job is expected: the mean gap between the
+        recent submissions, or the time since the last one if that is longer
+        (0: fewer than two submissions seen)."""
+        a = self._arrivals
+        if len(a) < 2:
+            return 0.0
+        return max((a[-1] - a[0]) / (len(a) - 1), self.now - a[-1])
 
     def _note_ended(self, job: Job) -> None:
         """An active job leaves its group: the Harmony policy's completion event."""

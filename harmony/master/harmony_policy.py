@@ -223,7 +223,8 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
         cur, waiting, tp_notes = TP.plan(cur, waiting, arrivals, profiles, caps,
                                          tol=MIN_GAIN, movable=movable, pending=pending,
                                          iters_left=iters_left,
-                                         move_cost=view.move_cost or DEFAULT_MOVE_COST)
+                                         move_cost=view.move_cost or DEFAULT_MOVE_COST,
+                                         arrival_gap=view.arrival_gap)
         notes += tp_notes
         for a in arrivals:
             if cur.group_of(a) is None and a not in waiting:

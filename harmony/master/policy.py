@@ -55,6 +55,9 @@ class ClusterView:
     # seconds a live move (block migration) stalled a job's iterations:
     # the median of the master's recent moves (0: none measured yet)
     move_cost: float = 0.0
+    # seconds until the next job is expected: the mean gap between the last
+    # submissions, or the time since the last one if longer (0: not known)
+    arrival_gap: float = 0.0
 
 
 @dataclass

@@ -39,9 +39,11 @@ move costs a pause or a block migration and a restart):
   stalls the job for an epoch boundary, so a small gain does not repay it).
   Lending beyond what the jobs asked for must also repay its cost: the
   seconds its iterations save over the iterations its jobs are expected to
-  still run (as many as they ran this attempt: Cruise's assumption) must
-  exceed two moves' measured stall (the lending and the giving back;
-  ``move_cost``).
+  still run (as many as they ran this attempt: Cruise's assumption), and
+  at most until the next job is expected to arrive and take the machines
+  back (``arrival_gap``: the recent mean gap between submissions, or the
+  time since the last one if longer), must exceed two moves' measured
+  stall (the lending and the giving back; ``move_cost``).
   When they are needed (a profiled job waits, or new jobs ask for more
   machines to be profiled on than are idle), a group on more machines than
   its jobs asked for gives the extra back, down to its best DoP within that. (Widening for keeps let one job take 77
@@ -107,7 +109,7 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
          profiles: Mapping[str, Profile], caps: Mapping[str, int], tol: float = 0.05,
          movable: Sequence[str] = (), pending: int = 0,
          iters_left: Mapping[str, float] | None = None,
-         move_cost: float = 0.0) -> tuple[Current, list[str], list[str]]:
+         move_cost: float = 0.0, arrival_gap: float = 0.0) -> tuple[Current, list[str], list[str]]:
     """The next grouping: (groups, jobs left waiting, notes).
 
     ``cur`` holds what runs, the ``arrivals`` (profiled just now) still in the
@@ -117,8 +119,10 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
     ``pending`` the machines new jobs (not yet profiled) ask for to be
     profiled on; ``iters_left`` the iterations each running job is expected to
     still run and ``move_cost`` the seconds a live move stalls a job
-    (measured): a group widens only if the time its iterations save repays
-    two moves (the widening and the giving back)."""
+    (measured): a group is lent machines only if the time its iterations
+    save repays two moves (the lending and the giving back), counting only
+    the iterations it runs before the next job is expected (``arrival_gap``
+    seconds, 0: not known), which takes the machines back."""
     groups = list(cur.groups)
     notes: list[str] = []
     left: list[str] = []
@@ -225,8 +229,12 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
             to = min(want, m + len(free))
             t_m = group_iter_time(ps, m)
             cap = max(caps.get(x, 1) for x in g.jobs)
-            if to > cap and iters_left is not None and (t_m - group_iter_time(ps, to)) * min(
-                    iters_left.get(x, 0.0) for x in g.jobs) < 2 * move_cost:
+            t_to = group_iter_time(ps, to)
+            hold = (min(iters_left.get(x, 0.0) for x in g.jobs) * t_to
+                    if iters_left is not None else float("inf"))
+            if arrival_gap > 0:
+                hold = min(hold, arrival_gap)
+            if to > cap and t_to > 0 and (t_m - t_to) * hold / t_to < 2 * move_cost:
                 # lending beyond what its jobs asked for must repay its moves
                 notes.append(f"{g.id}: not lent {to - max(m, cap)} machine(s) (saves less "
                              f"than two moves cost)")

@@ -322,17 +322,23 @@ class LocalInput:
         """Take blocks from an iterable (``app.read_input``, or a restored
         checkpoint). Once the in-memory input would exceed ``memory_limit``
         bytes, further blocks go straight to LMDB, or, with ``spill`` off,
-        :class:`SpillDisabledError` is raised (naming ``budget_note``)."""
+        :class:`SpillDisabledError` is raised (naming ``budget_note``).
+
+        With ``spill`` off the limit keeps one block of room: a block is in
+        memory before it can be counted, so a job refused only once a block
+        overshoots has already crossed its budget, and the daemon's OOM
+        killer, which counts the process, may kill it before it reports why
+        (seen under load). The room keeps the process under the limit."""
         held = self.memory.total_bytes()
         for blk in blocks:
             if not isinstance(blk, Block):
                 raise TypeError(f"read_input yielded {type(blk).__name__}, not a Block")
             over = memory_limit is not None and held + blk.nbytes > memory_limit
-            if over and not spill:
+            if not spill and memory_limit is not None and held + 2 * blk.nbytes > memory_limit:
                 raise SpillDisabledError(
                     f"out of memory: input blocks need more than {_mib(memory_limit)} "
-                    f"(held {_mib(held)}, next block {_mib(blk.nbytes)})"
-                    f"{budget_note}; spilling is disabled (--no-spill)")
+                    f"(held {_mib(held)}, next block {_mib(blk.nbytes)}, and room for "
+                    f"the one after){budget_note}; spilling is disabled (--no-spill)")
             if over and self.disk is not None:
                 self.add(blk, to_disk=True)
             else:
