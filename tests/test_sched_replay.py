@@ -84,3 +84,11 @@ def test_long_epochs_are_replayed_capped_with_the_same_end_share():
     f = ITERS_CAP / 400
     small = Profile("a", 1.0, 0.1, 1, iters=ITERS_CAP, end_cpu=40.0 * f, end_other=8.0 * f)
     assert predict([p, q], 1) == pytest.approx(predict([small, q], 1))
+
+
+def test_a_job_that_laps_its_partner_thousands_of_times_is_bounded():
+    """A 0.1 ms job beside a 1 s one: the replay stops at its event bound
+    (fast: it runs in the master's loop) and the long job gets Eq 4.1's
+    bound for the group rather than nothing."""
+    r = iteration_times([Shape("fast", 1e-4, 1e-4, iters=4), Shape("slow", 1.0, 0.01, iters=4)])
+    assert r["slow"] == pytest.approx(1.01) and r["fast"] < 0.01
