@@ -38,7 +38,17 @@ def obs_cluster(tmp_path_factory, ratings):
             while len(c.status(long)["epochs"]) < 3:
                 assert time.time() < deadline
                 time.sleep(0.2)
-        time.sleep(1.5)        # a snapshot published after that
+        # a snapshot published after that, holding every machine's heartbeat
+        # statistics (a heartbeat carries them every few seconds: the jobs
+        # above may finish before the first one does)
+        deadline = time.time() + 60
+        while True:
+            snap = json.loads(_get(dash["url"] + "api/snapshot", dash["token"])[1])
+            if len(snap["machines"]) == 2 and all(m["timeline"] for m in snap["machines"]):
+                break
+            assert time.time() < deadline, "no heartbeat statistics in 60 s"
+            time.sleep(0.3)
+        time.sleep(1.5)
         yield cl, dash, long, short
     finally:
         cl.stop()
