@@ -34,6 +34,25 @@ def test_isolated_runs_jobs_one_after_another_to_the_simulated_second():
     assert cpu == pytest.approx(4.0 / 8.0) and net == pytest.approx(2.0 / 8.0)
 
 
+def test_checkpoints_hold_the_executor_as_the_runtime_does():
+    """The periodic checkpoint (every 10 epochs) writes the input and the
+    model, and copies them to the replica, at the epoch boundary before the
+    next epoch starts; the final one writes ``final_bytes``. 21 epochs of
+    1 s: two checkpoints of 4 MB at 2 MB/s (disk 1e12) hold it 2 s each,
+    the final 1 MB 0.5 s."""
+    c = Contention(startup=0.0, bandwidth=2e6, disk=1e12)
+
+    def jct(**kw) -> float:
+        j = SimJob(id="a", app="nmf", arrival=0.0, epochs=21, machines=1, iters=1,
+                   profile=lambda m: (1.0, 0.0), **kw)
+        (r,) = Simulator([j], 1, mode="isolated", contention=c).run().jobs
+        return r["end"] - r["start"]
+
+    bare = jct()
+    assert jct(input_bytes=3e6, model_bytes=1e6) == pytest.approx(bare + 4.0, abs=1e-3)
+    assert jct(final_bytes=1e6) == pytest.approx(bare + 0.5, abs=1e-3)
+
+
 def test_the_engine_runs_the_real_cores():
     sim = Simulator([job("a", 0.0, 1.0, 0.5)], 2, mode="harmony")
     assert type(sim.core) is MasterCore

@@ -183,7 +183,9 @@ def _real_record(jid: str, submitted: float, machines: int = 2) -> dict:
         j.epochs.append({"epoch": e, "metrics": {"objective": 10.0 / (e + 1)},
                          "timings": tm, "time": submitted + 2 + e})
         j.update_profile(tm, machines)
-    j.store = {"m0": {"input_mb": 3.0}, "m1": {"input_mb": 1.0}}
+    j.store = {"m0": {"input_mb": 3.0, "shard_mb": 0.5}, "m1": {"input_mb": 1.0, "shard_mb": 0.5}}
+    j.checkpoint = {"epoch": 2, "time": submitted + 6, "parts": 2, "replicas": 2,
+                    "bytes": 1.5 * 2 ** 20, "holders": ["m0", "m1"], "final": True}
     j.transition(JobState.FINISHED, now=submitted + 6)
     return j.detail(now=submitted + 6)
 
@@ -211,6 +213,8 @@ def test_importer_on_real_records(tmp_path):
     assert a.cpu_s == pytest.approx(avg)
     assert a.net_s == pytest.approx(0.25) and a.bytes == pytest.approx(1e6)
     assert a.link == 12e6 and a.eval_s == 0.05 and a.input_bytes == 4 * 2 ** 20
+    # the shards' rows and what the final checkpoint wrote: checkpoints' costs
+    assert a.model_bytes == 2 ** 20 and a.final_bytes == 1.5 * 2 ** 20
     assert a.curve.spec() == "points:2:10,4:5,6:" + repr(10 / 3)
     assert load_trace(out) == jobs
     # with the master's jobs.jsonl: medians without the first epoch

@@ -59,6 +59,7 @@ class SimJob:
     link: float = 0.0               # bytes/s of its links (what executors report)
     model_bytes: float = 0.0
     input_bytes: float = 0.0
+    final_bytes: float = 0.0        # what its final checkpoint writes
     error: float = 0.0              # relative error injected into what it reports
     # per epoch: (simulated iterations, real iterations each); default
     # ``epochs`` x (``iters``, 1). A simulated iteration of k real ones runs
@@ -445,13 +446,23 @@ class _Exec:
         ep = self.epoch
         self.epoch += 1
         if stop:
-            self.sim._later(self._ckpt_seconds(), self._finish, ep)
+            self.sim._later(self._ckpt_seconds(final=True), self._finish, ep)
             return
         if f.get("checkpoint") or f.get("pause"):
+            # as the runtime's executor: the part is written (and copied to its
+            # replica) at the boundary, before the next epoch or the reconfig
             secs = self._ckpt_seconds()
             if f.get("pause"):
                 return self.sim._later(secs, self._paused, ep)
-            self.sim._later(secs, self._ckpt_part, ep)
+            return self.sim._later(secs, self._checkpointed, ep, f)
+        self._next(ep, f)
+
+    def _checkpointed(self, ep: int, f: dict) -> None:
+        if self.alive:
+            self._ckpt_part(ep)
+            self._next(ep, f)
+
+    def _next(self, ep: int, f: dict) -> None:
         if f.get("reconfig"):
             return self.sim._send_master(self, "at_boundary", epoch=ep, seq=self.seq,
                                          inputs=self.inputs)
@@ -469,13 +480,16 @@ class _Exec:
         done = sum(n * k for n, k in self.job.plan[:self.epoch + 1])
         return float(self.job.loss(done))
 
-    def _ckpt_seconds(self) -> float:
+    def _ckpt_seconds(self, final: bool = False) -> float:
+        """A checkpoint part's write and its copy to the replica: the
+        model's and the input's share (the final one: ``final_bytes``'s)."""
         c = self.sim.contention
-        part = (self.job.model_bytes + self.job.input_bytes) / self.count
+        part = (self.job.final_bytes if final
+                else self.job.model_bytes + self.job.input_bytes) / self.count
         return part / c.disk + part / c.bandwidth
 
     def _finish(self, ep: int) -> None:
-        part = int((self.job.model_bytes + self.job.input_bytes) / self.count)
+        part = int(self.job.final_bytes / self.count)
         self.sim._send_master(self, "ckpt_final", epoch=ep, version=1, bytes=part)
         self.sim._send_master(self, "exec_finished")
         self.kill()

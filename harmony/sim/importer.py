@@ -28,7 +28,11 @@ ref_dop         master's moving averages; with ``jobs_log`` (the master's
                 epoch (warm-up)
 eval_s          the median of ``timings["eval"]``
 input_bytes     the sum over its machines of ``store[m]["input_mb"]`` (MiB)
-model_bytes     0 (not recorded)
+model_bytes     the sum over its machines of ``store[m]["shard_mb"]`` (MiB; the
+                server shards' rows), 0 where not recorded
+final_bytes     ``checkpoint["bytes"]`` of a finished job's final checkpoint
+                (its model and the input arrays the app exports); empty
+                where it has none
 curve           ``points:`` (iterations done, objective) after every epoch
 machines        ``machines`` (what the job asked for)
 ==============  ==============================================================
@@ -138,6 +142,11 @@ def job_from_status(rec: Mapping[str, Any], t0: float,
     store = rec.get("store") or {}
     input_mb = sum(float(s.get("input_mb", 0.0)) for s in store.values()
                    if isinstance(s, Mapping))
+    shard_mb = sum(float(s.get("shard_mb", 0.0)) for s in store.values()
+                   if isinstance(s, Mapping))
+    ckpt = rec.get("checkpoint") or {}
+    final = float(ckpt["bytes"]) if ckpt.get("final") and \
+        isinstance(ckpt.get("bytes"), (int, float)) else None
     link = float(p.get("link") or 0.0)
     return TraceJob(
         id=str(rec["id"]), arrival=max(0.0, float(rec["submitted"]) - t0),
@@ -146,6 +155,7 @@ def job_from_status(rec: Mapping[str, Any], t0: float,
         cpu_s=float(p.get("t_cpu", 0.0)), net_s=float(p.get("t_net", 0.0)),
         bytes=float(p.get("bytes", 0.0)), link=link if link > 0 else None, ref_dop=ref,
         eval_s=statistics.median(evals) if evals else 0.0, input_bytes=input_mb * MIB,
+        model_bytes=shard_mb * MIB, final_bytes=final,
         machines=max(1, int(rec.get("machines") or ref)))
 
 

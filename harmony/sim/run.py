@@ -85,6 +85,8 @@ def sim_jobs(trace: list[TraceJob], bandwidth: float, grain: int = GRAIN,
                           machines=tj.machines, iters=ipe, profile=profile,
                           eval_cpu=tj.eval_s, bytes=tj.bytes, link=link, net_local=local,
                           model_bytes=tj.model_bytes, input_bytes=tj.input_bytes, error=e,
+                          final_bytes=tj.model_bytes if tj.final_bytes is None
+                          else tj.final_bytes,
                           plan=plan, loss=tj.curve.loss if tj.curve is not None else None,
                           deadline=tj.deadline,
                           utility=tj.utility.spec() if tj.utility is not None else ""))

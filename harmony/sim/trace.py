@@ -34,6 +34,9 @@ link                no        link rate (bytes/s) ``net_s`` was measured at;
 eval_s              no        seconds of evaluation per epoch (CPU), default 0
 input_bytes         no        input size, default 0
 model_bytes         no        model size, default 0
+final_bytes         no        bytes the job's final checkpoint writes (its
+                              model and the input arrays its app exports,
+                              e.g. NMF's user factors); empty: model_bytes
 machines            yes       machines the job asks for (its DoP in the
                               isolated and naive modes)
 deadline            no        seconds after arrival
@@ -82,7 +85,7 @@ APPS = ("nmf", "lda", "mlr", "lasso", "torch_mlp", "minimal", "synthetic")
 
 COLUMNS = ("id", "arrival", "app", "dataset", "iterations", "iters_per_epoch", "curve",
            "target", "cpu_s", "bytes", "ref_dop", "net_s", "link", "eval_s", "input_bytes",
-           "model_bytes", "machines", "deadline", "utility")
+           "model_bytes", "final_bytes", "machines", "deadline", "utility")
 REQUIRED = ("id", "arrival", "app", "cpu_s", "bytes", "ref_dop", "machines")
 HEADER_COMMENT = "# harmony trace v1"
 
@@ -360,6 +363,7 @@ class TraceJob:
     eval_s: float = 0.0
     input_bytes: float = 0.0
     model_bytes: float = 0.0
+    final_bytes: float | None = None
     deadline: float | None = None
     utility: Utility | None = None
 
@@ -424,7 +428,7 @@ def iteration_profile(job: TraceJob, m: float, bandwidth: float | None) -> tuple
 
 _INT = {"iterations", "iters_per_epoch", "ref_dop", "machines"}
 _FLOAT = {"arrival", "target", "cpu_s", "bytes", "net_s", "link", "eval_s", "input_bytes",
-          "model_bytes", "deadline"}
+          "model_bytes", "final_bytes", "deadline"}
 
 
 def _num(x: float | int) -> str:

@@ -219,6 +219,7 @@ class Executor:
         self.spill_model = False
         self.pause_wanted = False
         self.model_bytes = 0
+        self.shard_bytes = 0      # its server shard's rows (what a checkpoint part holds)
         self.reserve = 0          # this executor's memory besides input and model
         self.note = ""            # why α is what it is
 
@@ -555,7 +556,8 @@ class Executor:
         item = np.dtype(spec.dtype).itemsize
         model = spec.num_keys * spec.dim * item
         # the shard, the pulled rows, and the app's working copy of them
-        self.model_bytes = -(-spec.num_keys // self.count) * spec.dim * item + 2 * model
+        self.shard_bytes = -(-spec.num_keys // self.count) * spec.dim * item
+        self.model_bytes = self.shard_bytes + 2 * model
         self.reserve = max(0, own_memory()[1] - inp.memory_bytes())
         nblocks = len(inp)
         # disk-blocks in flight during a pass: loading ahead, in use, dropping
@@ -614,6 +616,7 @@ class Executor:
                  "machine_mb": round(machine / 2**20, 2),
                  "budget_mb": round(self.mem.budget / 2**20, 2),
                  "input_mb": round(inp.total_bytes() / 2**20, 2),
+                 "shard_mb": round(self.shard_bytes / 2**20, 3),
                  "pinned_mb": round(inp.residue_bytes() / 2**20, 3),
                  "model_spilled": bool(self.spill_model)}
         waiting = (machine < THRESHOLDS.spill * eff and self.mem.loading_others() > 0)
