@@ -437,3 +437,23 @@ def test_the_view_carries_the_expected_gap_to_the_next_arrival_and_the_move_cost
     c.tick(6.0)                                           # none for 6 s: longer than the mean
     assert c.core._view([], []).arrival_gap == pytest.approx(6.0)
     assert c.core._view([], []).move_cost == 0.0          # no live move measured yet
+
+
+def test_the_view_carries_the_epochs_a_job_may_still_run():
+    from harmony.master.jobs import declared_epochs
+    assert declared_epochs([]) == 10                          # the runtime's default
+    assert declared_epochs(["--rank", "4", "--max-epochs", "12"]) == 12
+    assert declared_epochs(["--max-epochs=7", "--max-epochs", "9"]) == 9   # the last wins
+    assert declared_epochs(["--max-epochs", "x"]) == 10       # the app refuses it at launch
+    c = Cluster(machines=1)
+    c.msg(b"client", "submit", app_name="a.py", app_source="", args=["--max-epochs", "5"],
+          machines=1)
+    jid = max(c.core.jobs)
+    c.tick()
+    ex = c.start(jid)
+    (v,) = c.core._view([], []).active
+    assert v.epochs_left == 5
+    for e in range(2):
+        _epoch(c, jid, ex, e)
+    (v,) = c.core._view([], []).active
+    assert v.epochs_left == 3

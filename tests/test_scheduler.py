@@ -88,6 +88,20 @@ def test_a_profiled_job_alone_grows_to_the_whole_cluster():
     assert last.predicted[view.active[0].sched_group] == pytest.approx(0.5 + 0.2)
 
 
+def test_a_job_near_its_epoch_budget_is_not_lent_machines():
+    """With --max-epochs known, the iterations left are its budget less what
+    it ran, not "as many as it ran": a long-running job with 1 epoch left
+    is not lent a machine, a young one with 30 left is."""
+    prof = (1.0, 0.2, 1, 0.0, 0.0, 1)         # 1 iteration per epoch
+    old = JobView("job-0001", 1, 1.0, state="running", profile=prof, workers=("m0",),
+                  sched_group="g1", epochs=30, epochs_left=1)
+    assert harmony(ClusterView(M2, (), (old,))).pause == {}
+    young = dataclasses.replace(old, epochs=3, epochs_left=30)
+    assert harmony(ClusterView(M2, (), (young,))).pause == {"job-0001": ["m0", "m1"]}
+    assert harmony(ClusterView(M2, (), (dataclasses.replace(old, epochs_left=None),))
+                   ).pause == {"job-0001": ["m0", "m1"]}     # unknown: as many as it ran
+
+
 def test_complementary_jobs_share_a_group_and_the_decision_is_stable():
     cpu = (1.0, 0.1, 1)
     net = (0.1, 1.0, 1)

@@ -859,7 +859,8 @@ class MasterCore:
         c[1], c[2] = len(epochs), done
         return P.JobView(j.id, j.machines, j.submitted, j.group, state=j.state.value,
                          workers=tuple(j.workers), sched_group=j.sched_group,
-                         epochs=len(epochs), progress=tuple(progress[-P.PROGRESS_POINTS:]),
+                         epochs=len(epochs), epochs_left=j.epochs_left(),
+                         progress=tuple(progress[-P.PROGRESS_POINTS:]),
                          deadline=j.deadline, utility=j.utility, **kw)
 
     def _view(self, live: list[Worker], waiting: list[Job]) -> P.ClusterView:

@@ -217,8 +217,10 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
         caps = {j.id: max(1, j.machines) for j in view.active + view.waiting}
         movable = [j.id for j in view.active if j.epochs >= WIDEN_AFTER]
         pending = sum(max(1, j.machines) for j in view.waiting if j.profile is None)
-        # iterations left: as many as it ran this attempt (Cruise's assumption)
-        iters_left = {j.id: j.epochs * max(1.0, profiles[j.id].iters) for j in view.active
+        # iterations left: its --max-epochs less what it ran, else as many as
+        # it ran this attempt (Cruise's assumption)
+        iters_left = {j.id: (j.epochs if j.epochs_left is None else j.epochs_left)
+                      * max(1.0, profiles[j.id].iters) for j in view.active
                       if j.id in profiles}
         cur, waiting, tp_notes = TP.plan(cur, waiting, arrivals, profiles, caps,
                                          tol=MIN_GAIN, movable=movable, pending=pending,

@@ -53,6 +53,24 @@ class TransitionError(ValueError):
     pass
 
 
+DEFAULT_MAX_EPOCHS = 10     # harmony.app.COMMON_OPTIONS' --max-epochs default
+
+
+def declared_epochs(args: list[str]) -> int:
+    """The ``--max-epochs`` an app's arguments give (the last one, as
+    argparse takes it), else the runtime's default."""
+    n = DEFAULT_MAX_EPOCHS
+    for i, a in enumerate(args):
+        v = a[len("--max-epochs="):] if a.startswith("--max-epochs=") else (
+            args[i + 1] if a == "--max-epochs" and i + 1 < len(args) else None)
+        if v is not None:
+            try:
+                n = max(1, int(v))
+            except ValueError:
+                pass            # the app's own parser refuses it at launch
+    return n
+
+
 @dataclass
 class Job:
     id: str
@@ -162,6 +180,18 @@ class Job:
                 "error": self.error, "group": self.group, "profile": self.profile,
                 "sched_group": self.sched_group, "predicted_iter": self.predicted,
                 "in_state": (self.ended if self.state.terminal else now) - self.entered}
+
+    def epoch_budget(self) -> int:
+        """The epochs its app runs at most: its ``--max-epochs`` argument, or
+        the runtime's default (``harmony.app.COMMON_OPTIONS``)."""
+        return declared_epochs(self.args)
+
+    def epochs_left(self) -> int:
+        """Epochs it may still run: its budget less the epochs it has done
+        (over all attempts). An upper bound: its app may stop sooner (a
+        target objective, the scheduler)."""
+        done = int(self.epochs[-1].get("epoch", len(self.epochs) - 1)) + 1 if self.epochs else 0
+        return max(0, self.epoch_budget() - done)
 
     def detail(self, now: float | None = None, max_epochs: int | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now

@@ -37,6 +37,8 @@ class JobView:
     sched_group: str = ""                              # its scheduler group, if any
     # what the loss- and deadline-aware policies (slaq, ...) also look at
     epochs: int = 0                                    # epochs done (this attempt's)
+    # epochs it may still run: its --max-epochs less those done (None: not known)
+    epochs_left: int | None = None
     # (iterations done, objective) after each of its last PROGRESS_POINTS
     # epochs that reported an objective, oldest first
     progress: tuple[tuple[float, float], ...] = ()

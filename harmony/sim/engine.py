@@ -651,7 +651,8 @@ class Simulator:
     def _submit(self, job: SimJob) -> None:
         self._pending_submit = job
         self._deliver(self._client, "submit", {"app_name": job.app, "app_source": "",
-                                               "args": [], "machines": job.machines,
+                                               "args": ["--max-epochs", str(job.epochs)],
+                                               "machines": job.machines,
                                                "name": job.id,
                                                **({"deadline": job.deadline}
                                                   if job.deadline else {}),
