@@ -80,6 +80,31 @@ def test_a_much_shorter_comp_preempts_a_long_one():
         assert q3.enqueue(short) == []
 
 
+def test_a_stream_of_short_comps_cannot_starve_a_long_one():
+    """A job of short COMPs that is back as soon as the long COMP resumes
+    stops it again, but at most MAX_BYPASS times over the long COMP's whole
+    run, not MAX_BYPASS per resume; then the long one runs to its end."""
+    from harmony.worker.queues import MAX_BYPASS
+    q = ResourceQueues(preempt=True)
+    long = Sub("long", 1, "cpu", 0.5)
+    q.enqueue(long)
+    stops = 0
+    for seq in range(1, 10):
+        acts = q.enqueue(Sub("short", seq, "cpu", 0.02))
+        if Stop(long) in acts:
+            stops += 1
+            assert q.done("short", seq) == [Resume(long)]     # runs, then the long goes on
+        else:
+            break                                             # it waits for the long one
+    assert stops == MAX_BYPASS
+    assert grants(q.done("long", 1)) == [("short", seq, "cpu")]
+    # the count is the long COMP's: the next long one may be stopped again
+    long2 = Sub("long", 2, "cpu", 0.5)
+    q.done("short", seq)
+    q.enqueue(long2)
+    assert Stop(long2) in q.enqueue(Sub("short", 99, "cpu", 0.02))
+
+
 def test_preemption_races_and_drops():
     long, short = Sub("long", 1, "cpu", 0.25), Sub("short", 1, "cpu", 0.01)
     q = ResourceQueues(preempt=True)

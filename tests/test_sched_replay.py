@@ -88,7 +88,9 @@ def test_long_epochs_are_replayed_capped_with_the_same_end_share():
 
 def test_a_job_that_laps_its_partner_thousands_of_times_is_bounded():
     """A 0.1 ms job beside a 1 s one: the replay stops at its event bound
-    (fast: it runs in the master's loop) and the long job gets Eq 4.1's
-    bound for the group rather than nothing."""
+    (fast: it runs in the master's loop). The short job stops the long COMP
+    at most MAX_BYPASS times over its run, so the long job keeps its own
+    pace (its COMP and COMM, 1.01 s, plus the bypasses and its partner's
+    COMM), and the short one waits behind each long COMP."""
     r = iteration_times([Shape("fast", 1e-4, 1e-4, iters=4), Shape("slow", 1.0, 0.01, iters=4)])
-    assert r["slow"] == pytest.approx(1.01) and r["fast"] < 0.01
+    assert r["slow"] == pytest.approx(1.01, rel=0.02) and r["fast"] < 0.02

@@ -108,7 +108,11 @@ class ResourceQueues:
         self.net_wait: deque[Sub] = deque()
         self.cpu_run: Sub | None = None
         self.cpu_stopped: Sub | None = None    # a long COMP preempted by cpu_run
-        self.bypassed = 0                      # short COMPs run while it stands
+        # the last COMP that was stopped, and the short COMPs that ran while it
+        # stood, over all its stops until it ends (so resuming it does not
+        # reset the count, and a stream of short COMPs cannot starve it)
+        self.long: Sub | None = None
+        self.bypassed = 0
         self.preempt = preempt
         self.net_run: list[Sub] = []        # [primary, secondary]
         self.net_slots = net_slots
@@ -129,12 +133,15 @@ class ResourceQueues:
         if run is not None and run.seq == seq and run.job == job:
             self.cpu_run = None
             del self._of[job]
+            if run is self.long:
+                self.long, self.bypassed = None, 0
             return self._grant()
         stopped = self.cpu_stopped
         if stopped is not None and stopped.seq == seq and stopped.job == job:
             # it had ended just before the stop reached it: let it go on
             self.cpu_stopped = None
             del self._of[job]
+            self.long, self.bypassed = None, 0
             return [Resume(stopped)]
         for i, s in enumerate(self.net_run):
             if s.seq == seq and s.job == job:
@@ -156,6 +163,8 @@ class ResourceQueues:
             self.cpu_stopped = None
         if self.cpu_run is not None and self.cpu_run.job == job:
             self.cpu_run = None
+        if self.long is not None and self.long.job == job:
+            self.long, self.bypassed = None, 0
         was_primary = bool(self.net_run) and self.net_run[0].job == job
         self.net_run = [s for s in self.net_run if s.job != job]
         if was_primary and self.net_run:
@@ -181,8 +190,10 @@ class ResourceQueues:
         elif head and self.cpu_stopped is None and self._bypasses(head, self.cpu_run):
             # the next COMP is short next to the running one: stop the long
             # one while the short one runs (one level deep, grants stay FIFO)
+            if self.long is not self.cpu_run:
+                self.long, self.bypassed = self.cpu_run, 0
             self.cpu_stopped, self.cpu_run = self.cpu_run, self.cpu_wait.popleft()
-            self.bypassed = 1
+            self.bypassed += 1
             acts += [Stop(self.cpu_stopped), Grant(self.cpu_run, "cpu")]
         while len(self.net_run) < self.net_slots and self.net_wait:
             s = self.net_wait.popleft()
@@ -198,10 +209,11 @@ class ResourceQueues:
 
     def _bypasses(self, short: Sub, long: Sub) -> bool:
         """May ``short`` run while ``long`` stands stopped? Never more than
-        MAX_BYPASS short COMPs in a row, so a long COMP is not starved."""
+        MAX_BYPASS short COMPs over all of a long COMP's stops, so a stream
+        of short COMPs cannot starve it."""
         if not self.preempt or short.prio <= 0 or short.prio * PREEMPT_RATIO > long.prio:
             return False
-        return self.cpu_stopped is None or self.bypassed < MAX_BYPASS
+        return (self.bypassed if long is self.long else 0) < MAX_BYPASS
 
     def primary(self) -> Sub | None:
         return self.net_run[0] if self.net_run else None
