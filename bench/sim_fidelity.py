@@ -6,7 +6,9 @@ local cluster and in the simulator, side by side, in one command.
 2. Calibration, all from the isolated run (each job alone, nothing shared):
    the jobs' profiles (``harmony sim import``: median per-iteration COMP and
    COMM seconds, bytes, link, evaluation seconds), the start-up time (launch
-   to the end of the first epoch, less that epoch's work) and the epoch
+   to the end of the first epoch, less that epoch's work; the executors'
+   CPU seconds at ready are the part of it that shares the machine's CPU)
+   and the epoch
    boundary's overhead (time between epoch reports not spent in the
    epoch's iterations and evaluation); naive co-location's contention model
    is harmony.sim.contention.CALIBRATED (fitted on bench/colocation.py).
@@ -97,10 +99,15 @@ def main() -> None:
     trace, _ = jobs_from_status(iso["statuses"], iso["jobs_log"])
     by_name = {t.dataset: t for t in trace}
     startup, boundary = overheads(iso["statuses"])
+    setups = [c for st in iso["statuses"] for _, c in st.get("setups") or ()]
+    # the CPU part of a start-up (its executors' CPU seconds at ready)
+    startup_cpu = min(startup, statistics.median(setups)) if setups else 0.0
     link = statistics.median(t.link for t in trace if t.link) if any(t.link for t in trace) \
         else 12e6
-    cont = Contention(startup=startup, epoch_overhead=boundary, bandwidth=link)
-    print(f"\ncalibration (isolated run): start-up {startup:.2f}s, epoch boundary "
+    cont = Contention(startup=startup, startup_cpu=startup_cpu, epoch_overhead=boundary,
+                      bandwidth=link)
+    print(f"\ncalibration (isolated run): start-up {startup:.2f}s ({startup_cpu:.2f}s of it "
+          f"CPU), epoch boundary "
           f"{boundary:.3f}s, link {link / 1e6:.1f} MB/s, contention "
           f"{cont.model.cpu_k}/{cont.model.net_k} ({cont.model.source})")
     for t in trace:

@@ -457,3 +457,16 @@ def test_the_view_carries_the_epochs_a_job_may_still_run():
         _epoch(c, jid, ex, e)
     (v,) = c.core._view([], []).active
     assert v.epochs_left == 3
+
+
+def test_executors_start_ups_are_kept_on_the_job():
+    c = Cluster(machines=2)
+    jid = c.submit(machines=2)
+    run = c.core.runs[jid]
+    for i, (wall, cpu) in enumerate(((1.25, 0.75), (float("nan"), 0.5))):
+        c.msg(f"x:{jid}:{i}:{run.attempt}".encode(), "exec_ready", job=jid, index=i,
+              attempt=run.attempt, endpoint=f"tcp://h:{100 + i}", num_keys=8, dim=1,
+              model_blocks=4, local_blocks=1, setup_s=wall, setup_cpu=cpu)
+    job = c.core.jobs[jid]
+    assert job.setups == [[1.25, 0.75]]               # a non-finite report is dropped
+    assert job.detail(now=c.t)["setups"] == [[1.25, 0.75]]

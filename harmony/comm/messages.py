@@ -152,7 +152,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     # job executor -> master
     "exec_ready": {"job": str, "index": int, "attempt": int, "endpoint": str,
                    "num_keys": int, "dim": int, "model_blocks": int, "local_blocks": int,
-                   "join": (bool, _OPT)},
+                   "join": (bool, _OPT), "setup_s": (_NUM, _OPT), "setup_cpu": (_NUM, _OPT)},
     "barrier": {"job": str, "index": int, "epoch": int, "iter": int},
     "sync": {"job": str, "index": int, "seq": int, "next": str},
     "epoch_done": {"job": str, "index": int, "epoch": int, "sums": dict,

@@ -41,7 +41,7 @@ from typing import Any
 
 from harmony.comm import messages as M
 from harmony.master import policy as P
-from harmony.master.jobs import MAX_ATTEMPTS, Job, JobState
+from harmony.master.jobs import MAX_ATTEMPTS, SETUPS_KEPT, Job, JobState
 from harmony.store import staging
 
 log = logging.getLogger("harmony.master")
@@ -212,6 +212,14 @@ class Run:
 
 
 
+
+
+def _note_setup(job: Job, msg: M.Message) -> None:
+    """Keep an executor's start-up (seconds, CPU seconds) on its job."""
+    wall, cpu = msg.get("setup_s"), msg.get("setup_cpu")
+    if isinstance(wall, (int, float)) and isinstance(cpu, (int, float)) \
+            and math.isfinite(wall) and math.isfinite(cpu):
+        job.setups = (job.setups + [[round(float(wall), 4), round(float(cpu), 4)]])[-SETUPS_KEPT:]
 
 class MasterCore:
     """See the module docstring. ``jobs`` and ``datasets``: the job table and
@@ -1304,6 +1312,7 @@ class MasterCore:
             name = rc.to[idx]
             rc.ready[name] = dict(msg.fields)
             rc.idents[name] = ident
+            _note_setup(job, msg)
             self.exec_ident[ident] = (job.id, idx, run.attempt)
             log.info("%s: %s ready to join (%d of %d)", job.id, name, len(rc.ready),
                      len(rc.join))
@@ -1315,6 +1324,7 @@ class MasterCore:
         idx = msg["index"]
         run.ready[idx] = dict(msg.fields)
         run.idents[idx] = ident
+        _note_setup(job, msg)
         self.exec_ident[ident] = (job.id, idx, run.attempt)
         if len(run.ready) < len(job.workers):
             return

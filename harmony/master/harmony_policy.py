@@ -53,9 +53,10 @@ ORDERS = ("running first",)
 # Decision: each job's own iteration time is predicted by replaying its
 # group's queues (harmony.sched.replay: FIFO grants, preemption, epoch ends)
 # where at most REPLAY_GROUPS groups share machines (a replay costs about
-# 1-3 ms, and profiles drift every epoch); beyond that, and for the search
-# itself, Eq 4.1's group time stands.
-REPLAY_GROUPS = 16
+# 1-3 ms, profiles drift every epoch so the cache rarely hits, and with 16
+# the paper-scale simulation spent 15 of its 17 CPU seconds replaying);
+# beyond that, and for the search itself, Eq 4.1's group time stands.
+REPLAY_GROUPS = 4
 
 # Decision (an extension for large clusters): with more than LARGE jobs
 # running or waiting, regrouping searches a bounded set of candidates

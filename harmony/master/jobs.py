@@ -111,6 +111,9 @@ class Job:
     sched_group: str = ""              # the scheduler's group, if any
     predicted: float | None = None     # its group's predicted iteration time (s)
     store: dict[str, dict] = field(default_factory=dict)     # machine -> latest store stats
+    # its executors' start-ups, latest last: [seconds from process start to
+    # ready, CPU seconds they took] (at most SETUPS_KEPT)
+    setups: list = field(default_factory=list)
     deadline: float | None = None      # absolute (master clock), if submitted with one
     utility: str = ""                  # its utility of the JCT (a Utility spec), if any
 
@@ -202,7 +205,7 @@ class Job:
         shown = self.epochs if max_epochs is None else self.epochs[-max_epochs:]
         d.update({"args": self.args, "attempt": self.attempt, "launches": self.launches,
                   "failures": self.failures, "epochs": shown,
-                  "store": self.store,
+                  "store": self.store, "setups": self.setups,
                   "epochs_total": len(self.epochs), "reason": self.reason,
                   "checkpoint": dict(self.checkpoint, age=now - self.checkpoint["time"])
                   if self.checkpoint else None,
@@ -238,7 +241,10 @@ class Job:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
+SETUPS_KEPT = 16
+
 _RECORD_TYPES: dict[str, Any] = {
+    "setups": list,
     "id": str, "app_name": str, "app_source": str, "args": list, "machines": int,
     "name": str, "submitted": (int, float), "started": (int, float), "ended": (int, float),
     "workers": list, "attempt": int, "failures": int, "launches": int, "epochs": list,

@@ -95,6 +95,9 @@ class Contention:
     model: ContentionModel = field(default_factory=lambda: CALIBRATED)
     secondary_share: float = 0.0
     startup: float = 1.0            # s from launch to exec_ready
+    startup_cpu: float = 0.0        # s of it that are CPU work on the machine (imports,
+                                    # reading the input): it shares the machine's CPU
+                                    # with the COMPs running there, outside the queues
     epoch_overhead: float = 0.0     # s at each epoch end outside COMP/COMM (the sums'
                                     # round trip, the store's adaptation, logging)
     bandwidth: float = 1.25e9       # bytes/s per machine link (moves, checkpoints)
@@ -330,6 +333,7 @@ class _Exec:
         m, now = self.machine, self.sim.now
         m.cpu.drop((self.jid, self.seq), now)
         m.cpu.drop((self.jid, self.seq, "local"), now)
+        m.cpu.drop((self.jid, "setup", self.ident), now)
         m.net.drop((self.jid, self.seq), now)
         if m.execs.get(self.jid) is self:
             del m.execs[self.jid]
@@ -620,7 +624,7 @@ class Simulator:
                 ex = _Exec(self, job, f["job"], m, f["index"], f["count"], f["attempt"], 0,
                            True)
                 m.execs[f["job"]] = ex
-                self._later(self._startup(job, f["count"]), self._ready, ex, True)
+                self._start_up(ex, True)
                 return
             old = m.execs.get(f["job"])
             if old is not None:
@@ -629,7 +633,7 @@ class Simulator:
             ex = _Exec(self, job, f["job"], m, f["index"], f["count"], f["attempt"], resume,
                        False)
             m.execs[f["job"]] = ex
-            self._later(self._startup(job, f["count"]), self._ready, ex, False)
+            self._start_up(ex, False)
         elif t == "kill":
             ex = m.execs.get(f["job"])
             if ex is not None:
@@ -638,6 +642,20 @@ class Simulator:
     def _startup(self, job: SimJob, count: int) -> float:
         c = self.contention
         return c.startup + job.input_bytes / count / c.disk
+
+    def _start_up(self, ex: _Exec, join: bool) -> None:
+        """Launch to ready: ``startup_cpu`` seconds of CPU work on its
+        machine (sharing the CPU with what runs there: on a busy machine the
+        start-up takes longer and slows the COMPs), then the rest."""
+        total = self._startup(ex.job, ex.count)
+        cpu = min(self.contention.startup_cpu, total)
+        if cpu <= 0:
+            return self._later(total, self._ready, ex, join)
+
+        def computed() -> None:
+            if ex.alive:
+                self._later(total - cpu, self._ready, ex, join)
+        ex.machine.cpu.start((ex.jid, "setup", ex.ident), cpu, computed, self.now)
 
     def _ready(self, ex: _Exec, join: bool) -> None:
         if not ex.alive:

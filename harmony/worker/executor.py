@@ -303,11 +303,16 @@ class Executor:
             self.tag = tag
             self.server = ShardServer(self.ctx, s["host"], table, tag=tag)
             self.server.start()
+            me = psutil.Process()
             self.ctl.send(M.encode("exec_ready", job=self.job, index=self.index,
                                    attempt=self.attempt, endpoint=self.server.endpoint,
                                    num_keys=spec.num_keys, dim=spec.dim,
                                    model_blocks=opts.model_blocks, local_blocks=len(inp),
-                                   join=join or None))
+                                   join=join or None,
+                                   # its start-up: seconds since the process began,
+                                   # and the CPU seconds they took (imports, input)
+                                   setup_s=max(0.0, time.time() - me.create_time()),
+                                   setup_cpu=sum(me.cpu_times()[:2])))
             if join:
                 table.load(np.zeros(0, np.int64), np.zeros((0, spec.dim), spec.dtype))
                 first = self._join(app, opts, inp, table, spec, fixed)
