@@ -171,8 +171,10 @@ def test_a_pause_during_a_move_is_refused_and_the_move_completes():
     jid = c.submit(machines=1)
     ex = c.start(jid)
     job = c.core.jobs[jid]
+    c.t = 10.0
     c.msg(b"client", "resize", job=jid, machines=2)
     assert c.sent[-1].type == "ok" and c.sent[-1].fields["info"]["machines"] == ["m0", "m1"]
+    c.t = 12.5
     n = len(c.sent)
     c.msg(b"client", "pause", job=jid)
     reply = c.sent[n]
@@ -197,6 +199,8 @@ def test_a_pause_during_a_move_is_refused_and_the_move_completes():
     c.msg(ex[0], "migrated", job=jid, index=0, bytes_out=20, bytes_in=0, seconds=0.1)
     assert job.workers == ["m0", "m1"] and run.reconfig is None
     assert c.to(joiner, "reconfigured") and c.to(ex[0], "reconfigured")
+    # what the move cost, for the policy: decision to end (2.5 s here)
+    assert c.core._view([], []).move_cost == pytest.approx(2.5)
     # now a pause is accepted
     c.msg(b"client", "pause", job=jid)
     assert c.core.runs[jid].pausing

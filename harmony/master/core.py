@@ -269,8 +269,10 @@ class MasterCore:
         # job -> machines that may hold parts of its checkpoints (since this
         # master started; a job not in it: any machine may)
         self._ckpt_at: dict[str, set[str]] = {}
-        # seconds the last live moves stalled their jobs' iterations
-        self._move_stood: deque[float] = deque(maxlen=20)
+        # seconds the last live moves took, from the decision to their end:
+        # the job stalls for part of it, and the machines are in transit
+        # (decisions, and so new jobs' launches, wait for a move in flight)
+        self._move_took: deque[float] = deque(maxlen=20)
         self._arrivals: deque[float] = deque(maxlen=10)     # the last submission times
         self.workers: dict[str, Worker] = {}
         self.by_ident: dict[bytes, str] = {}            # daemon ident -> worker name
@@ -895,7 +897,7 @@ class MasterCore:
                 j, profile=self._view_profile(j, P.PROFILE_SAMPLES if j.state ==
                                               JobState.PROFILING else 1)) for j in active),
             finished=tuple(self._ended), max_jobs=self.max_jobs, now=self.now,
-            move_cost=statistics.median(self._move_stood) if self._move_stood else 0.0,
+            move_cost=statistics.median(self._move_took) if self._move_took else 0.0,
             arrival_gap=self._arrival_gap())
 
     def _arrival_gap(self) -> float:
@@ -1714,7 +1716,7 @@ class MasterCore:
         run.reconfig = None
         moved = int(sum(m["bytes_out"] for m in rc.migrated.values()))
         stood = self.now - (rc.stood_since or rc.t0)
-        self._move_stood.append(stood)
+        self._move_took.append(self.now - rc.t0)
         job.workers = list(rc.to)
         self._may_hold_parts(job.id, rc.to)
         job.move = None

@@ -54,8 +54,9 @@ class ClusterView:
     finished: tuple[JobView, ...] = ()  # active jobs that ended since the last decision
     max_jobs: int = 0                 # colocate: jobs per machine at most (0: no limit)
     now: float = 0.0                  # the master's clock (deadlines are on it)
-    # seconds a live move (block migration) stalled a job's iterations:
-    # the median of the master's recent moves (0: none measured yet)
+    # seconds a live move (block migration) takes from the decision to its
+    # end (its job stalls for part of it; decisions wait for it): the median
+    # of the master's recent moves (0: none measured yet)
     move_cost: float = 0.0
     # seconds until the next job is expected: the mean gap between the last
     # submissions, or the time since the last one if longer (0: not known)
