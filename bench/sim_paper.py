@@ -143,14 +143,14 @@ def main() -> None:
 
         print("\nmodel error (relative error injected into every reported profile)")
         print(f"{'error':>6} {'meanJCT x iso':>14} {'makespan x iso':>15}")
-        for e in [float(x) for x in a.errors.split(",")]:
+        for e in [float(x) for x in a.errors.split(",") if x]:
             s = h if e == 0 else run(trace, a.machines, "harmony", seed=seed, error=e)
             errs.setdefault(e, []).append((base["mean_jct"] / s["mean_jct"],
                                            base["makespan"] / s["makespan"]))
             print(f"{100 * e:5.1f}% {errs[e][-1][0]:14.2f} {errs[e][-1][1]:15.2f}", flush=True)
 
         print("\nsimulation grain (at most N simulated iterations per job)")
-        for g in [int(x) for x in a.grains.split(",")]:
+        for g in [int(x) for x in a.grains.split(",") if x]:
             s = run(trace, a.machines, "harmony", seed=seed, grain=g)
             print(f"grain {g:4d}: mean JCT x iso {base['mean_jct'] / s['mean_jct']:.2f}, "
                   f"makespan x iso {base['makespan'] / s['makespan']:.2f}, wall {s['wall']:.1f}s",
