@@ -165,3 +165,24 @@ def test_a_jobs_measured_overhead_counts_in_its_own_iteration_time():
     assert "overhead" not in j.profile
     j.update_profile(tm, 1, alone=True)
     assert j.profile["overhead"] == pytest.approx(0.15)
+
+
+def test_a_steady_jobs_profile_converges_geometrically():
+    """The moving average (weight 0.3): a steady job's profile is its sample
+    from the first epoch; after a step the gap to the new value shrinks by
+    0.7 every epoch, and a change of machine count starts it over."""
+    from harmony.master.jobs import Job
+    j = Job("j", "a.py", "", [], 2)
+    steady = {"comp": 0.06, "pull": 0.02, "push": 0.02, "train": 0.1, "iters": 2}
+    for _ in range(3):
+        j.update_profile(steady, 2)
+        assert j.profile["t_cpu"] == pytest.approx(0.03)
+        assert j.profile["t_net"] == pytest.approx(0.02)
+    step = dict(steady, comp=0.16)           # COMP 0.08 s per iteration from now on
+    gaps = []
+    for _ in range(6):
+        j.update_profile(step, 2)
+        gaps.append(0.08 - j.profile["t_cpu"])
+    assert gaps == pytest.approx([0.05 * 0.7 ** (k + 1) for k in range(6)])
+    j.update_profile(steady, 3)
+    assert j.profile["machines"] == 3 and j.profile["t_cpu"] == pytest.approx(0.03)
