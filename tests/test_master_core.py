@@ -444,7 +444,10 @@ def test_the_view_carries_the_expected_gap_to_the_next_arrival_and_the_move_cost
 
 
 def test_the_view_carries_the_epochs_a_job_may_still_run():
-    from harmony.master.jobs import declared_epochs
+    from harmony.app import COMMON_OPTIONS
+    from harmony.master.jobs import DEFAULT_MAX_EPOCHS, declared_epochs
+    # the master's copy of the runtime's default (the master does not import the app API)
+    assert DEFAULT_MAX_EPOCHS == next(o.default for o in COMMON_OPTIONS if o.name == "max_epochs")
     assert declared_epochs([]) == 10                          # the runtime's default
     assert declared_epochs(["--rank", "4", "--max-epochs", "12"]) == 12
     assert declared_epochs(["--max-epochs=7", "--max-epochs", "9"]) == 9   # the last wins

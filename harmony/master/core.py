@@ -211,15 +211,13 @@ class Run:
     final: dict[int, tuple] = field(default_factory=dict)
 
 
-
-
-
 def _note_setup(job: Job, msg: M.Message) -> None:
     """Keep an executor's start-up (seconds, CPU seconds) on its job."""
     wall, cpu = msg.get("setup_s"), msg.get("setup_cpu")
     if isinstance(wall, (int, float)) and isinstance(cpu, (int, float)) \
             and math.isfinite(wall) and math.isfinite(cpu):
         job.setups = (job.setups + [[round(float(wall), 4), round(float(cpu), 4)]])[-SETUPS_KEPT:]
+
 
 class MasterCore:
     """See the module docstring. ``jobs`` and ``datasets``: the job table and
