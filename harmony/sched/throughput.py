@@ -43,7 +43,8 @@ move costs a pause or a block migration and a restart):
   at most until the next job is expected to arrive and take the machines
   back (``arrival_gap``: the recent mean gap between submissions, or the
   time since the last one if longer), must exceed two moves' measured
-  stall (the lending and the giving back; ``move_cost``).
+  cost (the lending and the giving back; ``move_cost``: a move's time
+  from decision to end).
   When they are needed (a profiled job waits, or new jobs ask for more
   machines to be profiled on than are idle), a group on more machines than
   its jobs asked for gives the extra back, down to its best DoP within that. (Widening for keeps let one job take 77
@@ -118,8 +119,8 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
     ``movable`` the running jobs that may be widened (enough work left);
     ``pending`` the machines new jobs (not yet profiled) ask for to be
     profiled on; ``iters_left`` the iterations each running job is expected to
-    still run and ``move_cost`` the seconds a live move stalls a job
-    (measured): a group is lent machines only if the time its iterations
+    still run and ``move_cost`` the seconds a live move takes from decision
+    to end (measured): a group is lent machines only if the time its iterations
     save repays two moves (the lending and the giving back), counting only
     the iterations it runs before the next job is expected (``arrival_gap``
     seconds, 0: not known), which takes the machines back."""
