@@ -23,6 +23,10 @@ class Cluster:
                      memory=1 << 30, pid=1, executors=[], data_endpoint=f"tcp://h:{i}")
 
     def run(self, cmds: list) -> list:
+        # the core's invariant that _on_epoch_report's "alone" relies on:
+        # every active job has a run (launched, executors not yet ended)
+        active = {j.id for j in self.core.jobs.values() if j.state.active}
+        assert active <= set(self.core.runs), active - set(self.core.runs)
         out = []
         for c in cmds:
             if isinstance(c, C.Admit):
@@ -385,29 +389,48 @@ def test_a_machine_out_of_memory_moves_its_youngest_job_to_an_idle_machine():
 
 
 def test_checkpoint_gc_tells_only_machines_that_may_hold_parts():
-    """A periodic checkpoint tells the machines the job ran on and those
-    that acknowledged a part (a replica included); the job's end tells every
-    live machine; a core that restarted, not knowing, tells every machine."""
+    """A periodic checkpoint tells the machines the job ran on and its
+    replica target (which acknowledged a part); the job's end tells them
+    again, and not the machines that never held anything; a core that
+    restarted, not knowing, tells every machine."""
     c = Cluster(machines=4)
     jid = c.submit()
     ex = c.start(jid)
     job = c.core.jobs[jid]
     here = job.workers[0]
+    start, = [s for s in c.sent if s.type == "job_start"]
+    replica = start.fields["replicas"][0][0]       # where the master asks for the copy
+    assert replica != here
     c.core.snapshots.add(jid)          # a model export asks for a checkpoint
     c.msg(ex[0], "epoch_done", job=jid, index=0, epoch=0, sums={}, timings={})
     n = len(c.sent)
     c.msg(ex[0], "ckpt_part", job=jid, index=0, epoch=0, version=1, bytes=100,
-          replica="m3" if here != "m3" else "m2")
+          replica=replica)
     gc = [s for s in c.sent[n:] if s.type == "ckpt_gc"]
     told = {s.to for s in gc}
-    replica = "m3" if here != "m3" else "m2"
     assert told == {f"d:{here}".encode(), f"d:{replica}".encode()}
     assert all(s.fields == {"job": jid, "keep": 0} for s in gc)
-    # the job's end tells every live machine
+    # the job's end tells the same machines to drop everything
+    n = len(c.sent)
+    c.msg(b"client", "cancel", job=jid)
+    gc = [s for s in c.sent[n:] if s.type == "ckpt_gc"]
+    assert {s.to for s in gc} == {f"d:{here}".encode(), f"d:{replica}".encode()}
+    assert all(s.fields == {"job": jid, "keep": None} for s in gc)
+
+
+def test_checkpoint_gc_at_the_end_reaches_a_replica_target_that_never_acknowledged():
+    """A part whose replica write never finished (no acknowledgement) may
+    still sit on the replica target: the job's end tells it too."""
+    c = Cluster(machines=4)
+    jid = c.submit()
+    c.start(jid)
+    here = c.core.jobs[jid].workers[0]
+    start, = [s for s in c.sent if s.type == "job_start"]
+    replica = start.fields["replicas"][0][0]
     n = len(c.sent)
     c.msg(b"client", "cancel", job=jid)
     assert {s.to for s in c.sent[n:] if s.type == "ckpt_gc"} == \
-        {f"d:m{i}".encode() for i in range(4)}
+        {f"d:{here}".encode(), f"d:{replica}".encode()}
 
 
 def test_checkpoint_gc_after_a_master_restart_tells_every_machine():

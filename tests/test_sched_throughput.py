@@ -22,6 +22,25 @@ def test_best_dop_follows_the_speed_up_curve_up_to_the_request():
     assert TP.best_dop(CHATTY, 8) == 1
 
 
+def test_best_dop_search_matches_a_scan_of_every_width():
+    """best_dop binary-searches T(m), convex in 1/m; a linear scan of every
+    m is the definition it must match (random jobs and groups, overheads,
+    remote traffic, caps 1..300)."""
+    import random
+
+    from harmony.sched.model import group_iter_time
+    rnd = random.Random(7)
+    for _ in range(400):
+        ps = [Profile(f"j{i}", rnd.choice([0.0, rnd.uniform(0, 5)]), rnd.uniform(0, 2),
+                      rnd.randint(1, 16), remote=rnd.choice([0.0, rnd.uniform(0, 3)]),
+                      overhead=rnd.choice([0.0, rnd.uniform(0, 0.3)]))
+              for i in range(rnd.randint(1, 4))]
+        cap, tol = rnd.randint(1, 300), rnd.choice([0.0, 0.05, 0.2])
+        times = [group_iter_time(ps, m) for m in range(1, cap + 1)]
+        want = next(m for m, t in enumerate(times, 1) if t <= (1 + tol) * min(times))
+        assert TP.best_dop(ps, cap, tol) == want, (ps, cap, tol)
+
+
 def test_efficiency_of_complementary_and_similar_pairs():
     assert TP.efficiency([CPU, NET], 1) == pytest.approx((1.1 + 1.0) / 1.1)
     assert TP.efficiency([CPU, Profile("cpu2", 1.0, 0.1, 1)], 1) == pytest.approx(2.2 / 2.0)

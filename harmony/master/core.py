@@ -1193,20 +1193,23 @@ class MasterCore:
     def _gc_checkpoints(self, job_id: str, keep: int | None,
                         holders: list[str] | None = None) -> None:
         """Tell machines to drop the job's checkpoint parts older than
-        ``keep``, or all of them (None: the job ended; every live machine is
-        told, so parts whose write never finished go too). A periodic
-        checkpoint (``keep``, with the machines that hold it: ``holders``)
-        tells only the machines that may hold older parts: those the job ran
-        on and those that acknowledged a part, since this master started
-        (every live machine when it does not know: after a restart). At
-        1,000 machines, telling every machine at every checkpoint was the
-        simulator's largest single cost."""
+        ``keep``, or all of them (None: the job ended or its final model is
+        dropped). Only the machines that may hold parts are told: those the
+        job ran on, those named as its replica targets (so a part whose
+        write never finished goes too) and those that acknowledged a part,
+        since this master started; every live machine when it does not know
+        (after a restart). A periodic checkpoint (``keep``, with the
+        machines that hold it: ``holders``) leaves the kept holders and any
+        machine not reached as possible holders. At 1,000 machines, telling
+        every machine at every checkpoint was the simulator's largest single
+        cost."""
         fields = {"job": job_id, "keep": keep}
         out = self._out.append
-        known = self._ckpt_at.get(job_id) if keep is not None else None
+        known = self._ckpt_at.get(job_id)
         told = set()
-        for name, w in self.workers.items():
-            if w.alive and (known is None or name in known):
+        for name in self.workers if known is None else sorted(known):
+            w = self.workers.get(name)
+            if w is not None and w.alive:
                 out(Send(w.ident, "ckpt_gc", fields))
                 told.add(name)
         if keep is None:
@@ -1340,6 +1343,7 @@ class MasterCore:
         run.started = True
         run.last_ckpt = (job.resume["epoch"] if job.resume else 0, self.now)
         replicas = self._replicas(job.workers)
+        self._may_hold_parts(job.id, [r[0] for r in replicas if r])
         for i in sorted(run.idents):
             self._send(run.idents[i], _msg(
                 "job_start", peers=peers, owner=owner, model_blocks=nblocks,
@@ -1646,6 +1650,7 @@ class MasterCore:
         rc.blocks = sum(len(v) for v in sends.values())
         job.move.update({"state": "moving blocks", "blocks": rc.blocks, "epoch": epoch})
         replicas = self._replicas(to)
+        self._may_hold_parts(job.id, [r[0] for r in replicas if r])
         common = dict(count=len(to), peers=peers, owner=model_owner, machines=list(to),
                       seq=seq, epoch=epoch, replicas=replicas, workers=workers,
                       mode="queued" if self.queued else "free")
@@ -1739,8 +1744,12 @@ class MasterCore:
         timings = run.timings.pop(msg["epoch"], {})
         job.epochs.append({"epoch": msg["epoch"], "metrics": msg["metrics"],
                            "timings": timings, "time": self.now})
-        alone = not any(j is not job and j.state.active and set(j.workers) & set(job.workers)
-                        for j in self.jobs.values())
+        # every active job has a run (launched, executors not ended), so the
+        # runs are the jobs to look at: at 1,000 jobs, scanning all of them
+        # per epoch report was the simulator's largest single cost
+        mine, jobs = set(job.workers), self.jobs
+        alone = not any(j is not None and j is not job and j.state.active
+                        and not mine.isdisjoint(j.workers) for j in map(jobs.get, self.runs))
         prev = job.epochs[-2] if len(job.epochs) > 1 else None
         wall = self.now - prev["time"] if prev is not None and \
             prev.get("epoch") == msg["epoch"] - 1 and "time" in prev else None

@@ -65,12 +65,36 @@ WIDEN_GAIN = 0.2    # widen a running job for >= 20% faster iterations (a move h
 
 def best_dop(p: Profile | Sequence[Profile], cap: int, tol: float = 0.05) -> int:
     """The smallest m in 1..cap with T(m) within ``tol`` of the fastest (of a
-    job, or of a group: ``group_iter_time``)."""
+    job, or of a group: ``group_iter_time``).
+
+    Every term of Eq 4.1 is a + b/m (COMP: b = Tcpu*c_g; COMM: a = base + R,
+    b = -R), so T is a maximum of lines in x = 1/m: convex in x, hence
+    non-increasing in m up to its minimum and non-decreasing after it. Two
+    binary searches (the first m where T stops falling, then the first m
+    within ``tol`` of it) take O(log cap) evaluations instead of ``cap``
+    (1,000 at the simulator's large scale, once per job per decision)."""
     cap = max(1, cap)
     ps = [p] if isinstance(p, Profile) else list(p)
-    times = [group_iter_time(ps, m) for m in range(1, cap + 1)]
-    fastest = min(times)
-    return next(m for m, t in enumerate(times, 1) if t <= (1 + tol) * fastest)
+
+    def t(m: int) -> float:
+        return group_iter_time(ps, m)
+
+    lo, hi = 1, cap                  # the first m with T(m+1) >= T(m): a minimum
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if t(mid + 1) >= t(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    bound = (1 + tol) * t(lo)
+    first, hi = 1, lo                # T is non-increasing on 1..lo
+    while first < hi:
+        mid = (first + hi) // 2
+        if t(mid) <= bound:
+            hi = mid
+        else:
+            first = mid + 1
+    return first
 
 
 def alone_time(p: Profile, cap: int, tol: float = 0.05) -> float:
