@@ -125,13 +125,14 @@ class _Res:
     """One resource of one machine (its CPU or its link): the subtasks
     using it progress at rates that depend on who else runs (processor
     sharing), recomputed on every change."""
-    __slots__ = ("sim", "kind", "machine", "running", "last", "version", "busy_since")
+    __slots__ = ("sim", "kind", "machine", "running", "last", "version", "busy_since", "due")
 
     def __init__(self, sim: "Simulator", kind: str, machine: "_Machine") -> None:
         self.sim, self.kind, self.machine = sim, kind, machine
         self.running: dict[Any, list] = {}     # key -> [remaining, rate, callback]
         self.last = 0.0
         self.version = 0
+        self.due = INF          # when the one valid pending event fires (INF: none)
         self.busy_since: float | None = None
 
     def _advance(self, now: float) -> None:
@@ -165,17 +166,23 @@ class _Res:
         self._reschedule(now)
 
     def _reschedule(self, now: float) -> None:
-        self.version += 1
-        if not self.running:
-            return
-        self.machine.rates(self)
+        """Recompute the rates and the next completion. The pending event
+        stays valid when the next completion did not move (a subtask that
+        joins at rate 0, a rate change elsewhere): half of the events at
+        1,000 machines were such stale wake-ups."""
         nxt = INF
-        for r in self.running.values():
-            rate = r[1]
-            if rate > 0:
-                t = now + r[0] / rate
-                if t < nxt:
-                    nxt = t
+        if self.running:
+            self.machine.rates(self)
+            for r in self.running.values():
+                rate = r[1]
+                if rate > 0:
+                    t = now + r[0] / rate
+                    if t < nxt:
+                        nxt = t
+        if nxt == self.due:
+            return
+        self.version += 1
+        self.due = nxt
         if nxt < INF:
             sim = self.sim
             heapq.heappush(sim._q, (nxt, next(sim._n), self._fire, (self.version,)))
@@ -183,6 +190,7 @@ class _Res:
     def _fire(self, version: int) -> None:
         if version != self.version:
             return
+        self.due = INF
         now = self.sim.now
         self._advance(now)
         running = self.running
