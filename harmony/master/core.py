@@ -42,6 +42,8 @@ from typing import Any
 from harmony.comm import messages as M
 from harmony.master import policy as P
 from harmony.master.jobs import MAX_ATTEMPTS, SETUPS_KEPT, Job, JobState
+
+_ACTIVE = frozenset(s for s in JobState if s.active)
 from harmony.store import staging
 
 log = logging.getLogger("harmony.master")
@@ -738,13 +740,20 @@ class MasterCore:
                                       if m in self.workers):
                 self._retry_or_fail(job, "a machine joining the job was lost during a resize")
 
+    def _active(self) -> list[Job]:
+        """The active jobs, in launch order. Every active job has a run
+        (launched, executors not yet ended; the core tests assert it), so
+        the runs are scanned, not every job ever submitted."""
+        jobs, active = self.jobs, _ACTIVE
+        return [j for j in map(jobs.get, self.runs) if j is not None and j.state in active]
+
     def _placed(self) -> dict[str, list[Job]]:
-        """Machine name -> the active jobs placed on it (one pass)."""
+        """Machine name -> the active jobs placed on it (one pass; order
+        within a machine: launch order)."""
         out: dict[str, list[Job]] = {}
-        for j in self.jobs.values():
-            if j.state.active:
-                for n in j.workers:
-                    out.setdefault(n, []).append(j)
+        for j in self._active():
+            for n in j.workers:
+                out.setdefault(n, []).append(j)
         return out
 
     def _jobs_on(self, name: str) -> list[Job]:
@@ -804,14 +813,16 @@ class MasterCore:
         store stats of the latest epoch). The youngest job there leaves it:
         moved live to an idle machine if there is one, else paused until a
         job ends. A job alone on its machine is left to the OOM guard."""
-        want = {}
-        for job in self.jobs.values():
-            if not job.state.active:
+        asks: dict[str, list[Job]] = {}
+        for job in self._active():
+            if not job.store:
                 continue
             last = len(job.epochs) - 1
             for m, st in job.store.items():
                 if st.get("pause_wanted") and st.get("epoch", -1) >= last and m in job.workers:
-                    want.setdefault(m, job.id)
+                    asks.setdefault(m, []).append(job)
+        # the asker named: the first submitted there
+        want = {m: min(js, key=lambda j: (j.submitted, j.id)).id for m, js in asks.items()}
         if not want:
             return
         placed = self._placed()
@@ -873,8 +884,7 @@ class MasterCore:
 
     def _view(self, live: list[Worker], waiting: list[Job]) -> P.ClusterView:
         placed = self._placed()
-        active = sorted((j for j in self.jobs.values() if j.state.active),
-                        key=lambda j: (j.submitted, j.id))
+        active = sorted(self._active(), key=lambda j: (j.submitted, j.id))
         # a machine's view is rebuilt only when it changed (views are frozen,
         # so the last one is reused: on a large cluster most machines keep theirs)
         cache = self._worker_views
@@ -1744,12 +1754,15 @@ class MasterCore:
         timings = run.timings.pop(msg["epoch"], {})
         job.epochs.append({"epoch": msg["epoch"], "metrics": msg["metrics"],
                            "timings": timings, "time": self.now})
-        # every active job has a run (launched, executors not ended), so the
-        # runs are the jobs to look at: at 1,000 jobs, scanning all of them
-        # per epoch report was the simulator's largest single cost
-        mine, jobs = set(job.workers), self.jobs
-        alone = not any(j is not None and j is not job and j.state.active
-                        and not mine.isdisjoint(j.workers) for j in map(jobs.get, self.runs))
+        # the active jobs are the runs' (at 1,000 jobs, scanning all of them
+        # per epoch report was the simulator's largest single cost)
+        mine, jobs, active, alone = set(job.workers), self.jobs, _ACTIVE, True
+        for jid in self.runs:
+            j = jobs.get(jid)
+            if j is not None and j is not job and j.state in active \
+                    and not mine.isdisjoint(j.workers):
+                alone = False
+                break
         prev = job.epochs[-2] if len(job.epochs) > 1 else None
         wall = self.now - prev["time"] if prev is not None and \
             prev.get("epoch") == msg["epoch"] - 1 and "time" in prev else None

@@ -113,6 +113,9 @@ class Util:
     def add(self, which: list[float], t0: float, t1: float) -> None:
         b = self.bucket
         i = int(t0 // b)
+        if t0 < t1 <= (i + 1) * b and i < len(which):      # the common case: one bucket
+            which[i] += t1 - t0
+            return
         while t0 < t1:
             end = min(t1, (i + 1) * b)
             while len(which) <= i:
@@ -306,6 +309,8 @@ class _Exec:
         self.inputs: list[list] = []
         self.join = join
         self.pending_sums: dict | None = None
+        self._t0 = 0.0              # the running subtask's start
+        self._remote = 0.0          # and the part of its transfer that crosses the link
         sim.execs[self.ident] = self
 
     # -- messages from the master --------------------------------------------------
@@ -387,25 +392,28 @@ class _Exec:
             work, local = t_net / 2, self.job.net_local / 2
         else:
             work = self.job.eval_cpu / self.count
-        t0 = self.sim.now
+        # one subtask at a time: its start and remote part live on the
+        # executor, and the callbacks are bound once (no closure per subtask)
+        t0 = self._t0 = self.sim.now
         key = (self.jid, self.seq)
         if kind == "cpu":
-            return self.machine.cpu.start(key, work, lambda: self._ran(kind, t0), t0)
+            return self.machine.cpu.start(key, work, self._ran, t0)
         local = min(local, work)
         if local <= 0:
-            return self.machine.net.start(key, work, lambda: self._ran(kind, t0), t0)
-
-        def remote() -> None:     # then what crosses the link
-            if self.alive:
-                self.machine.net.start(key, work - local, lambda: self._ran(kind, t0),
-                                       self.sim.now)
+            return self.machine.net.start(key, work, self._ran, t0)
+        self._remote = work - local
         # a transfer's local part first: CPU work beside the running COMP
-        self.machine.cpu.start((self.jid, self.seq, "local"), local, remote, t0)
+        self.machine.cpu.start((self.jid, self.seq, "local"), local, self._then_remote, t0)
 
-    def _ran(self, kind: str, t0: float) -> None:
+    def _then_remote(self) -> None:
+        """A transfer's local part is done: then what crosses the link."""
+        if self.alive:
+            self.machine.net.start((self.jid, self.seq), self._remote, self._ran, self.sim.now)
+
+    def _ran(self) -> None:
         if not self.alive:
             return
-        took = self.sim.now - t0
+        took = self.sim.now - self._t0
         name = ("pull", "comp", "push", "eval", "eval")[self.step]
         self.tm[name] += took
         if self.queued:
