@@ -1300,7 +1300,7 @@ class MasterCore:
         job = self.jobs.get(jid)
         run = self.runs.get(jid)
         if key is None or job is None or run is None or key[0] != jid or key[1] != f["index"] \
-                or key[2] != run.attempt or not job.state.active \
+                or key[2] != run.attempt or job.state not in _ACTIVE \
                 or (self.secure and self._peer[0] != "worker"):
             self._send(ident, _msg("abort", reason=f"job {jid} is not running here"))
             return None
