@@ -210,6 +210,32 @@ def test_a_pause_during_a_move_is_refused_and_the_move_completes():
     assert c.core.runs[jid].pausing
 
 
+def test_a_shrink_drops_the_block_store_stats_of_the_machine_that_left():
+    """job.store holds the latest block-store stats per machine of the job:
+    after a resize the machine that left is gone from it (status and the
+    trace importer sum it)."""
+    c = Cluster(machines=2)
+    jid = c.submit(machines=2)
+    ex = c.start(jid)
+    job = c.core.jobs[jid]
+    for i in range(2):
+        c.msg(ex[i], "epoch_done", job=jid, index=i, epoch=0, sums={}, timings={},
+              store={"shard_mb": 1.5, "alpha": 0.0})
+    assert set(job.store) == {"m0", "m1"}
+    c.msg(b"client", "resize", job=jid, machines=1)
+    assert c.sent[-1].type == "ok"
+    for i in range(2):
+        c.msg(ex[i], "epoch_done", job=jid, index=i, epoch=1, sums={}, timings={},
+              store={"shard_mb": 1.5, "alpha": 0.0})
+    for i in range(2):
+        c.msg(ex[i], "at_boundary", job=jid, index=i, epoch=1, seq=7, inputs=[[i, 10]])
+    for i in range(2):
+        c.msg(ex[i], "migrated", job=jid, index=i, bytes_out=10 * i, bytes_in=10 * (1 - i),
+              seconds=0.1)
+    assert job.workers == ["m0"] and c.core.runs[jid].reconfig is None
+    assert set(job.store) == {"m0"}
+
+
 def test_a_master_restart_during_a_pause_requeues_from_the_last_checkpoint():
     c = Cluster(machines=1)
     jid = c.submit()

@@ -1731,6 +1731,9 @@ class MasterCore:
         stood = self.now - (rc.stood_since or rc.t0)
         self._move_took.append(self.now - rc.t0)
         job.workers = list(rc.to)
+        # the block store's stats of machines that left would be summed with
+        # the new ones (status, the trace importer's model bytes)
+        job.store = {m: st for m, st in job.store.items() if m in rc.to}
         self._may_hold_parts(job.id, rc.to)
         job.move = None
         note = (f"{rc.note}: now on {', '.join(job.workers)} ({rc.blocks} block(s), "
