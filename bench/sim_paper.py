@@ -10,6 +10,8 @@ relative error injected into every profile the jobs report; the
 dissertation shows Harmony's gain collapsing beyond ~7.5%), the effect of
 the simulation grain, and the simulator's speed (wall time, events,
 decisions per second). With --big, also 1,000 jobs on 1,000 machines.
+Each seed starts with the trace's ceiling (``harmony.sim.trace.ceiling``):
+the makespan no schedule can beat and the utilization that caps.
 
     python bench/sim_paper.py [--seeds 1,2,3] [--errors 0,0.025,0.05,0.075,0.1,0.2]
         [--policies muri,slaq] [--plot docs/sim_error.png] [--big]
@@ -38,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from harmony.sim.engine import Contention  # noqa: E402
 from harmony.sim.report import summarize  # noqa: E402
 from harmony.sim.run import simulate  # noqa: E402
+from harmony.sim.trace import ceiling  # noqa: E402
 from harmony.sim.workload import PAPER_BANDWIDTH, generate  # noqa: E402
 
 
@@ -127,6 +130,9 @@ def main() -> None:
     for seed in [int(s) for s in a.seeds.split(",")]:
         trace = generate("paper", a.jobs, seed)
         print(f"\n== {len(trace)} jobs (paper mix, seed {seed}) on {a.machines} machines ==")
+        c = ceiling(trace, a.machines, PAPER_BANDWIDTH)
+        print(f"ceiling (any schedule): makespan >= {c.makespan / 3600:.2f}h (set by {c.job}), "
+              f"so CPU utilization <= {100 * c.cpu:.1f}%")
         print(head)
         base = run(trace, a.machines, "isolated", seed=seed)
         print(row("isolated", base, base), flush=True)

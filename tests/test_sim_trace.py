@@ -285,3 +285,28 @@ def test_contention_model_and_calibration():
     assert contention.replay_pairs(jobs, contention.PAPER_LIKE)[0] > \
         contention.replay_pairs(jobs, contention.IDEAL)[0]
     assert not math.isnan(fit["pair_cpu-heavy-1"])
+
+
+def test_ceiling_bounds_the_makespan_and_the_cpu_utilization_any_schedule_can_reach():
+    from harmony.sim.trace import ceiling
+    a = job(id="a", arrival=0.0, iterations=10, cpu_s=1.0, bytes=0.0, ref_dop=2, machines=2)
+    b = job(id="b", arrival=100.0, iterations=5, cpu_s=2.0, bytes=0.0, ref_dop=1, machines=1)
+    c = ceiling([a, b], 2, None)
+    # b arrives at 100 s; on both machines (lent one more than it asked) it
+    # needs 5 x 1 s: no schedule ends before 105 s
+    assert c.makespan == pytest.approx(105.0) and c.job == "b"
+    # COMP work: a 10 x 1 s x 2 machines, b 5 x 2 s: 30 machine-s of 2 x 105
+    assert c.cpu == pytest.approx(30.0 / 210.0)
+    # many jobs at once: the work spread over the machines is the bound
+    many = [job(id=f"j{i}", iterations=10, cpu_s=1.0, bytes=0.0, ref_dop=1, machines=1)
+            for i in range(8)]
+    c = ceiling(many, 2, None)
+    assert c.makespan == pytest.approx(40.0) and c.cpu == pytest.approx(1.0)
+    # a transfer-bound job is fastest on 1 machine (remote traffic grows with m)
+    net = job(id="n", iterations=4, cpu_s=0.1, bytes=1e6, ref_dop=1, machines=4)
+    assert ceiling([net], 4, 1e6).makespan == pytest.approx(4 * 0.1)
+    # and one that scales: 2 iterations of 4 s COMP + 0.5 s remote on 2 machines
+    wide = job(id="w", iterations=2, cpu_s=4.0, bytes=1e6, ref_dop=1, machines=2)
+    assert ceiling([wide], 2, 1e6).makespan == pytest.approx(2 * (2.0 + 0.5))
+    with pytest.raises(ValueError):
+        ceiling([], 2, None)

@@ -424,6 +424,45 @@ def iteration_profile(job: TraceJob, m: float, bandwidth: float | None) -> tuple
     return t_cpu_at(p, m), t_net_at(p, m)
 
 
+@dataclass(frozen=True)
+class Ceiling:
+    """What no schedule of a trace can beat on ``machines`` machines (see
+    :func:`ceiling`): the makespan's lower bound in seconds, the job that
+    sets it, and the CPU utilization that bound caps."""
+    makespan: float
+    job: str
+    cpu: float          # the COMP work / (machines x makespan)
+
+
+def ceiling(trace: Sequence[TraceJob], machines: int, bandwidth: float | None) -> Ceiling:
+    """Bounds any schedule of ``trace`` obeys, from the scheduler's own model.
+
+    The makespan (last end less first arrival) is at least every job's
+    arrival plus its run alone at its fastest DoP on up to all ``machines``
+    (a group or a contended machine only slows a job down; a policy may
+    lend a job more machines than it asked for), and at least the COMP work
+    spread over all machines. COMP work in machine-seconds does not depend
+    on the DoP (Eq 4.2: ``t_cpu`` x m is constant), so CPU utilization over
+    the run is at most that work / (machines x the bound). Evaluation and
+    start-up CPU, which a run adds, are left out. The network has no such
+    bound: its remote bytes grow with the DoP a policy picks."""
+    from harmony.sched.throughput import best_dop
+    if not trace or machines < 1:
+        raise ValueError("ceiling needs jobs and at least one machine")
+    t0 = min(j.arrival for j in trace)
+    cpu = 0.0
+    end, who = 0.0, trace[0].id
+    for j in trace:
+        p = sched_profile(j, bandwidth)
+        cpu += j.iterations * t_cpu_at(p, 1)
+        m = best_dop(p, machines, 0.0)
+        alone = j.iterations * (t_cpu_at(p, m) + t_net_at(p, m))
+        if j.arrival - t0 + alone > end:
+            end, who = j.arrival - t0 + alone, j.id
+    span = max(end, cpu / machines)
+    return Ceiling(span, who, cpu / (machines * span) if span > 0 else 0.0)
+
+
 # ---------------------------------------------------------------- CSV
 
 _INT = {"iterations", "iters_per_epoch", "ref_dop", "machines"}
