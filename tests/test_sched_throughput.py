@@ -176,6 +176,13 @@ def test_a_job_leaves_a_time_slicing_group_for_idle_machines():
     cur, _, _ = TP.plan(slicing, [], [], profiles, caps, movable=list(both),
                         iters_left={"cpu": 2.0, "cpu2": 2.0}, move_cost=5.0)
     assert cur.group_of("cpu").id == cur.group_of("cpu2").id
+    # nor when its partner is about to end (it will be alone anyway)
+    cur, _, _ = TP.plan(slicing, [], [], profiles, caps, movable=list(both),
+                        iters_left={"cpu": 100.0, "cpu2": 1.0}, move_cost=5.0)
+    assert cur.group_of("cpu").id == cur.group_of("cpu2").id
+    cur, _, _ = TP.plan(slicing, [], [], profiles, caps, movable=list(both),
+                        iters_left={"cpu": 100.0, "cpu2": 100.0}, move_cost=5.0)
+    assert cur.group_of("cpu").id != cur.group_of("cpu2").id
     # a complementary pair interleaves: it stays together
     pair = _cur(("g1", ("cpu", "net"), ("m0",)), machines=("m0", "m1"))
     cur, _, notes = TP.plan(pair, [], [], profiles, caps, movable=["cpu", "net"])

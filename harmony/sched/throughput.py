@@ -34,7 +34,8 @@ move costs a pause or a block migration and a restart):
 * **Splitting.** With machines idle, nothing waiting and no new job to
   profile, a job leaves its group (all of whose jobs are ``movable``) for
   idle machines when the group's jobs' summed x rises by ≥ tol and the
-  seconds its own remaining iterations save repay one move
+  seconds its iterations save, while a partner still runs (its remaining
+  iterations or its partners', whichever end first), repay one move
   (``move_cost``). One job per group per decision; a complementary pair
   (E near 2) stays, a group that only time-slices splits.
 * **Widening is lent.** With machines idle, nothing waiting and no new job
@@ -271,8 +272,10 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
                     continue
                 t_rest = group_iter_time([profiles[y] for y in g.jobs if y != x], m)
                 new = star[x] / t_x + sum(star[y] for y in g.jobs if y != x) / t_rest
-                saved = (iters_left.get(x, 0.0) if iters_left is not None
-                         else float("inf")) * (t_g - t_x)
+                # it gains only while a partner still runs (then it is alone anyway)
+                saved = (min(iters_left.get(x, 0.0), max(iters_left.get(y, 0.0)
+                                                         for y in g.jobs if y != x))
+                         if iters_left is not None else float("inf")) * (t_g - t_x)
                 if new >= (1 + tol) * old and saved > move_cost \
                         and (best is None or new > best[0]):
                     best = (new, x, k)
