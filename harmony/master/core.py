@@ -42,11 +42,11 @@ from typing import Any
 from harmony.comm import messages as M
 from harmony.master import policy as P
 from harmony.master.jobs import MAX_ATTEMPTS, SETUPS_KEPT, Job, JobState
-
-_ACTIVE = frozenset(s for s in JobState if s.active)
 from harmony.store import staging
 
 log = logging.getLogger("harmony.master")
+
+_ACTIVE = frozenset(s for s in JobState if s.active)   # a set lookup on hot paths
 
 HEARTBEAT_INTERVAL = 1.0
 LAUNCH_GRACE = 3.0          # s: a launched executor shows up in heartbeats by then

@@ -247,7 +247,8 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
         left.append(j)
     # splitting: idle machines, nothing waiting: one job per group leaves it
     # for idle machines when that raises the jobs' summed throughput by tol
-    # and the time its own iterations save repays the move (a group formed
+    # and the time its iterations save while a partner still runs repays
+    # the move (a group formed
     # under load otherwise shared its machines to the end while the rest of
     # the cluster idled: the paper workload's last 0.9 h, seed 1)
     if not left and not pending:
