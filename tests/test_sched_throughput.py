@@ -145,48 +145,12 @@ def test_widening_is_lent_and_given_back_when_a_job_waits_or_a_new_one_comes():
 
 def test_a_group_widens_as_a_whole():
     profiles = {"wide": WIDE, "net": NET}
-    caps = {"wide": 4, "net": 4}
-    # net has too little work left to repay a move of its own (no split)
-    kw = dict(iters_left={"wide": 100.0, "net": 1.0}, move_cost=5.0)
     cur0 = _cur(("g1", ("wide", "net"), ("m0",)))
-    cur, _, notes = TP.plan(cur0, [], [], profiles, caps, movable=["wide", "net"], **kw)
+    cur, _, notes = TP.plan(cur0, [], [], profiles, {"wide": 1, "net": 1},
+                            movable=["wide", "net"])
     assert cur.group_of("net").machines == ("m0", "m1", "m2", "m3"), notes
-    cur, _, _ = TP.plan(cur0, [], [], profiles, caps, movable=["wide"], **kw)
+    cur, _, _ = TP.plan(cur0, [], [], profiles, {"wide": 1, "net": 1}, movable=["wide"])
     assert cur.group_of("net").machines == ("m0",)     # net too new to move
-
-
-def test_a_job_leaves_a_time_slicing_group_for_idle_machines():
-    """Nothing waits and machines idle: a group that only time-slices its
-    CPU splits (summed throughput 1.1 -> 2.0); a complementary pair stays
-    (1.91 -> 2.0 is under tol); a split must repay its move."""
-    cpu2 = Profile("cpu2", 1.0, 0.1, 1)
-    profiles = {"cpu": CPU, "cpu2": cpu2, "net": NET}
-    caps = dict.fromkeys(profiles, 1)
-    both = ("cpu", "cpu2")
-    slicing = _cur(("g1", both, ("m0",)), machines=("m0", "m1"))
-    cur, _, notes = TP.plan(slicing, [], [], profiles, caps, movable=list(both))
-    assert {cur.group_of("cpu").machines, cur.group_of("cpu2").machines} == {("m0",), ("m1",)}
-    assert cur.group_of("cpu").id != cur.group_of("cpu2").id and "leaves g1" in notes[0]
-    assert TP.throughput(cur.groups, profiles, caps) == pytest.approx(2.0)
-    # not while a job waits, a new one is to be profiled, or one is too new
-    for kw in (dict(pending=1), dict(movable=["cpu"])):
-        cur, _, _ = TP.plan(slicing, [], [], profiles, caps, **{"movable": list(both), **kw})
-        assert cur.group_of("cpu").id == cur.group_of("cpu2").id
-    # too little work left to repay the move
-    cur, _, _ = TP.plan(slicing, [], [], profiles, caps, movable=list(both),
-                        iters_left={"cpu": 2.0, "cpu2": 2.0}, move_cost=5.0)
-    assert cur.group_of("cpu").id == cur.group_of("cpu2").id
-    # nor when its partner is about to end (it will be alone anyway)
-    cur, _, _ = TP.plan(slicing, [], [], profiles, caps, movable=list(both),
-                        iters_left={"cpu": 100.0, "cpu2": 1.0}, move_cost=5.0)
-    assert cur.group_of("cpu").id == cur.group_of("cpu2").id
-    cur, _, _ = TP.plan(slicing, [], [], profiles, caps, movable=list(both),
-                        iters_left={"cpu": 100.0, "cpu2": 100.0}, move_cost=5.0)
-    assert cur.group_of("cpu").id != cur.group_of("cpu2").id
-    # a complementary pair interleaves: it stays together
-    pair = _cur(("g1", ("cpu", "net"), ("m0",)), machines=("m0", "m1"))
-    cur, _, notes = TP.plan(pair, [], [], profiles, caps, movable=["cpu", "net"])
-    assert cur.group_of("cpu").id == cur.group_of("net").id, notes
 
 
 def test_throughput_counts_each_job_against_its_best_alone():

@@ -31,13 +31,6 @@ move costs a pause or a block migration and a restart):
   or in a pair beside a job still profiling (judged when that one's
   profile is ready: it is then the one to leave a poor pair); otherwise
   they leave that group and are placed as waiting jobs.
-* **Splitting.** With machines idle, nothing waiting and no new job to
-  profile, a job leaves its group (all of whose jobs are ``movable``) for
-  idle machines when the group's jobs' summed x rises by ≥ tol and the
-  seconds its iterations save, while a partner still runs (its remaining
-  iterations or its partners', whichever end first), repay one move
-  (``move_cost``). One job per group per decision; a complementary pair
-  (E near 2) stays, a group that only time-slices splits.
 * **Widening is lent.** With machines idle, nothing waiting and no new job
   to profile (``pending``), a group whose jobs all have enough work left
   (``movable``) is widened by a live resize, beyond what its jobs asked
@@ -245,47 +238,6 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
             notes.append(f"{j}: alone on {alone[1]} machine(s) (x {alone[0]:.2f})")
             continue
         left.append(j)
-    # splitting: idle machines, nothing waiting: one job per group leaves it
-    # for idle machines when that raises the jobs' summed throughput by tol
-    # and the time its iterations save while a partner still runs repays
-    # the move (a group formed
-    # under load otherwise shared its machines to the end while the rest of
-    # the cluster idled: the paper workload's last 0.9 h, seed 1)
-    if not left and not pending:
-        for i in range(len(groups)):
-            free = idle()
-            if not free:
-                break
-            g = groups[i]
-            if len(g.jobs) < 2 or not all(x in profiles and x in movable for x in g.jobs):
-                continue
-            m = len(g.machines)
-            t_g = group_iter_time([profiles[x] for x in g.jobs], m)
-            if t_g <= 0:
-                continue
-            star = {x: alone_time(profiles[x], caps.get(x, 1), tol) for x in g.jobs}
-            old = sum(star.values()) / t_g
-            best = None
-            for x in g.jobs:
-                k = min(best_dop(profiles[x], caps.get(x, 1), tol), len(free))
-                t_x = job_iter_time(profiles[x], k)
-                if t_x <= 0 or star[x] / t_x < ALONE_OK:
-                    continue
-                t_rest = group_iter_time([profiles[y] for y in g.jobs if y != x], m)
-                new = star[x] / t_x + sum(star[y] for y in g.jobs if y != x) / t_rest
-                # it gains only while a partner still runs (then it is alone anyway)
-                saved = (min(iters_left.get(x, 0.0), max(iters_left.get(y, 0.0)
-                                                         for y in g.jobs if y != x))
-                         if iters_left is not None else float("inf")) * (t_g - t_x)
-                if new >= (1 + tol) * old and saved > move_cost \
-                        and (best is None or new > best[0]):
-                    best = (new, x, k)
-            if best is not None:
-                new, x, k = best
-                groups[i] = RunningGroup(g.id, tuple(y for y in g.jobs if y != x), g.machines)
-                groups.append(RunningGroup(_fresh(groups, f"g:{x}"), (x,), tuple(free[:k])))
-                notes.append(f"{x}: leaves {g.id} for {k} idle machine(s) (throughput "
-                             f"{old:.2f} -> {new:.2f})")
     # widening: idle machines, nothing waiting
     if not left and not pending:
         for i, g in enumerate(groups):
