@@ -36,6 +36,7 @@ import secrets
 import signal
 import statistics
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -740,12 +741,13 @@ class MasterCore:
                                       if m in self.workers):
                 self._retry_or_fail(job, "a machine joining the job was lost during a resize")
 
-    def _active(self) -> list[Job]:
+    def _active(self) -> Iterator[Job]:
         """The active jobs, in launch order. Every active job has a run
         (launched, executors not yet ended; the core tests assert it), so
-        the runs are scanned, not every job ever submitted."""
+        the runs are scanned, not every job ever submitted (at 1,000 jobs
+        that scan, per epoch report, was the simulator's largest cost)."""
         jobs, active = self.jobs, _ACTIVE
-        return [j for j in map(jobs.get, self.runs) if j is not None and j.state in active]
+        return (j for j in map(jobs.get, self.runs) if j is not None and j.state in active)
 
     def _placed(self) -> dict[str, list[Job]]:
         """Machine name -> the active jobs placed on it (one pass; order
@@ -1757,15 +1759,8 @@ class MasterCore:
         timings = run.timings.pop(msg["epoch"], {})
         job.epochs.append({"epoch": msg["epoch"], "metrics": msg["metrics"],
                            "timings": timings, "time": self.now})
-        # the active jobs are the runs' (at 1,000 jobs, scanning all of them
-        # per epoch report was the simulator's largest single cost)
-        mine, jobs, active, alone = set(job.workers), self.jobs, _ACTIVE, True
-        for jid in self.runs:
-            j = jobs.get(jid)
-            if j is not None and j is not job and j.state in active \
-                    and not mine.isdisjoint(j.workers):
-                alone = False
-                break
+        mine = set(job.workers)
+        alone = not any(j is not job and not mine.isdisjoint(j.workers) for j in self._active())
         prev = job.epochs[-2] if len(job.epochs) > 1 else None
         wall = self.now - prev["time"] if prev is not None and \
             prev.get("epoch") == msg["epoch"] - 1 and "time" in prev else None

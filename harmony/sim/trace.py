@@ -79,7 +79,8 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
-from harmony.sched.model import Profile, t_cpu_at, t_net_at
+from harmony.sched.model import Profile, job_iter_time, t_cpu_at, t_net_at
+from harmony.sched.throughput import best_dop
 
 APPS = ("nmf", "lda", "mlr", "lasso", "torch_mlp", "minimal", "synthetic")
 
@@ -446,7 +447,6 @@ def ceiling(trace: Sequence[TraceJob], machines: int, bandwidth: float | None) -
     the run is at most that work / (machines x the bound). Evaluation and
     start-up CPU, which a run adds, are left out. The network has no such
     bound: its remote bytes grow with the DoP a policy picks."""
-    from harmony.sched.throughput import best_dop
     if not trace or machines < 1:
         raise ValueError("ceiling needs jobs and at least one machine")
     t0 = min(j.arrival for j in trace)
@@ -456,7 +456,7 @@ def ceiling(trace: Sequence[TraceJob], machines: int, bandwidth: float | None) -
         p = sched_profile(j, bandwidth)
         cpu += j.iterations * t_cpu_at(p, 1)
         m = best_dop(p, machines, 0.0)
-        alone = j.iterations * (t_cpu_at(p, m) + t_net_at(p, m))
+        alone = j.iterations * job_iter_time(p, m)
         if j.arrival - t0 + alone > end:
             end, who = j.arrival - t0 + alone, j.id
     span = max(end, cpu / machines)
