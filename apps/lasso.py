@@ -144,6 +144,7 @@ class Lasso(App):
     finite_updates = False
     name = "lasso"
     static_keys = True    # keys(blocks) depends only on which blocks it gets
+    mutable_input = ()    # input is read-only: spilled blocks load zero-copy
     # sum: a machine's gradient is its blocks' part of X^T r divided by the
     # *global* n_train, and only machine 0 pushes x, v, t, beta (the others push
     # 0 there), so the sum over machines is exactly the one-machine slot

@@ -380,6 +380,7 @@ class LDA(App):
 
     name = "lda"
     static_keys = True    # keys(blocks) depends only on which blocks it gets
+    mutable_input = ("z", "hz")   # topic assignments (training, held-out)
     # sum: the deltas are exact integer count changes of this machine's tokens
     # (each token lives on one machine), so the sum is the 1-machine count table
     combine = "sum"

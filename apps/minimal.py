@@ -11,6 +11,7 @@ class LeastSquares(App):
     combine = "sum"       # each machine's gradient is divided by ALL samples: the sum is one step
     step_option = "lr"    # named in the error if the objective diverges
     on_divergence = "fail"
+    mutable_input = ()    # input is read-only: spilled blocks load zero-copy
     options = [Option("samples", int, 2000, "rows of X"),
                Option("features", int, 20, "columns of X (= model keys)"),
                Option("lr", float, 0.5, "step size")]

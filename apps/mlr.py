@@ -160,6 +160,7 @@ class MLR(App):
 
     name = "mlr"
     static_keys = True    # keys(blocks) depends only on which blocks it gets
+    mutable_input = ()    # input is read-only: spilled blocks load zero-copy
     # each machine's delta is a whole local SGD run on its share of the global
     # batch: averaging them is one step on the global batch (see the module
     # docstring on why a sum would overshoot)

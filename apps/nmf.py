@@ -159,6 +159,7 @@ class NMF(App):
 
     name = "nmf"
     static_keys = True    # keys(blocks) depends only on which blocks it gets
+    mutable_input = ("L", "gL")   # user factors and their AdaGrad sums
     step_option = "lr"
     on_divergence = "fail"
     options = [

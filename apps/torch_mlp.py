@@ -90,6 +90,7 @@ class TorchMLP(App):
     combine = "mean"        # each machine's delta is a whole SGD update on its share
     step_option = "lr"
     on_divergence = "fail"
+    mutable_input = ()    # input is read-only: spilled blocks load zero-copy
     options = [
         Option("hidden", int, 128, "units per hidden layer"),
         Option("layers", int, 1, "hidden layers"),

@@ -17,6 +17,16 @@ outside the repo) it measures, interleaved, REPS times each:
   rewrite  : ReloadPipeline with ``writeback`` into LMDB: every block written
              back whole after use (no executor path does this since mutated
              arrays are pinned; kept as the upper bound of write-back cost)
+  frozen   : the executor's path for an app that declares its input
+             read-only (``App.mutable_input = ()``: MLR, Lasso): LocalInput
+             hands each disk-block over zero-copy, as read-only views of
+             LMDB's file, CRC-checked
+  declared : the same for an app that declares which arrays it changes
+             (``mutable_input = ("i",)``, as NMF declares ``L``): the consumer
+             changes ``i`` in every pass, which stays in memory; the rest is
+             handed over zero-copy
+  raw-crc  : a second baseline: the raw cursor scan with the CRC-32 of each
+             value instead of a copy (the least a reader that checks must do)
 
 each with a warm page cache and a cold one (the data file is evicted with
 posix_fadvise(DONTNEED) after closing the env, so only this file is dropped).
@@ -33,8 +43,9 @@ that the bound holds, and reports the stall as a fraction of COMP time.
     python bench/store_reload.py [--blocks 64] [--block-mb 4] [--reps 7]
         [--kinds raw,reload,...]
 
-(It uses only interfaces that older versions of the store also have, so it
-measures them too: run it with PYTHONPATH at an older checkout.)
+(Kinds up to ``rewrite`` use only interfaces that older versions of the
+store also have, so they measure them too: run it with PYTHONPATH at an older
+checkout and ``--kinds reload,no-check,mutable,rewrite``.)
 """
 from __future__ import annotations
 
@@ -49,12 +60,13 @@ import numpy as np
 
 from harmony.store.alpha import max_disk_blocks
 from harmony.store.blocks import Block, BlockStore
-from harmony.store.lmdb_store import LmdbBlockStore, LmdbEnv
+from harmony.store.lmdb_store import LmdbBlockStore, LmdbEnv, crc32
 from harmony.store.local import LocalInput
 from harmony.store.reload import ReloadPipeline, choose_disk_blocks
 
 
-KINDS = ("raw", "reload", "no-check", "mutable", "rewrite")
+KINDS = ("raw", "reload", "no-check", "mutable", "rewrite", "frozen", "declared", "raw-crc")
+DBS = ("input", "local", "frozen", "declared")
 
 
 def make_blocks(n: int, mb: float) -> list[Block]:
@@ -79,13 +91,21 @@ class Bench:
             self.local.add(blk, to_disk=True)
         self.env.sync_now()
         self.mutable(passes=1)           # first pass: `i` is found to change and pinned
+        # apps that declare what they change: zero-copy (each its own db)
+        self.frozen = LocalInput(LmdbBlockStore(self.env, "frozen"), mutable=())
+        self.declared = LocalInput(LmdbBlockStore(self.env, "declared"), mutable=("i",))
+        for owner in (self.frozen, self.declared):   # each db's values contiguous
+            for blk in blocks:
+                owner.add(blk, to_disk=True)
+        self.env.sync_now()
 
     def open(self) -> None:
         self.env = LmdbEnv(self.path, job="bench", sync=False, map_size=4 << 30)
         self.store = LmdbBlockStore(self.env, "input")
         self.unverified = LmdbBlockStore(self.env, "input", verify=False)
-        if hasattr(self, "local"):
-            self.local.disk = LmdbBlockStore(self.env, "local")
+        for name in ("local", "frozen", "declared"):
+            if hasattr(self, name):
+                getattr(self, name).disk = LmdbBlockStore(self.env, name)
 
     def evict(self) -> None:
         """Drop this file's pages from the page cache (unmapped first)."""
@@ -99,7 +119,7 @@ class Bench:
         self.open()
 
     def warm(self) -> None:
-        for name in ("input", "local"):
+        for name in DBS:
             db = self.env.db(name)
             with self.env.env.begin(buffers=True) as txn:
                 for _, v in txn.cursor(db=db):
@@ -122,10 +142,19 @@ class Bench:
                 n += blk.nbytes
         return n
 
-    def mutable(self, passes: int = 1) -> int:
+    def raw_crc(self) -> int:
+        db = self.env.db("input")
+        n = 0
+        with self.env.env.begin(buffers=True) as txn:
+            for _, v in txn.cursor(db=db):
+                crc32(v)
+                n += len(v)
+        return n
+
+    def mutable(self, passes: int = 1, owner: str = "local") -> int:
         n = 0
         for _ in range(passes):
-            seq = self.local.view(self.ids)
+            seq = getattr(self, owner).view(self.ids)
             try:
                 for blk in seq:
                     blk["i"][0] += 1
@@ -134,20 +163,38 @@ class Bench:
                 seq.close()
         return n
 
+    def read_only(self) -> int:
+        n = 0
+        seq = self.frozen.view(self.ids)
+        try:
+            for blk in seq:
+                n += blk.nbytes
+        finally:
+            seq.close()
+        return n
+
     def run(self, kind: str) -> int:
         if kind == "raw":
             return self.raw()
         if kind == "mutable":
             return self.mutable()
+        if kind == "declared":
+            return self.mutable(owner="declared")
+        if kind == "frozen":
+            return self.read_only()
+        if kind == "raw-crc":
+            return self.raw_crc()
         return self.pipeline(kind == "rewrite", verify=kind != "no-check")
 
 
 def measure(b: Bench, kind: str, cache: str) -> tuple[float, float]:
     """(bytes/s, CPU seconds per byte) of one run of ``kind``."""
+    b.env.sync_now()   # no dirty pages of an earlier kind (rewrite) flushed meanwhile
     if cache == "cold":
         b.evict()
-    else:
-        b.warm()
+    else:   # steady state: the page cache holds every db, and one untimed pass
+        b.warm()    # of this kind has run (the zero-copy kinds read through the
+        b.run(kind)  # env's own mapping of the file, which a cold run dropped)
     c0, t0 = time.process_time(), time.perf_counter()
     n = b.run(kind)
     dt, dc = time.perf_counter() - t0, time.process_time() - c0

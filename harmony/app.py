@@ -171,6 +171,14 @@ class App:
     #: shard and fails the job with a clear error (the model is never
     #: changed by it). Float models only; False applies such pushes as they come.
     finite_updates: bool = True
+    #: the input arrays that ``compute`` or ``objective`` change, by name
+    #: (NMF's ``("L", "gL")``; ``()``: none). Declaring them lets the block
+    #: store hand every other array of a spilled block over without copying:
+    #: read-only views of the stored bytes (changing one raises numpy's
+    #: "assignment destination is read-only"). None, the default, declares
+    #: nothing: each array of a spilled block is then copied on load and
+    #: checked for changes when the block is dropped.
+    mutable_input: tuple[str, ...] | None = None
 
     def __init__(self, opts: argparse.Namespace) -> None:
         self.opts = opts
@@ -345,6 +353,17 @@ def parse_app_args(cls: type[App], args: list[str]) -> argparse.Namespace:
     return ns
 
 
+def mutable_input(cls: type) -> tuple[str, ...] | None:
+    """An app class's ``mutable_input`` checked: None, or a tuple of names."""
+    v = getattr(cls, "mutable_input", None)
+    if v is None:
+        return None
+    if isinstance(v, str) or not all(isinstance(n, str) for n in v):
+        raise AppError(f"app {getattr(cls, 'name', cls.__name__)!r}: mutable_input must be "
+                       f"a tuple of input array names (or None), not {v!r}")
+    return tuple(v)
+
+
 def disk_ratio(opts: argparse.Namespace) -> float | None:
     """The job's fixed disk ratio α, or None for 'auto' (hill-climbed)."""
     text = str(getattr(opts, "disk_ratio", "auto") or "auto").strip().lower()
@@ -466,6 +485,13 @@ def run_local(cls: type[App], args: list[str], machines: int = 1) -> LocalResult
     apps = [cls(opts if j == 0 else parse_app_args(cls, args)) for j in range(machines)]
     parts = [sorted(a.read_input(InputPart(j, machines, opts.blocks)), key=lambda b: b.id)
              for j, a in enumerate(apps)]
+    declared = mutable_input(cls)
+    if declared is not None:   # held to its declaration, as spilled blocks are
+        for blocks in parts:
+            for blk in blocks:
+                for name, arr in blk.arrays.items():
+                    if name not in declared:
+                        arr.flags.writeable = False
     app = apps[0]
     spec = app.model_spec()
     all_keys = np.arange(spec.num_keys, dtype=np.int64)

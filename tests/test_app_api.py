@@ -135,3 +135,18 @@ def test_noise_sized_rises_are_not_divergence():
             w.check(e, obj, 3)
     with pytest.raises(AppError, match="--diverge-epochs must be >= 0"):
         parse_app_args(load_app(MINIMAL_SRC, "minimal.py"), ["--diverge-epochs", "-1"])
+
+
+def test_run_local_holds_an_app_to_its_declared_mutable_input():
+    hook = "    def compute(self, blocks, keys, rows, step):\n"
+    src = MINIMAL_SRC.replace(hook, hook + "        blocks[0]['y'][0] += 0.0\n")
+    assert src != MINIMAL_SRC and "mutable_input = ()" in src
+    with pytest.raises(ValueError, match="read-only"):   # as a spilled block would be
+        run_local(load_app(src, "minimal.py"), ["--max-epochs", "1"])
+    declared = src.replace("mutable_input = ()", "mutable_input = ('y',)")
+    run_local(load_app(declared, "minimal.py"), ["--max-epochs", "1"])
+    undeclared = src.replace("mutable_input = ()", "mutable_input = None")
+    run_local(load_app(undeclared, "minimal.py"), ["--max-epochs", "1"])
+    bad = src.replace("mutable_input = ()", "mutable_input = 'y'")
+    with pytest.raises(AppError, match="mutable_input must be a tuple"):
+        run_local(load_app(bad, "minimal.py"), ["--max-epochs", "1"])

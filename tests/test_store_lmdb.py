@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from harmony.store.blocks import Block, export_block
-from harmony.store.lmdb_store import (BlockLoadError, JobStorage, LmdbBlockStore,
-                                      StoreBusyError, StoreFullError, decode_block, frame,
-                                      frame_block, sweep_stale)
+from harmony.store.lmdb_store import (BlockLoadError, JobStorage, LmdbBlockStore, LmdbEnv,
+                                      StoreBusyError, StoreError, StoreFullError, _ResizeLock,
+                                      decode_block, frame, frame_block, sweep_stale)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -235,14 +235,90 @@ def _raw_get(st: JobStorage, db: str, key: bytes) -> bytes:
     (lambda v: v[:-20] + v[-16:], "length mismatch"),
     (lambda v: b"", "truncated"),
 ])
-def test_corrupt_block_is_rejected_naming_the_block(tmp_path, damage, reason):
+@pytest.mark.parametrize("zero_copy", [False, True])
+def test_corrupt_block_is_rejected_naming_the_block(tmp_path, damage, reason, zero_copy):
     with JobStorage(str(tmp_path), "job-c") as st:
         st.input.put(make_block(3))
         key = (3).to_bytes(8, "big")
         _raw_put(st, "input", key, damage(_raw_get(st, "input", key)))
         with pytest.raises(BlockLoadError, match=rf"block 3 \(job job-c.*\): .*({reason})") as ei:
-            st.input.get(3)
+            st.input.get_view(3) if zero_copy else st.input.get(3)
         assert ei.value.block_id == 3
+
+
+def test_zero_copy_load_is_read_only_aligned_and_pins_its_snapshot(tmp_path):
+    env = LmdbEnv(str(tmp_path / "e"), job="job-z", sync=False, map_size=8 << 20)
+    store = LmdbBlockStore(env, "input")
+    small = [make_block(b, n=3000, seed=b) for b in range(3)]
+    store.put_many(small)
+    blk, lease = store.get_view(1)
+    assert_same(blk, small[1])
+    assert not any(arr.flags.writeable for arr in blk.arrays.values())
+    # the first array is used in place, 64-byte aligned (pack_header pads)
+    assert not blk["L"].flags.owndata and blk["L"].ctypes.data % 64 == 0
+    with pytest.raises(ValueError, match="read-only"):
+        blk["L"][0] = 1.0
+    # overwriting and deleting the viewed block, then writing more: this
+    # reader's snapshot keeps its pages from being reused
+    store.put(make_block(1, n=3000, seed=99))
+    store.remove(1)
+    store.put_many(make_block(20 + b, n=3000, seed=b) for b in range(12))
+    assert env.grows == 0
+    assert_same(blk, small[1])
+    # a view in use keeps the transaction; dropping the block ends it
+    x = blk["L"][5:]
+    assert not lease.end() and not lease.ended
+    del x, blk
+    assert lease.end() and lease.ended
+    # views taken before close stay readable (this env's own map of the file)
+    blk2, lease2 = store.get_view(2)
+    env.close()
+    assert_same(blk2, small[2])
+    del blk2
+    assert lease2.end()
+
+
+def test_map_growth_waits_for_zero_copy_views_and_new_leases_do_not_wait(tmp_path):
+    env = LmdbEnv(str(tmp_path / "e"), job="job-g", sync=False, map_size=1 << 20)
+    store = LmdbBlockStore(env, "input")
+    small = [make_block(b, n=3000, seed=b) for b in range(3)]
+    store.put_many(small)
+    blk, lease = store.get_view(1)
+    errors = []
+
+    def grow():   # more than the 1 MiB map holds: needs a growth (a remap)
+        try:
+            store.put_many(make_block(10 + b, n=60000, seed=b) for b in range(4))
+        except Exception as exc:   # pragma: no cover - reported below
+            errors.append(exc)
+    t = threading.Thread(target=grow)
+    t.start()
+    t.join(0.5)
+    assert t.is_alive() and env.grows == 0          # it cannot grow under a lease
+    blk2, lease2 = store.get_view(2)                # a reload pass is not held up
+    assert_same(blk, small[1])
+    assert_same(blk2, small[2])
+    del blk, blk2
+    assert lease.end() and lease2.end()
+    t.join(60)
+    assert not t.is_alive() and not errors and env.grows >= 1
+    assert_same(store.get_view(12)[0], make_block(12, n=60000, seed=2))
+    env.close()
+
+
+def test_map_growth_gives_up_with_a_clear_error_when_a_view_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(_ResizeLock, "LEASE_WAIT_S", 0.2)
+    env = LmdbEnv(str(tmp_path / "e"), job="job-k", sync=False, map_size=1 << 20)
+    store = LmdbBlockStore(env, "input")
+    store.put(make_block(1, n=3000))
+    kept, lease = store.get_view(1)
+    with pytest.raises(StoreError, match="cannot grow the map: 1 zero-copy block view"):
+        store.put_many(make_block(10 + b, n=60000, seed=b) for b in range(4))
+    assert_same(kept, make_block(1, n=3000))
+    del kept
+    assert lease.end()
+    store.put_many(make_block(10 + b, n=60000, seed=b) for b in range(4))   # now it can
+    env.close()
 
 
 def test_block_stored_under_wrong_id_is_rejected(tmp_path):

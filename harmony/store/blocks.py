@@ -15,6 +15,12 @@ import msgpack
 import numpy as np
 
 _MAGIC = b"HBK1"
+#: where a block's bytes start inside an LMDB overflow page (its page header)
+_LMDB_VALUE_OFFSET = 16
+#: the first array's bytes start at a multiple of this inside an LMDB page,
+#: so the zero-copy read path can use them in place (numpy's BLAS paths want
+#: aligned arrays)
+ARRAY_ALIGN = 64
 
 
 class BlockFormatError(ValueError):
@@ -25,6 +31,9 @@ class BlockFormatError(ValueError):
 class Block:
     id: int
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    #: a zero-copy load's :class:`~harmony.store.lmdb_store.ReadLease` (its
+    #: read-only arrays are views of the stored bytes), else None
+    lease: object = field(default=None, repr=False, compare=False)
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.arrays[name]
@@ -37,6 +46,16 @@ class Block:
         return int(sum(a.nbytes for a in self.arrays.values()))
 
 
+def pack_header(block_id: int, meta: list) -> bytes:
+    """The msgpack header of an exported block, padded (a ``pad`` entry that
+    readers ignore) so that the first array starts ``ARRAY_ALIGN``-aligned
+    when the block is a large LMDB value (which starts 16 bytes into a page)."""
+    head = {"id": int(block_id), "arrays": meta, "pad": b""}
+    n = len(msgpack.packb(head, use_bin_type=True))
+    head["pad"] = bytes(-(_LMDB_VALUE_OFFSET + 8 + n) % ARRAY_ALIGN)
+    return msgpack.packb(head, use_bin_type=True)
+
+
 def export_block(block: Block) -> bytes:
     """Serialize a block: magic, header length, msgpack header, raw buffers."""
     meta = []
@@ -45,7 +64,7 @@ def export_block(block: Block) -> bytes:
         arr = np.ascontiguousarray(arr)
         meta.append([name, arr.dtype.str, list(arr.shape), arr.nbytes])
         bufs.append(arr.tobytes())
-    head = msgpack.packb({"id": int(block.id), "arrays": meta}, use_bin_type=True)
+    head = pack_header(block.id, meta)
     return b"".join([_MAGIC, struct.pack("<I", len(head)), head, *bufs])
 
 

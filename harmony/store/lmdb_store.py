@@ -58,7 +58,10 @@ LMDB handled as a database
   Reads copy each array out of the map in chunks of ``_CHUNK`` bytes and run
   the CRC over each chunk right after copying it, while it is in cache, so
   memory is read once: the check costs a fraction of the one copy that any
-  reader makes. Checkpoints use SHA-256 in their manifest instead.
+  reader makes. :meth:`LmdbBlockStore.get_view` copies nothing: the arrays
+  are read-only views of the data file through the env's own read-only
+  mapping, valid while a :class:`ReadLease` (a read txn) is held; leases
+  hold off map growth (py-lmdb aborts open txns when the map grows). Checkpoints use SHA-256 in their manifest instead.
 * Stale state: a new owner takes ``flock(OWNER)`` (released by the kernel when
   a process dies, so it is never stale itself); if another live process holds
   it the open fails with :class:`StoreBusyError`. The spill env is always
@@ -73,22 +76,24 @@ import errno
 import fcntl
 import json
 import logging
+import math
+import mmap
 import os
 import re
 import resource
 import shutil
 import socket
 import struct
+import sys
 import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, TypeVar
 
 import lmdb
-import msgpack
 import numpy as np
 
-from harmony.store.blocks import _MAGIC, Block, BlockFormatError, parse_header
+from harmony.store.blocks import _MAGIC, Block, BlockFormatError, pack_header, parse_header
 
 try:    # the same CRC-32 as zlib's, 20x faster (hardware carry-less multiply)
     from isal.isal_zlib import crc32
@@ -176,7 +181,7 @@ def frame_block(block: Block) -> memoryview:
         arr = np.ascontiguousarray(arr)          # as export_block (0-d becomes 1-d)
         arrays.append(arr)
         meta.append([name, arr.dtype.str, list(arr.shape), arr.nbytes])
-    head = msgpack.packb({"id": int(block.id), "arrays": meta}, use_bin_type=True)
+    head = pack_header(block.id, meta)
     n = 8 + len(head) + sum(a.nbytes for a in arrays)
     buf = getattr(_scratch, "buf", None)
     if buf is None or len(buf) < n + _TRAILER.size:
@@ -260,13 +265,124 @@ def unframe(value: bytes | memoryview) -> memoryview:
     return payload
 
 
+def decode_view(payload_and_trailer: memoryview, verify: bool = True,
+                keep: list | None = None) -> Block:
+    """Check a stored block and import it **without copying**: each array is
+    a read-only view of ``payload_and_trailer`` (the caller keeps what it
+    views valid). The CRC runs over the whole payload, so with ``verify``
+    every page is read (and faulted in) here, not in the app. An
+    array that is not aligned for its dtype (not expected: ``pack_header``
+    aligns the first one) is copied, read-only too. The views are appended
+    to ``keep``. Raises ``ValueError``/``BlockFormatError`` if damaged."""
+    payload, stored = _split_trailer(payload_and_trailer)
+    bid, meta, off = parse_header(payload)
+    addr = np.frombuffer(payload, np.uint8).ctypes.data if len(payload) else 0
+    arrays = {}
+    try:
+        for name, dtype, shape, nbytes in meta:
+            if off + nbytes > len(payload):
+                raise BlockFormatError(f"truncated block data for array {name!r}")
+            dt = np.dtype(dtype)
+            count = math.prod(shape)
+            if count * dt.itemsize != nbytes:
+                raise BlockFormatError(f"array {name!r}: {nbytes} bytes stored, "
+                                       f"{count * dt.itemsize} for its shape and dtype")
+            if not nbytes:
+                arr = np.empty(shape, dt)
+            else:
+                # one array over the buffer (no reshape on top): views the
+                # app takes then have this array as their base, which is
+                # what ReadLease.in_use counts
+                arr = np.ndarray(shape, dt, buffer=payload, offset=off)
+                if (addr + off) % dt.alignment:
+                    arr = arr.copy()
+                elif keep is not None:
+                    keep.append(arr)
+            arr.flags.writeable = False
+            arrays[name] = arr
+            off += nbytes
+    except BlockFormatError:
+        raise
+    except Exception as exc:         # e.g. a damaged dtype or shape in the header
+        raise BlockFormatError(f"corrupt block header: {exc.__class__.__name__}: {exc}") from None
+    if off != len(payload):
+        raise BlockFormatError("trailing bytes after block data")
+    if verify and crc32(payload) != stored:
+        raise ValueError("checksum mismatch (CRC-32): corrupt data")
+    return Block(bid, arrays)
+
+
+class ReadLease:
+    """A read transaction held while zero-copy views of its values are in
+    use: LMDB never reuses a page that a live reader's snapshot can see, so
+    the views stay exact however the store is written meanwhile. The views
+    themselves point into :class:`LmdbEnv`'s own read-only mapping of the
+    data file, not into LMDB's map, so neither a map growth nor closing the
+    env can leave them dangling (the worst a view kept past :meth:`end` can
+    see is a page LMDB reused: never a crash).
+
+    :meth:`end` ends the transaction only when nothing but the lease refers
+    to its arrays (a reference count); otherwise it returns False and is
+    called again later (by the owner, at its next release)."""
+
+    def __init__(self, env: "LmdbEnv") -> None:
+        self.arrays: list[np.ndarray] = []
+        self.ended = True
+        self._rw = env._rw
+        self._rw.lease()        # no map growth (which aborts txns) until end()
+        try:
+            self.txn = env.env.begin(buffers=True)
+        except BaseException:
+            self._rw.unlease()
+            raise
+        self.ended = False
+
+    def in_use(self) -> bool:
+        """Whether anything besides the lease still refers to a view: the
+        references counted are the list, the loop variable and the argument."""
+        return any(sys.getrefcount(a) > 3 for a in self.arrays)
+
+    def end(self) -> bool:
+        """End the transaction unless a view is still in use (then False)."""
+        if self.ended:
+            return True
+        if self.in_use():
+            return False
+        self.close()
+        return True
+
+    def close(self) -> None:
+        """End the transaction now, in use or not (at shutdown; a view kept
+        after this may later show pages LMDB reused, never unmapped memory)."""
+        if self.ended:
+            return
+        self.arrays.clear()
+        self.ended = True
+        try:
+            self.txn.abort()
+        except lmdb.Error:      # the env was closed, which ended it
+            pass
+        finally:
+            self._rw.unlease()
+
+    def __del__(self) -> None:   # dropped unended (e.g. a prefetched block never used)
+        self.close()
+
+
 class _ResizeLock:
     """Shared for transactions, exclusive for ``set_mapsize`` (which needs no
-    live transaction in the process). Waiting resizers block new readers."""
+    live transaction in the process: py-lmdb aborts the open ones). Waiting
+    resizers block new short readers and writers, not new read *leases*: a
+    lease holder (a reload pass) may need another lease before it can let
+    its first one go, so a resize waits for a moment without leases (the end
+    of a pass), at most ``LEASE_WAIT_S``."""
+
+    LEASE_WAIT_S = 120.0
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
         self._active = 0
+        self._leases = 0
         self._resizing = False
         self._waiting = 0
 
@@ -284,13 +400,37 @@ class _ResizeLock:
                 if self._active == 0:
                     self._cv.notify_all()
 
+    def lease(self) -> None:
+        with self._cv:
+            while self._resizing:
+                self._cv.wait()
+            self._leases += 1
+
+    def unlease(self) -> None:
+        with self._cv:
+            self._leases -= 1
+            if self._leases == 0:
+                self._cv.notify_all()
+
     @contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def exclusive(self, leases: bool = True) -> Iterator[None]:
+        """``leases``: wait for read leases too (a resize; closing the env
+        does not, since views use the env's own map of the file)."""
+        deadline = time.monotonic() + self.LEASE_WAIT_S
         with self._cv:
             self._waiting += 1
-            while self._resizing or self._active:
-                self._cv.wait()
-            self._waiting -= 1
+            try:
+                while self._resizing or self._active or (leases and self._leases):
+                    left = deadline - time.monotonic()
+                    if leases and self._leases and left <= 0:
+                        raise StoreError(f"cannot grow the map: {self._leases} zero-copy "
+                                         f"block view(s) still in use after "
+                                         f"{self.LEASE_WAIT_S:.0f} s")
+                    self._cv.wait(left if self._leases and leases else None)
+            finally:
+                self._waiting -= 1
+                if not self._waiting:
+                    self._cv.notify_all()
             self._resizing = True
         try:
             yield
@@ -314,6 +454,17 @@ def room_left(path: str) -> int:
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _FULL_TEXT = ("No space left", "Disk quota", "File too large")
+
+
+def _mapping_of(addr: int) -> tuple[int, int]:
+    """(start, end) of this process's memory mapping that holds ``addr``."""
+    with open("/proc/self/maps", "rb") as fh:
+        for line in fh:
+            lo, _, hi = line.split(b" ", 1)[0].partition(b"-")
+            lo, hi = int(lo, 16), int(hi, 16)
+            if lo <= addr < hi:
+                return lo, hi
+    raise StoreError(f"address {addr:#x} is in no mapping of this process")
 
 
 class LmdbEnv:
@@ -341,6 +492,9 @@ class LmdbEnv:
         self._dbs: dict[str, object] = {}
         self.grows = 0   # number of map growths (for tests and logs)
         self.closed = False
+        self._fmap: mmap.mmap | None = None     # own read-only map of data.mdb
+        self._fmap_lock = threading.Lock()
+        self._lmdb_base: tuple[int, int] | None = None   # LMDB's map: (start, end)
 
     # -- databases -----------------------------------------------------------
     def db(self, name: str):
@@ -363,6 +517,36 @@ class LmdbEnv:
         with self._rw.shared():
             with self.env.begin(buffers=True) as txn:
                 return fn(txn)
+
+    def lease(self) -> ReadLease:
+        """A read transaction to hold while zero-copy views are in use."""
+        return ReadLease(self)
+
+    def _file_offset(self, value: memoryview) -> int:
+        """Offset in data.mdb of a value that a read txn returned (call with
+        the resize lock or a lease held: LMDB's map moves when it grows). LMDB maps the
+        file from offset 0; its start address comes from /proc/self/maps
+        (py-lmdb does not expose it), looked up once per map."""
+        addr = np.frombuffer(value, np.uint8).ctypes.data
+        base = self._lmdb_base
+        if base is None or not base[0] <= addr < base[1]:
+            base = self._lmdb_base = _mapping_of(addr)
+        return addr - base[0]
+
+    def file_view(self, off: int, n: int) -> memoryview:
+        """Read-only view of bytes [off, off+n) of data.mdb through this env's
+        own mapping (remapped when the file grew past it; an old mapping
+        lives on while views of it do)."""
+        with self._fmap_lock:
+            fm = self._fmap
+            if fm is None or off + n > len(fm):
+                with open(os.path.join(self.path, "data.mdb"), "rb") as fh:
+                    size = os.fstat(fh.fileno()).st_size
+                    if off + n > size:
+                        raise StoreError(f"{self.path}: value at {off}+{n} lies past the "
+                                         f"end of data.mdb ({size} bytes)")
+                    fm = self._fmap = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ)
+        return memoryview(fm)[off:off + n]
 
     def write(self, fn: Callable[[lmdb.Transaction], T], size_hint: int) -> T:
         """Run ``fn(txn)`` in one write txn and commit it, growing the map and
@@ -400,6 +584,7 @@ class LmdbEnv:
             raise StoreFullError(self.path, self.job, need, left, "not enough disk space")
         with self._rw.exclusive():
             self.env.set_mapsize(new)
+            self._lmdb_base = None
         self.grows += 1
         log.info("%s: map grown %d -> %d MiB (job %s)", self.path, cur // MiB, new // MiB,
                  self.job)
@@ -422,8 +607,10 @@ class LmdbEnv:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            with self._rw.exclusive():
+            with self._rw.exclusive(leases=False):
                 self.env.close()
+            with self._fmap_lock:
+                self._fmap = None   # unmapped when the last view of it goes
 
 
 class LmdbBlockStore:
@@ -529,6 +716,36 @@ class LmdbBlockStore:
         if blk.id != block_id:
             raise BlockLoadError(block_id, self._where(), f"holds block {blk.id} instead")
         return blk
+
+    def get_view(self, block_id: int) -> tuple[Block, ReadLease]:
+        """Load a block without copying it: its arrays are read-only views of
+        the stored bytes, valid while the returned lease is held (end it with
+        ``lease.end()`` once the block is dropped). The CRC is checked (with
+        ``verify``) before the block is returned."""
+        key = _key(block_id)
+        lease = self.env.lease()
+        try:
+            value = lease.txn.get(key, db=self._db)   # the lease holds off map growth
+            if value is None:
+                raise BlockLoadError(block_id, self._where(), "not in store")
+            off, n = self.env._file_offset(value), len(value)
+            blk = decode_view(self.env.file_view(off, n), self.verify, lease.arrays)
+        except BlockLoadError:
+            lease.end()
+            raise
+        except (ValueError, BlockFormatError, StoreError) as exc:
+            lease.arrays.clear()
+            lease.end()
+            raise BlockLoadError(block_id, self._where(), str(exc)) from None
+        except lmdb.Error as exc:
+            lease.arrays.clear()
+            lease.end()
+            raise BlockLoadError(block_id, self._where(), f"LMDB read failed: {exc}") from exc
+        if blk.id != block_id:
+            lease.arrays.clear()
+            lease.end()
+            raise BlockLoadError(block_id, self._where(), f"holds block {blk.id} instead")
+        return blk, lease
 
     def get_bytes(self, block_id: int) -> bytes:
         """The checked payload (``export_block`` bytes) of a block, as a copy."""

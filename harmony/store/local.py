@@ -34,6 +34,17 @@ Writing mutated blocks back instead would rewrite over 10x more bytes than
 NMF changes, on every pass; the price of pinning is that mutable state never
 leaves memory (documented in the README; model spill is the next lever).
 
+Declared input (``App.mutable_input``)
+--------------------------------------
+An app may declare which input arrays it changes (``mutable`` here). Those
+are pinned from the start, and every other array of a disk-block is handed
+over zero-copy: a read-only view of the stored bytes
+(:meth:`LmdbBlockStore.get_view`), with a read txn (a lease) held until the
+block is released. Views need no change check (they cannot change); a
+release drops them from the block and ends the lease, unless the app still
+refers to a view, in which case the lease ends at a later release. A block
+brought back into memory by placement is copied.
+
 Apps must not keep references to a disk-block after moving past it in a
 pass (the block is dropped, and changes made later to its non-pinned arrays
 would not be seen); pinned arrays are shared with the residue, so changes to
@@ -231,12 +242,18 @@ class LocalInput:
     one (``None``) every block stays in memory and α is always 0.
     """
 
-    def __init__(self, disk: LmdbBlockStore | None, *, depth: int = 2) -> None:
+    def __init__(self, disk: LmdbBlockStore | None, *, depth: int = 2,
+                 mutable: Iterable[str] | None = None) -> None:
         self.memory = BlockStore()
         self.disk = disk
         self.depth = depth
         self.on_disk: set[int] = set()
-        self.pinned: set[str] = set()
+        #: the app declared which input arrays it changes (``App.mutable_input``):
+        #: those are pinned from the start and every other array of a
+        #: disk-block is loaded zero-copy, read-only
+        self.zero_copy = mutable is not None
+        self.pinned: set[str] = set(mutable or ())
+        self._lingering: list = []     # leases whose views the app still holds
         self._residue: dict[int, dict[str, np.ndarray]] = {}
         self._stored: dict[int, dict[str, tuple]] = {}   # digests of what LMDB holds
         self._size: dict[int, int] = {}                   # full in-memory bytes per block
@@ -428,7 +445,7 @@ class LocalInput:
             self.memory.remove(bid)
             release_scratch()
         for bid in back:
-            blk = self._load(bid)
+            blk = self._load(bid, copy=True)    # its own memory from now on
             self.memory.put(blk)
             self.on_disk.discard(bid)
             with self._lock:
@@ -451,8 +468,13 @@ class LocalInput:
         return self.set_alpha(min(1.0, max(0, n) / total) if total else 0.0)
 
     # -- loading and dropping one disk-block -----------------------------------------
-    def _load(self, bid: int) -> Block:
-        blk = self.disk.get(bid)
+    def _load(self, bid: int, copy: bool = False) -> Block:
+        """A disk-block with its residue; zero-copy (read-only views, a
+        lease held until :meth:`_release`) when declared, unless ``copy``."""
+        if self.zero_copy and not copy:
+            blk, blk.lease = self.disk.get_view(bid)
+        else:
+            blk = self.disk.get(bid)
         with self._lock:
             res = self._residue.get(bid)
             if res:
@@ -468,7 +490,12 @@ class LocalInput:
         with self._lock:
             pinned = set(self.pinned)
             stored = self._stored.get(bid, {})
-        now = digests(blk.arrays, skip=pinned)
+        # a zero-copy load's views are read-only copies of what LMDB holds:
+        # unchanged by construction, so not hashed again
+        viewed = ({n for n, a in blk.arrays.items() if n in stored
+                   and any(a is v for v in blk.lease.arrays)} if blk.lease is not None else set())
+        now = digests({n: a for n, a in blk.arrays.items() if n not in viewed}, skip=pinned)
+        now.update({n: stored[n] for n in viewed if n not in pinned})
         changed = {n for n, d in now.items() if stored.get(n) != d}
         removed = {n for n in stored if n not in blk.arrays and n not in pinned}
         if changed:
@@ -496,6 +523,24 @@ class LocalInput:
             with self._lock:
                 self._stored[bid] = rest_digests
                 self.totals.rewrites += 1
+        if blk.lease is not None:
+            self._end_lease(blk, viewed)
+
+    def _end_lease(self, blk: Block, viewed: set[str]) -> None:
+        """Drop a zero-copy block's views and end its read txn, or keep the
+        txn while the app still holds a view (ended at a later release)."""
+        lease, blk.lease = blk.lease, None
+        for n in viewed:
+            del blk.arrays[n]
+        with self._lock:
+            held = [x for x in self._lingering if not x.end()]
+            if not lease.end():
+                if not held:
+                    log.warning("the app keeps a view of a dropped input block (block %d): "
+                                "its read transaction stays open until the view goes",
+                                blk.id)
+                held.append(lease)
+            self._lingering = held
 
     # -- passes ----------------------------------------------------------------------------
     def _pass(self, ids: list[int]) -> ReloadPipeline:
@@ -530,6 +575,9 @@ class LocalInput:
         self.memory = BlockStore()
         with self._lock:
             self._residue.clear()
+            for lease in self._lingering:
+                lease.close()
+            self._lingering = []
 
 
 def _mib(n: int | float) -> str:

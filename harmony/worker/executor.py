@@ -32,7 +32,7 @@ import psutil
 import zmq
 
 from harmony.app import (App, AppError, InputPart, ModelSpec, Step, disk_ratio, load_app,
-                         parse_app_args, should_stop)
+                         mutable_input, parse_app_args, should_stop)
 from harmony.comm import messages as M
 from harmony.comm import security
 from harmony.comm.zmqutil import make_socket
@@ -272,7 +272,7 @@ class Executor:
             fixed = disk_ratio(opts)
             if fixed and not opts.spill:
                 raise AppError("bad app options: --disk-ratio > 0 needs spilling (--spill)")
-            inp = self._open_input()
+            inp = self._open_input(mutable_input(cls))
             # -- input: the one place this machine's input blocks come from.
             # Input is always (re)read, which also sets the app's own fields;
             # a resumed attempt then replaces its blocks' mutable state from
@@ -512,7 +512,7 @@ class Executor:
         self.wait("reconfigured")
 
     # -- the block store ----------------------------------------------------------
-    def _open_input(self) -> LocalInput:
+    def _open_input(self, mutable: tuple[str, ...] | None = None) -> LocalInput:
         """The job's LMDB store on this machine (``STATE/store/JOB``) and the
         owner of its input blocks."""
         s = self.spec
@@ -522,7 +522,7 @@ class Executor:
                                   lock_wait_s=10.0)
         if self.mem.explicit:
             self.watch = MemoryWatch()
-        self.input = LocalInput(self.storage.input)
+        self.input = LocalInput(self.storage.input, mutable=mutable)
         return self.input
 
     def _budget_note(self) -> str:
