@@ -414,7 +414,11 @@ class LDA(App):
         self.K = o.topics
         self._epochs = 0
         self._top = None
-        per_block: dict[int, list[np.ndarray]] = {}
+        with part.pieces() as per_block:   # block -> token pieces, in bounded memory
+            yield from self._blocks(part, per_block)
+
+    def _blocks(self, part: InputPart, per_block):
+        o = self.opts
         with DocwordReader(o.input) as r:
             h = r.header
             if h.docs >= 1 << 31 or h.words >= 1 << 31:
@@ -434,10 +438,10 @@ class LDA(App):
                 ub, first = np.unique(b, return_index=True)
                 for i, blk in enumerate(ub.tolist()):
                     end = first[i + 1] if i + 1 < len(ub) else len(b)
-                    per_block.setdefault(blk, []).append(arr[first[i]:end])
+                    per_block.add(blk, arr[first[i]:end])
         self.vocab = read_vocab(o.vocab, self.W) if (o.vocab and part.index == 0) else None
-        for b in sorted(per_block):
-            arr = np.concatenate(per_block.pop(b))
+        for b in sorted(per_block.keys()):
+            arr = np.concatenate([p[0] for p in per_block.take(b)])
             yield self._make_block(b, arr[:, 0], arr[:, 1], arr[:, 2])
 
     def _make_block(self, b: int, doc: np.ndarray, word: np.ndarray, cnt: np.ndarray) -> Block:

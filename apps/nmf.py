@@ -181,7 +181,11 @@ class NMF(App):
                 or not (0 < o.decay <= 1) or o.lam < 0:
             raise InputError(o.input, None, "bad options: need rank>=1, batch_size>=1, "
                              "0<=holdout<1, lr>0, 0<decay<=1, lam>=0")
-        per_block: dict[int, list[np.ndarray]] = {}
+        with part.pieces() as per_block:   # block -> rating pieces, in bounded memory
+            yield from self._blocks(part, per_block)
+
+    def _blocks(self, part: InputPart, per_block):
+        o = self.opts
         max_item, total, count = -1, 0.0, 0
         for arr in iter_ratings(o.input):
             if len(arr) == 0:
@@ -192,14 +196,14 @@ class NMF(App):
             blocks = part.block_of(arr[:, 0].astype(np.int64))
             mine = part.owns(blocks)
             for b in np.unique(blocks[mine]):
-                per_block.setdefault(int(b), []).append(arr[blocks == b])
+                per_block.add(int(b), arr[blocks == b])
         if count == 0:
             raise InputError(o.input, None, "no ratings in input")
         self.num_items = max_item + 1
         self.mean_rating = max(total / count, 1e-3)
         self.scale = 2.0 * math.sqrt(self.mean_rating / o.rank)
-        for b in sorted(per_block):
-            arr = np.concatenate(per_block.pop(b))
+        for b in sorted(per_block.keys()):
+            arr = np.concatenate([p[0] for p in per_block.take(b)])
             users = arr[:, 0].astype(np.int64)
             items = arr[:, 1].astype(np.int64)
             ratings = arr[:, 2].astype(np.float32)

@@ -51,6 +51,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from harmony.formats.pieces import PieceBuffer
 from harmony.ps.keymap import block_of
 from harmony.store.blocks import Block
 
@@ -98,6 +99,16 @@ class InputPart:
     count: int
     num_blocks: int
     owned: frozenset | None = None
+    #: memory for the pieces a reader collects before it can assemble
+    #: blocks (None: unbounded), and where the rest may go (this machine's
+    #: disk): see :meth:`pieces`
+    memory_limit: int | None = None
+    scratch_dir: str | None = None
+
+    def pieces(self) -> PieceBuffer:
+        """A buffer for a reader's per-block pieces within this part's
+        memory limit (harmony.formats.pieces); close it when done."""
+        return PieceBuffer(self.memory_limit, self.scratch_dir)
 
     def block_of(self, ids: np.ndarray) -> np.ndarray:
         return block_of(ids, self.num_blocks)

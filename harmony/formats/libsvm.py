@@ -41,6 +41,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from harmony.app import InputError, InputPart, Option
+from harmony.formats.pieces import PieceBuffer
 from harmony.ps.keymap import mix64
 
 # Options of every app that reads LIBSVM input (feature numbering, width)
@@ -378,7 +379,21 @@ def read_libsvm_blocks(part: InputPart, path: str, *, test_path: str | None = No
     """
     if index_base not in ("auto", "0", "1"):
         raise InputError(path, None, f"bad index base {index_base!r} (auto, 0 or 1)")
-    per_block: dict[tuple[int, bool], _Pieces] = {}
+    per_block = part.pieces()        # (block, test) -> (y, counts, idx, val) pieces
+    try:
+        return _read_blocks(part, path, per_block, test_path=test_path, holdout=holdout,
+                            seed=seed, index_base=index_base, num_features=num_features,
+                            dtype=dtype, collect_labels=collect_labels, max_labels=max_labels,
+                            check_labels=check_labels, sample_nnz=sample_nnz,
+                            chunk_bytes=chunk_bytes)
+    except BaseException:
+        per_block.close()
+        raise
+
+
+def _read_blocks(part: InputPart, path: str, per_block: PieceBuffer, *, test_path, holdout,
+                 seed, index_base, num_features, dtype, collect_labels, max_labels,
+                 check_labels, sample_nnz, chunk_bytes):
     label_set = np.zeros(0)
     min_idx, max_idx = None, -1
     n_train = n_test = nnz_train = 0
@@ -456,8 +471,8 @@ def read_libsvm_blocks(part: InputPart, path: str, *, test_path: str | None = No
             bounds = np.concatenate(([0], cuts, [len(order)]))
             for s, e in zip(bounds[:-1], bounds[1:]):
                 k = int(skey[s])
-                pc = per_block.setdefault((k // 2, bool(k % 2)), _Pieces())
-                pc.add(y_o[s:e], cnt[s:e], idx_o[ptr[s]:ptr[e]], val_o[ptr[s]:ptr[e]])
+                per_block.add((k // 2, bool(k % 2)), y_o[s:e], cnt[s:e],
+                              idx_o[ptr[s]:ptr[e]], val_o[ptr[s]:ptr[e]])
     if n_train == 0:
         raise InputError(path, None, "no training samples in input")
     if index_base == "auto":
@@ -483,14 +498,19 @@ def read_libsvm_blocks(part: InputPart, path: str, *, test_path: str | None = No
                     sample=sample, sample_rows=s_rows, sample_fraction=s_thr)
 
     def blocks() -> Iterator[tuple[int, dict[str, np.ndarray]]]:
-        for b in part.my_blocks():
-            arrays: dict[str, np.ndarray] = {}
-            for test, pre in ((False, ""), (True, "t_")):
-                pc = per_block.pop((b, test), None) or _Pieces()
-                ptr, idx, val, y = pc.csr(base, dtype)
-                arrays.update({pre + "indptr": ptr, pre + "indices": idx,
-                               pre + "data": val, pre + "y": y})
-            yield b, arrays
+        try:
+            for b in part.my_blocks():
+                arrays: dict[str, np.ndarray] = {}
+                for test, pre in ((False, ""), (True, "t_")):
+                    pc = _Pieces()
+                    for piece in per_block.take((b, test)):
+                        pc.add(*piece)
+                    ptr, idx, val, y = pc.csr(base, dtype)
+                    arrays.update({pre + "indptr": ptr, pre + "indices": idx,
+                                   pre + "data": val, pre + "y": y})
+                yield b, arrays
+        finally:
+            per_block.close()
 
     return info, blocks()
 

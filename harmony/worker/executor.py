@@ -280,9 +280,14 @@ class Executor:
             # joining a running job reads the input's metadata only: its
             # blocks arrive from the other machines (block migration).
             join = bool(s.get("join"))
+            limits = self._ingest_limits(opts)
+            # the reader's pieces stay within the same limit (the rest goes
+            # to this machine's disk until the blocks are assembled)
             part = InputPart(self.index, self.count, opts.blocks,
-                             owned=frozenset() if join else None)
-            inp.ingest(app.read_input(part), **self._ingest_limits(opts))
+                             owned=frozenset() if join else None,
+                             memory_limit=limits["memory_limit"] if opts.spill else None,
+                             scratch_dir=os.path.join(self.storage.dir, "parse"))
+            inp.ingest(app.read_input(part), **limits)
             inp.set_groups(opts.iters_per_epoch)
             trim_heap()
             restored = (jobckpt.Restored(self.ctx, self.job, s["resume"], me=s.get("worker", ""))
