@@ -125,7 +125,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from harmony.app import App, AppError, InputError, InputPart, ModelSpec, Option, Step
-from harmony.formats.uci_bow import DocwordReader, read_vocab
+from harmony.formats.uci_bow import CHUNK_BYTES, DocwordReader, read_vocab
 from harmony.ps.keymap import mix64
 from harmony.store.blocks import Block
 
@@ -419,7 +419,7 @@ class LDA(App):
 
     def _blocks(self, part: InputPart, per_block):
         o = self.opts
-        with DocwordReader(o.input) as r:
+        with DocwordReader(o.input, part.chunk_bytes(CHUNK_BYTES)) as r:
             h = r.header
             if h.docs >= 1 << 31 or h.words >= 1 << 31:
                 raise InputError(o.input, 1, "more than 2^31 documents or words")

@@ -131,13 +131,13 @@ def _parse_lines(lines: list[str], path: str, first: int) -> np.ndarray:
     return arr
 
 
-def iter_ratings(path: str):
+def iter_ratings(path: str, chunk_lines: int = CHUNK_LINES):
     """Yield (n, 3) float64 arrays of ratings, streaming the file in chunks."""
     with open_text(path) as fh:
         lineno = 1
         while True:
             try:
-                lines = [ln for _, ln in zip(range(CHUNK_LINES), fh)]
+                lines = [ln for _, ln in zip(range(chunk_lines), fh)]
             except (UnicodeDecodeError, EOFError, OSError, gzip.BadGzipFile) as exc:
                 raise InputError(path, None, f"unreadable input near line {lineno}: {exc}") from None
             if not lines:
@@ -187,7 +187,8 @@ class NMF(App):
     def _blocks(self, part: InputPart, per_block):
         o = self.opts
         max_item, total, count = -1, 0.0, 0
-        for arr in iter_ratings(o.input):
+        # ~100 bytes of memory per line while a chunk is parsed
+        for arr in iter_ratings(o.input, max(1000, part.chunk_bytes(100 * CHUNK_LINES) // 100)):
             if len(arr) == 0:
                 continue
             max_item = max(max_item, int(arr[:, 1].max()))

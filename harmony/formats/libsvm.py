@@ -380,6 +380,7 @@ def read_libsvm_blocks(part: InputPart, path: str, *, test_path: str | None = No
     if index_base not in ("auto", "0", "1"):
         raise InputError(path, None, f"bad index base {index_base!r} (auto, 0 or 1)")
     per_block = part.pieces()        # (block, test) -> (y, counts, idx, val) pieces
+    chunk_bytes = part.chunk_bytes(chunk_bytes)
     try:
         return _read_blocks(part, path, per_block, test_path=test_path, holdout=holdout,
                             seed=seed, index_base=index_base, num_features=num_features,

@@ -42,6 +42,11 @@ class PieceBuffer:
         self.peak = 0
 
     def add(self, key: Hashable, *arrays: np.ndarray) -> None:
+        """Keep a piece. Under a limit, a view is copied: a slice of a parsed
+        chunk would otherwise keep the whole chunk alive after the slice was
+        written out."""
+        if self.limit is not None:
+            arrays = tuple(a.copy() if a.base is not None else a for a in arrays)
         n = int(sum(a.nbytes for a in arrays))
         self._mem.setdefault(key, []).append(arrays)
         self._bytes[key] = self._bytes.get(key, 0) + n
