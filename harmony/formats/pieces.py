@@ -77,6 +77,8 @@ class PieceBuffer:
             n = self._bytes.pop(key)
             self.held -= n
             self.spilled += n
+        from harmony.store.local import trim_heap   # (lazily: apps import this module)
+        trim_heap()   # the written pieces' memory back to the OS
 
     def take(self, key: Hashable) -> list[Piece]:
         """Every piece of ``key``, in the order added; the key is dropped."""

@@ -358,6 +358,9 @@ class LocalInput:
                     f"the one after){budget_note}; spilling is disabled (--no-spill)")
             if over and self.disk is not None:
                 self.add(blk, to_disk=True)
+                blk = None
+                trim_heap()   # else the spilled blocks' memory stays in the heap,
+                #               counted against the budget until ingest ends
             else:
                 self.add(blk)
                 held += blk.nbytes
