@@ -254,6 +254,7 @@ class LocalInput:
         self.zero_copy = mutable is not None
         self.pinned: set[str] = set(mutable or ())
         self._lingering: list = []     # leases whose views the app still holds
+        self._warned = False
         self._residue: dict[int, dict[str, np.ndarray]] = {}
         self._stored: dict[int, dict[str, tuple]] = {}   # digests of what LMDB holds
         self._size: dict[int, int] = {}                   # full in-memory bytes per block
@@ -538,11 +539,16 @@ class LocalInput:
         with self._lock:
             held = [x for x in self._lingering if not x.end()]
             if not lease.end():
-                if not held:
-                    log.warning("the app keeps a view of a dropped input block (block %d): "
-                                "its read transaction stays open until the view goes",
-                                blk.id)
+                # usually the app's loop variables, still bound to the block
+                # it just left while the reload thread releases it: ended at
+                # the next release. Many at once mean kept references.
                 held.append(lease)
+                if len(held) > 2 * self.depth + 2 and not self._warned:
+                    self._warned = True
+                    log.warning("the app keeps views of %d dropped input blocks (block %d "
+                                "last): their read transactions stay open until the views "
+                                "go, and the spill store cannot grow meanwhile",
+                                len(held), blk.id)
             self._lingering = held
 
     # -- passes ----------------------------------------------------------------------------
