@@ -22,8 +22,9 @@ the epochs after the first that ran while all three jobs were training
 rounds. Score of a setting: the mean over jobs of (the job's time / its best
 time in any setting). A setting where the OOM killer stopped a job is OOM.
 
-The budget is relative to what this host's executors use: 3 × (an idle
-executor, ~20 MiB of imports, + 12 MiB of working memory) + ``--room`` × the
+The budget is relative to what this host's executors use: the sum over the
+jobs of (an idle executor with its app loaded, 24-44 MiB of imports, + 12 MiB
+of working memory) + ``--room`` × the
 jobs' total input. With the default room 0.8 the inputs exceed what the
 budget leaves for data, not the budget itself; ``--scale 2`` doubles them.
 
@@ -57,8 +58,12 @@ FIXED = [round(0.1 * i, 1) for i in range(11)]
 OVERHEAD = 12 * MiB   # what a training executor holds besides input (measured ~10-15 MiB)
 
 
-def idle_executor_bytes() -> int:
-    code = ("import harmony.worker.executor, lmdb, zmq; "
+def idle_executor_bytes(app: str) -> int:
+    """An executor's anonymous memory with its app loaded (imports: Lasso's
+    SciPy is ~20 MiB that the other apps do not hold)."""
+    code = ("import harmony.worker.executor, lmdb, zmq; from pathlib import Path; "
+            "from harmony.app import load_app; "
+            f"load_app(Path('apps/{app}').read_text(), '{app}'); "
             "from harmony.store.local import own_memory; print(own_memory()[1])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT)
@@ -290,8 +295,9 @@ def main() -> int:
         jobs = make_data(tmp, a.scale)
         names = [j["name"] for j in jobs]
         input_mb = sum(j["input_mb"] for j in jobs)
-        idle = idle_executor_bytes()
-        budget = int(len(jobs) * (idle + OVERHEAD) + a.room * input_mb * MiB)
+        idles = {j["app"]: idle_executor_bytes(j["app"]) for j in jobs}
+        idle = sum(idles[j["app"]] for j in jobs) / len(jobs)
+        budget = int(sum(idles[j["app"]] + OVERHEAD for j in jobs) + a.room * input_mb * MiB)
         print(f"jobs {', '.join(names)}: inputs {input_mb:.0f} MiB in all; idle executor "
               f"{idle / MiB:.1f} MiB; budget {budget / MiB:.0f} MiB ({a.mode} mode)", flush=True)
         runs: dict[str, list[dict]] = {s: [] for s in settings}
