@@ -61,7 +61,8 @@ LMDB handled as a database
   reader makes. :meth:`LmdbBlockStore.get_view` copies nothing: the arrays
   are read-only views of the data file through the env's own read-only
   mapping, valid while a :class:`ReadLease` (a read txn) is held; leases
-  hold off map growth (py-lmdb aborts open txns when the map grows). Checkpoints use SHA-256 in their manifest instead.
+  hold off map growth (py-lmdb aborts open txns when the map grows).
+  Checkpoints use SHA-256 in their manifest instead.
 * Stale state: a new owner takes ``flock(OWNER)`` (released by the kernel when
   a process dies, so it is never stale itself); if another live process holds
   it the open fails with :class:`StoreBusyError`. The spill env is always
@@ -723,7 +724,10 @@ class LmdbBlockStore:
         ``lease.end()`` once the block is dropped). The CRC is checked (with
         ``verify``) before the block is returned."""
         key = _key(block_id)
-        lease = self.env.lease()
+        try:
+            lease = self.env.lease()
+        except lmdb.Error as exc:
+            raise BlockLoadError(block_id, self._where(), f"LMDB read failed: {exc}") from exc
         try:
             value = lease.txn.get(key, db=self._db)   # the lease holds off map growth
             if value is None:

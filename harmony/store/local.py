@@ -494,7 +494,7 @@ class LocalInput:
         with self._lock:
             pinned = set(self.pinned)
             stored = self._stored.get(bid, {})
-        # a zero-copy load's views are read-only copies of what LMDB holds:
+        # a zero-copy load's views are read-only views of what LMDB holds:
         # unchanged by construction, so not hashed again
         viewed = ({n for n, a in blk.arrays.items() if n in stored
                    and any(a is v for v in blk.lease.arrays)} if blk.lease is not None else set())
@@ -608,6 +608,10 @@ class BlockSeq(Sequence):
 
     def __len__(self) -> int:
         return len(self._ids)
+
+    @property
+    def owner(self) -> LocalInput:
+        return self._owner
 
     def ids(self) -> list[int]:
         return list(self._ids)

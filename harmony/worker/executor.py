@@ -17,6 +17,7 @@ shard is spilled during COMP too.
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
 import math
 import os
@@ -97,6 +98,13 @@ def _call(view, fn):
         return fn(view)
     try:
         out = fn(view)
+    except ValueError as exc:
+        _close_quietly(view)
+        if "read-only" in str(exc) and view.owner.zero_copy:
+            raise AppError(f"the app changed an input array it did not declare in "
+                           f"mutable_input {tuple(sorted(view.owner.pinned))} (spilled "
+                           f"input blocks are read-only views): {exc}") from exc
+        raise
     except BaseException:
         _close_quietly(view)
         raise
@@ -1021,6 +1029,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s executor[%(process)d] %(levelname)s %(message)s")
+    # a crash in native code (e.g. numpy's ufunc.at writing to a read-only
+    # zero-copy input view, which ignores the flag) leaves the Python stack
+    # in the log, whose tail the job's error shows
+    faulthandler.enable()
 
     def _term(signum, _frame):
         raise SystemExit(128 + signum)
