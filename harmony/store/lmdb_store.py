@@ -223,6 +223,31 @@ def _split_trailer(value: bytes | memoryview) -> tuple[memoryview, int]:
     return mv[:n], crc
 
 
+def _arrays(payload: memoryview, meta: list, off: int, make) -> dict[str, np.ndarray]:
+    """Walk a block's arrays from ``off``: check each against the payload
+    and its shape and dtype, build it with ``make(dtype, shape, off,
+    nbytes)``; a damaged header becomes a ``BlockFormatError``."""
+    arrays = {}
+    try:
+        for name, dtype, shape, nbytes in meta:
+            if off + nbytes > len(payload):
+                raise BlockFormatError(f"truncated block data for array {name!r}")
+            dt = np.dtype(dtype)
+            count = math.prod(shape)
+            if count * dt.itemsize != nbytes:
+                raise BlockFormatError(f"array {name!r}: {nbytes} bytes stored, "
+                                       f"{count * dt.itemsize} for its shape and dtype")
+            arrays[name] = make(dt, shape, off, nbytes)
+            off += nbytes
+    except BlockFormatError:
+        raise
+    except Exception as exc:         # e.g. a damaged dtype or shape in the header
+        raise BlockFormatError(f"corrupt block header: {exc.__class__.__name__}: {exc}") from None
+    if off != len(payload):
+        raise BlockFormatError("trailing bytes after block data")
+    return arrays
+
+
 def decode_block(value: bytes | memoryview, verify: bool = True) -> Block:
     """Check the trailer of a stored block and import it: each array is
     copied out of the map (the one copy) in chunks, and the CRC runs over
@@ -233,25 +258,14 @@ def decode_block(value: bytes | memoryview, verify: bool = True) -> Block:
     bid, meta, off = parse_header(payload)
     crc = crc32(payload[:off]) if verify else None
     src = np.frombuffer(payload, np.uint8)
-    arrays = {}
-    try:
-        for name, dtype, shape, nbytes in meta:
-            if off + nbytes > len(payload):
-                raise BlockFormatError(f"truncated block data for array {name!r}")
-            arr = np.empty(shape, dtype=np.dtype(dtype))
-            if arr.nbytes != nbytes:
-                raise BlockFormatError(f"array {name!r}: {nbytes} bytes stored, "
-                                       f"{arr.nbytes} for its shape and dtype")
-            if nbytes:
-                crc = _copy_crc(arr.reshape(-1).view(np.uint8), src[off:off + nbytes], crc)
-            arrays[name] = arr
-            off += nbytes
-    except BlockFormatError:
-        raise
-    except Exception as exc:         # e.g. a damaged dtype or shape in the header
-        raise BlockFormatError(f"corrupt block header: {exc.__class__.__name__}: {exc}") from None
-    if off != len(payload):
-        raise BlockFormatError("trailing bytes after block data")
+
+    def make(dt, shape, at, nbytes):
+        nonlocal crc
+        arr = np.empty(shape, dtype=dt)
+        if nbytes:
+            crc = _copy_crc(arr.reshape(-1).view(np.uint8), src[at:at + nbytes], crc)
+        return arr
+    arrays = _arrays(payload, meta, off, make)
     if crc is not None and crc != stored:
         raise ValueError("checksum mismatch (CRC-32): corrupt data")
     return Block(bid, arrays)
@@ -271,43 +285,29 @@ def decode_view(payload_and_trailer: memoryview, verify: bool = True,
     """Check a stored block and import it **without copying**: each array is
     a read-only view of ``payload_and_trailer`` (the caller keeps what it
     views valid). The CRC runs over the whole payload, so with ``verify``
-    every page is read (and faulted in) here, not in the app. An
-    array that is not aligned for its dtype (not expected: ``pack_header``
-    aligns the first one) is copied, read-only too. The views are appended
-    to ``keep``. Raises ``ValueError``/``BlockFormatError`` if damaged."""
+    every page is read (and faulted in) here, not in the app. An array that
+    is not aligned for its dtype (not expected: ``pack_header`` aligns the
+    first one) is copied, read-only too. The views are appended to
+    ``keep``. Raises ``ValueError``/``BlockFormatError`` if damaged."""
     payload, stored = _split_trailer(payload_and_trailer)
     bid, meta, off = parse_header(payload)
     addr = np.frombuffer(payload, np.uint8).ctypes.data if len(payload) else 0
-    arrays = {}
-    try:
-        for name, dtype, shape, nbytes in meta:
-            if off + nbytes > len(payload):
-                raise BlockFormatError(f"truncated block data for array {name!r}")
-            dt = np.dtype(dtype)
-            count = math.prod(shape)
-            if count * dt.itemsize != nbytes:
-                raise BlockFormatError(f"array {name!r}: {nbytes} bytes stored, "
-                                       f"{count * dt.itemsize} for its shape and dtype")
-            if not nbytes:
-                arr = np.empty(shape, dt)
-            else:
-                # one array over the buffer (no reshape on top): views the
-                # app takes then have this array as their base, which is
-                # what ReadLease.in_use counts
-                arr = np.ndarray(shape, dt, buffer=payload, offset=off)
-                if (addr + off) % dt.alignment:
-                    arr = arr.copy()
-                elif keep is not None:
-                    keep.append(arr)
-            arr.flags.writeable = False
-            arrays[name] = arr
-            off += nbytes
-    except BlockFormatError:
-        raise
-    except Exception as exc:         # e.g. a damaged dtype or shape in the header
-        raise BlockFormatError(f"corrupt block header: {exc.__class__.__name__}: {exc}") from None
-    if off != len(payload):
-        raise BlockFormatError("trailing bytes after block data")
+
+    def make(dt, shape, at, nbytes):
+        if not nbytes:
+            arr = np.empty(shape, dt)
+        else:
+            # one array over the buffer (no reshape on top): views the app
+            # takes then have this array as their base, which is what
+            # ReadLease.in_use counts
+            arr = np.ndarray(shape, dt, buffer=payload, offset=at)
+            if (addr + at) % dt.alignment:
+                arr = arr.copy()
+            elif keep is not None:
+                keep.append(arr)
+        arr.flags.writeable = False
+        return arr
+    arrays = _arrays(payload, meta, off, make)
     if verify and crc32(payload) != stored:
         raise ValueError("checksum mismatch (CRC-32): corrupt data")
     return Block(bid, arrays)
