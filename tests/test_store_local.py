@@ -7,7 +7,7 @@ import pytest
 
 from harmony.ps.server import ShardTable
 from harmony.store.blocks import Block
-from harmony.store.lmdb_store import JobStorage, StoreFullError
+from harmony.store.lmdb_store import JobStorage, StoreError, StoreFullError
 from harmony.store.local import BlockSeq, LocalInput, SpillDisabledError, digests
 
 
@@ -234,3 +234,32 @@ def test_undeclared_input_is_copied_and_changes_are_found(storage):
         blk["x"][0] += 1.0
     run_pass(li.view(li.groups[0]), step)
     assert li.pinned == {"x"}
+
+
+def test_declared_mutable_state_is_all_a_checkpoint_needs(storage):
+    li = LocalInput(storage.input, mutable=("L",))
+    li.ingest(blocks())
+    li.set_groups(2)
+    li.set_alpha(0.5)
+    for g in li.groups:
+        run_pass(li.view(g), lambda blk: blk["L"].__iadd__(1.0))
+    loads = li.totals.disk_blocks
+    state = list(li.mutable_state())
+    assert li.totals.disk_blocks == loads            # nothing reloaded for it
+    assert [b.id for b in state] == li.ids() and all(list(b.arrays) == ["L"] for b in state)
+    assert all(np.array_equal(b["L"], np.full((10, 2), b.id + 1.0)) for b in state)
+    # a resume: the input read again (L as first read), then the state merged
+    with JobStorage(str(storage.dir) + "-2", "job-l2") as st2:
+        li2 = LocalInput(st2.input, mutable=("L",))
+        li2.ingest(blocks())
+        li2.set_groups(2)
+        li2.set_alpha(0.5)
+        for b in state:
+            li2.restore_state(b)
+        for blk in li2.iter_blocks():
+            assert np.array_equal(blk["L"], np.full((10, 2), blk.id + 1.0, np.float32))
+            assert np.array_equal(blk["x"], np.arange(2000, dtype=np.float64) + blk.id)
+        del blk
+        li2.close()
+    with pytest.raises(StoreError, match="declared mutable input"):
+        next(LocalInput(storage.input).mutable_state())

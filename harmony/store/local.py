@@ -381,6 +381,37 @@ class LocalInput:
         else:
             self.memory.put(block)
 
+    def mutable_state(self) -> Iterator[Block]:
+        """Every block's declared mutable arrays only (the app declared
+        ``mutable_input``), in id order, without reloading disk-blocks: what
+        a checkpoint must keep, since the rest is read again from the input
+        on resume. Blocks with no such array come as empty blocks (their ids
+        still check the resume)."""
+        if not self.zero_copy:
+            raise StoreError("mutable_state needs the app's declared mutable input")
+        for bid in self._ids:
+            if bid in self.on_disk:
+                with self._lock:
+                    arrays = dict(self._residue.get(bid, {}))
+            else:
+                arrays = {n: a for n, a in self.memory.get(bid).arrays.items()
+                          if n in self.pinned}
+            yield Block(bid, arrays)
+
+    def restore_state(self, block: Block) -> None:
+        """Put back a checkpoint's version of a block: with declared mutable
+        input, a block holding only declared arrays is merged into the block
+        read from the input; anything else replaces the block whole."""
+        bid = int(block.id)
+        if not (self.zero_copy and bid in self._size
+                and set(block.arrays) <= self.pinned):
+            return self.replace(block)
+        if bid in self.on_disk:
+            with self._lock:
+                self._residue.setdefault(bid, {}).update(block.arrays)
+        else:
+            self.memory.get(bid).arrays.update(block.arrays)
+
     def remove(self, block_id: int) -> None:
         """Drop a block wherever it lives (it moved to another machine).
         Between passes only; call :meth:`set_groups` after."""

@@ -401,7 +401,7 @@ class Executor:
                     f"checkpoint holds input blocks {sorted(restored.inputs)[:8]}... for "
                     f"executor {self.index}, its input has {inp.ids()[:8]}...")
             for blk in restored.inputs.values():
-                inp.replace(blk)
+                inp.restore_state(blk)
             restored.inputs = {}
             table.load(mine, restored.model_rows(mine, spec.dim, spec.dtype))
             log.info("resumed from checkpoint at epoch %d (%.1f MiB fetched)", restored.epoch,
@@ -927,15 +927,18 @@ class Executor:
         push of the epoch is applied and evaluated) on this machine's disk,
         and the same part on its replica machine over ZeroMQ (verified by the
         digest of both manifests). ``inputs``: the input blocks to write
-        (default: all of them, whole). With ``app``, the app's export meta
-        goes with the part (:meth:`_meta_payload`). Returns (version, replica
-        machine, bytes, seconds)."""
+        (default: every block, whole, or, for an app that declared its
+        ``mutable_input``, only those arrays: the rest is read again from
+        the input on resume). With ``app``, the app's export meta goes with
+        the part (:meth:`_meta_payload`). Returns (version, replica machine,
+        bytes, seconds)."""
         t0 = time.perf_counter()
         table.restore()       # a spilled model shard comes back first
         with table.lock:
             keys, rows = table.keys.copy(), table.rows.copy()
-        payloads = jobckpt.export_part(keys, rows, self.client.nblocks,
-                                       inp.iter_blocks() if inputs is None else inputs)
+        if inputs is None:   # an app that declared its mutable input: only that
+            inputs = inp.mutable_state() if inp.zero_copy else inp.iter_blocks()
+        payloads = jobckpt.export_part(keys, rows, self.client.nblocks, inputs)
         if app is not None:
             payloads += self._meta_payload(app)
         root = self.spec.get("state_dir") or os.path.join(os.getcwd(), "state")
