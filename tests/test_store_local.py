@@ -263,3 +263,15 @@ def test_declared_mutable_state_is_all_a_checkpoint_needs(storage):
         li2.close()
     with pytest.raises(StoreError, match="declared mutable input"):
         next(LocalInput(storage.input).mutable_state())
+
+
+def test_mutable_state_with_extra_arrays_reloads_them(storage):
+    li = LocalInput(storage.input, mutable=("L",))
+    li.ingest(blocks())
+    li.set_groups(1)
+    li.set_alpha(0.5)
+    state = list(li.mutable_state(extra=("x",)))
+    assert all(sorted(b.arrays) == ["L", "x"] for b in state)
+    assert all(np.array_equal(b["x"], np.arange(2000, dtype=np.float64) + b.id) for b in state)
+    del state
+    li.close()

@@ -381,14 +381,20 @@ class LocalInput:
         else:
             self.memory.put(block)
 
-    def mutable_state(self) -> Iterator[Block]:
-        """Every block's declared mutable arrays only (the app declared
-        ``mutable_input``), in id order, without reloading disk-blocks: what
-        a checkpoint must keep, since the rest is read again from the input
-        on resume. Blocks with no such array come as empty blocks (their ids
+    def mutable_state(self, extra: Iterable[str] = ()) -> Iterator[Block]:
+        """Every block's declared mutable arrays (the app declared
+        ``mutable_input``) and the ``extra`` arrays asked for, in id order:
+        what a checkpoint must keep, since the rest is read again from the
+        input on resume. Without extra arrays no disk-block is reloaded.
+        Blocks with none of these arrays come as empty blocks (their ids
         still check the resume)."""
         if not self.zero_copy:
             raise StoreError("mutable_state needs the app's declared mutable input")
+        names = self.pinned | set(extra)
+        if names != self.pinned:     # e.g. the arrays an export reads
+            for blk in self.iter_blocks():
+                yield Block(blk.id, {n: a for n, a in blk.arrays.items() if n in names})
+            return
         for bid in self._ids:
             if bid in self.on_disk:
                 with self._lock:
@@ -399,18 +405,19 @@ class LocalInput:
             yield Block(bid, arrays)
 
     def restore_state(self, block: Block) -> None:
-        """Put back a checkpoint's version of a block: with declared mutable
-        input, a block holding only declared arrays is merged into the block
-        read from the input; anything else replaces the block whole."""
+        """Put back a checkpoint's version of a block. With declared mutable
+        input, its declared arrays are merged into the block read from the
+        input (the others, if the checkpoint has them, are what the input
+        gave again); otherwise it replaces the block whole."""
         bid = int(block.id)
-        if not (self.zero_copy and bid in self._size
-                and set(block.arrays) <= self.pinned):
+        if not (self.zero_copy and bid in self._size):
             return self.replace(block)
+        arrays = {n: a for n, a in block.arrays.items() if n in self.pinned}
         if bid in self.on_disk:
             with self._lock:
-                self._residue.setdefault(bid, {}).update(block.arrays)
+                self._residue.setdefault(bid, {}).update(arrays)
         else:
-            self.memory.get(bid).arrays.update(block.arrays)
+            self.memory.get(bid).arrays.update(arrays)
 
     def remove(self, block_id: int) -> None:
         """Drop a block wherever it lives (it moved to another machine).

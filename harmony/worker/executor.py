@@ -936,8 +936,13 @@ class Executor:
         table.restore()       # a spilled model shard comes back first
         with table.lock:
             keys, rows = table.keys.copy(), table.rows.copy()
-        if inputs is None:   # an app that declared its mutable input: only that
-            inputs = inp.mutable_state() if inp.zero_copy else inp.iter_blocks()
+        if inputs is None:   # an app that declared its mutable input: only that,
+            # and the arrays its export reads (a running job's export reads
+            # its latest periodic checkpoint)
+            exports = app is not None and type(app).export_inputs is not App.export_inputs
+            keep = app.export_input_arrays if exports else ()     # None: whole blocks
+            inputs = (inp.mutable_state(keep) if inp.zero_copy and keep is not None
+                      else inp.iter_blocks())
         payloads = jobckpt.export_part(keys, rows, self.client.nblocks, inputs)
         if app is not None:
             payloads += self._meta_payload(app)
