@@ -91,6 +91,15 @@ def _close_quietly(view) -> None:
             log.error("closing the block passes after an error: %s", exc)
 
 
+def _export_arrays(app: App) -> tuple[str, ...] | None:
+    """The input arrays an app's export reads: () if it exports no input
+    state, None if it reads whole blocks (``App.export_input_arrays``)."""
+    if type(app).export_inputs is App.export_inputs:
+        return ()
+    keep = app.export_input_arrays
+    return None if keep is None else tuple(keep)
+
+
 def _call(view, fn):
     """``fn(view)``, then end the view's passes (a BlockSeq: finish reloads,
     drop disk-blocks). An error of the call wins over one of the close."""
@@ -939,8 +948,7 @@ class Executor:
         if inputs is None:   # an app that declared its mutable input: only that,
             # and the arrays its export reads (a running job's export reads
             # its latest periodic checkpoint)
-            exports = app is not None and type(app).export_inputs is not App.export_inputs
-            keep = app.export_input_arrays if exports else ()     # None: whole blocks
+            keep = _export_arrays(app) if app is not None else ()
             inputs = (inp.mutable_state(keep) if inp.zero_copy and keep is not None
                       else inp.iter_blocks())
         payloads = jobckpt.export_part(keys, rows, self.client.nblocks, inputs)
@@ -996,7 +1004,7 @@ class Executor:
         not fatal: the job's result stands without an exportable model."""
         inputs: Iterable[Block] = ()
         if type(app).export_inputs is not App.export_inputs:
-            keep = app.export_input_arrays
+            keep = _export_arrays(app)
             inputs = inp.iter_blocks() if keep is None else (
                 Block(b.id, {k: b[k] for k in keep if k in b.arrays}) for b in inp.iter_blocks())
         try:
