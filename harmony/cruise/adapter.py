@@ -36,6 +36,10 @@ SKIP = 2             # epochs after a (re)configuration not used (warm-up, moves
 SAMPLES = 3          # epochs of estimates before a decision
 TIME_LIMIT = 5.0     # seconds for the MILP (the master's loop waits on it)
 MOVE_OVERHEAD = 1.0  # seconds a reconfiguration stalls beyond its bytes (boundary, acks)
+#: estimates within this relative change of the last solve's, on the same
+#: layout, reuse its solution: the MILP (up to TIME_LIMIT) is not re-solved
+#: every epoch for a job whose best layout was not worth its move
+RESOLVE = 0.02
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class JobCruise:
     rate: dict[int, MovingAverage] = field(default_factory=dict)     # link bytes/s
     block_bytes: MovingAverage = field(default_factory=lambda: MovingAverage(10, 0))
     epochs: int = 0
+    solves: int = 0
+    _last: tuple | None = None          # (d, m, machines, workload, solution) last solved
 
     def observe(self, per_index: Mapping[int, Mapping[str, float]]) -> None:
         """One epoch's timings of every executor (``comp`` seconds, ``blocks``
@@ -112,12 +118,19 @@ class JobCruise:
         same = len(set(machines.wproc)) == 1 or max(machines.wproc) <= 1.05 * min(
             machines.wproc)
         links = {b for row in machines.bw for b in row if b != math.inf}
-        cands = []
-        if same and len(links) <= 1 and self.n >= 2:
-            cands.append(homogeneous(machines, job))
-        cands.append(heterogeneous(machines, job, allow_both=True, allow_idle=False,
-                                   time_limit=TIME_LIMIT))
-        best = min(cands, key=lambda s: s.cost)
+        last = self._last
+        if last is not None and last[0] == tuple(d_now) and last[1] == tuple(m_now) \
+                and _close(last[2], last[3], machines, job):
+            best = last[4]
+        else:
+            cands = []
+            if same and len(links) <= 1 and self.n >= 2:
+                cands.append(homogeneous(machines, job))
+            cands.append(heterogeneous(machines, job, allow_both=True, allow_idle=False,
+                                       time_limit=TIME_LIMIT))
+            best = min(cands, key=lambda s: s.cost)
+            self.solves += 1
+            self._last = (tuple(d_now), tuple(m_now), machines, job, best)
         moved = _moved_bytes(d_now, m_now, best.d, best.m,
                              self.block_bytes.value or 0.0, job.block_units)
         slowest = min(min(r for r in row if r != math.inf) for row in machines.bw) \
@@ -130,6 +143,18 @@ class JobCruise:
         return Proposal(tuple(best.d), tuple(best.m), now, best.cost, move_s, best,
                         f"predicted epoch {now:.2f}s -> {best.cost:.2f}s "
                         f"({best.workers} worker(s), {best.servers} server(s), {best.status})")
+
+
+def _close(m0: Machines, w0: Workload, m1: Machines, w1: Workload) -> bool:
+    """Every estimate within RESOLVE of the other's."""
+    def near(a: float, b: float) -> bool:
+        return a == b or abs(a - b) <= RESOLVE * max(abs(a), abs(b))
+    same_job = w0 == w1 or (w0.data_blocks == w1.data_blocks
+                            and w0.model_blocks == w1.model_blocks
+                            and near(w0.block_units, w1.block_units))
+    return same_job and len(m0) == len(m1) \
+        and all(near(a, b) for a, b in zip(m0.wproc, m1.wproc)) \
+        and all(near(a, b) for r0, r1 in zip(m0.bw, m1.bw) for a, b in zip(r0, r1))
 
 
 def _moved_bytes(d0: Sequence[int], m0: Sequence[int], d1: Sequence[int], m1: Sequence[int],

@@ -48,6 +48,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                             "iterations per simulated one)")
         p.add_argument("--error", type=float, default=0.0,
                        help="relative error injected into the profiles jobs report")
+        p.add_argument("--cruise", action="store_true",
+                       help="Cruise inside jobs (as harmony-master --cruise); executors' work "
+                            "then follows the blocks they hold")
+        p.add_argument("--cpu-speed", type=_factors, default=None,
+                       help="CPU speed factor, one or one per machine (e.g. 1,1,0.5)")
+        p.add_argument("--net-speed", type=_factors, default=None,
+                       help="link rate factor of --bandwidth, one or one per machine")
         p.add_argument("--out", default=None, help="write JSON results (and plots) here")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -73,6 +80,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--out", required=True)
 
 
+def _factors(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}")
+    if not vals or not all(v > 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"factors must be positive: {text!r}")
+    return vals
+
+
 def _trace(a: argparse.Namespace) -> list[TraceJob]:
     if a.trace:
         return load_trace(a.trace)
@@ -84,7 +101,8 @@ def _run(a: argparse.Namespace, trace: list[TraceJob], name: str) -> SimResult:
     with sim_progress(1.0, f"{name}: {len(trace)} jobs, {a.machines} machines",
                       enabled=False if a.quiet else None) as update:
         return simulate(trace, a.machines, name, contention=cont, bandwidth=a.bandwidth,
-                        grain=a.grain, error=a.error, seed=a.seed, progress=update)
+                        grain=a.grain, error=a.error, seed=a.seed, progress=update,
+                        cruise=a.cruise, cpu_speed=a.cpu_speed, net_speed=a.net_speed)
 
 
 def cmd_sim(a: argparse.Namespace) -> int:
@@ -114,6 +132,8 @@ def cmd_sim(a: argparse.Namespace) -> int:
             s = summarize(res)
             s.update({k: res.meta[k] for k in ("wall_s", "events", "decisions_per_s")})
             s["unfinished"] = len(res.meta["unfinished"])
+            if "layouts" in res.meta:
+                s["layouts"] = res.meta["layouts"]
             if a.out:
                 path = write_result(res, a.out)
                 print(f"results: {path}", file=sys.stderr)

@@ -19,7 +19,24 @@ from executor 0, and the checkpoints, pauses and live resizes the master
 asks for (``epoch_sums``), with their transfer times.
 
 Durations come from each job's profile (:class:`SimJob`): per-iteration
-seconds of COMP and of PULL+PUSH on one machine at DoP ``m``.
+seconds of COMP and of PULL+PUSH on one machine at DoP ``m``. Machines may
+differ (``cpu_speed``, ``net_speed``: factors of the nominal CPU and link).
+
+**Blocks** (``block_work``, on with ``cruise``): an executor's work follows
+the blocks it holds, as Cruise's cost model assumes, so that layouts that
+are not even (Cruise's, ``harmony resize --workers/--servers``) change what
+each machine does. COMP is the DoP-``m`` profile's times ``d_i m / D`` (its
+input blocks over an even share); a transfer's remote part is split into a
+download on the worker's link (the model blocks other machines own, over
+the even share of them) and an upload on each such server's link (its
+blocks' share), which run at once, the upload side shared by every worker
+pulling from that server (the ``m_j w / b_ij`` term of Eq 3.2). Every
+worker moves the bytes of the model rows it touches whatever its share of
+the data (the adapter's assumption); an executor without input blocks (a
+server only) does no COMP and no transfers. Without ``block_work`` every
+executor does the profile's 1/m of the job, whatever its blocks (the
+default, which the paper-scale figures use: at 16 input blocks a DoP above
+16 would leave executors without data).
 """
 from __future__ import annotations
 
@@ -210,6 +227,8 @@ class _Machine:
         self.ident = f"d:{name}".encode()
         self.cpu = _Res(sim, "cpu", self)
         self.net = _Res(sim, "net", self)
+        self.up = _Res(sim, "up", self)       # serving model blocks (block_work)
+        self.cpu_speed = self.net_speed = 1.0
         self.q = DaemonCore() if queued else None      # the daemon's own protocol core
         self.execs: dict[str, "_Exec"] = {}       # job -> its executor here
         self.roles: dict[tuple[str, int], str] = {}   # queued: running net subtask roles
@@ -220,6 +239,10 @@ class _Machine:
         run = res.running
         n = len(run)
         if not n:
+            return
+        if res.kind == "up":                # a server's link: shared evenly by its readers
+            for r in run.values():
+                r[1] = 1.0 / n
             return
         if res.kind == "cpu":
             # COMPs use every core of the machine, the local part of a
@@ -311,6 +334,14 @@ class _Exec:
         self.pending_sums: dict | None = None
         self._t0 = 0.0              # the running subtask's start
         self._remote = 0.0          # and the part of its transfer that crosses the link
+        # work per unit of the profile's: COMP (this machine's speed; with
+        # block_work also its share of the input), the download of a
+        # transfer, and the uploads of the servers it reads from (block_work)
+        self.comp_f = 1.0 / machine.cpu_speed
+        self.down_f = 1.0 / machine.net_speed
+        self.ups: list[tuple[_Machine, float]] = []
+        self._parts = 0
+        self.new: tuple[int, int, list, list] | None = None
         sim.execs[self.ident] = self
 
     # -- messages from the master --------------------------------------------------
@@ -323,6 +354,7 @@ class _Exec:
             nb = self.sim.input_blocks
             self.inputs = [[b, int(self.job.input_bytes / nb)] for b in range(nb)
                            if b % self.count == self.index]
+            self._shape(f["owner"], f["machines"])
             self._begin_epoch()
         elif mtype == "epoch_sums":
             self._after_epoch(f)
@@ -331,10 +363,15 @@ class _Exec:
         elif mtype == "migrate":
             self._migrate(f)
         elif mtype == "reconfigured":
-            self.index, self.count = self.new
+            self.index, self.count, owner, names = self.new
             nb = self.sim.input_blocks
-            self.inputs = [[b, int(self.job.input_bytes / nb)] for b in range(nb)
-                           if b % self.count == self.index]
+            if self.sim.block_work:     # what it kept and what the plan sent it
+                self.inputs = sorted(self.inputs + self.sim.incoming.pop(
+                    (self.jid, self.epoch, self.index), []))
+            else:
+                self.inputs = [[b, int(self.job.input_bytes / nb)] for b in range(nb)
+                               if b % self.count == self.index]
+            self._shape(owner, names)
             self._begin_epoch()
         elif mtype in ("abort", "leave"):
             self.kill()
@@ -348,11 +385,39 @@ class _Exec:
         m.cpu.drop((self.jid, self.seq, "local"), now)
         m.cpu.drop((self.jid, "setup", self.ident), now)
         m.net.drop((self.jid, self.seq), now)
+        for mj, _ in self.ups:
+            mj.up.drop((self.jid, self.seq, self.index), now)
         if m.execs.get(self.jid) is self:
             del m.execs[self.jid]
             if m.q is not None:
                 m.act(m.q.left(self.jid, now))
         self.sim.execs.pop(self.ident, None)
+
+    def _shape(self, owner: list[int], names: list[str]) -> None:
+        """This executor's work factors under the model ``owner`` map and the
+        job's machines ``names`` (by index): see the module docstring."""
+        sim = self.sim
+        self.comp_f = 1.0 / self.machine.cpu_speed
+        self.down_f = 1.0 / self.machine.net_speed
+        self.ups = []
+        if not sim.block_work:
+            return
+        n, d = self.count, len(self.inputs)
+        self.comp_f *= d * n / sim.input_blocks
+        if d == 0:                  # a server only: no COMP, no transfers
+            self.down_f = 0.0
+            return
+        if n < 2 or not owner:
+            return
+        per = [0] * n
+        for o in owner:
+            per[o] += 1
+        total, even = len(owner), (n - 1) / n
+        self.down_f *= (total - per[self.index]) / total / even
+        for j in range(n):
+            mj = sim.machines.get(names[j]) if j < len(names) else None
+            if j != self.index and per[j] and mj is not None:
+                self.ups.append((mj, per[j] / total / even / mj.net_speed))
 
     # -- the epoch loop --------------------------------------------------------------
     def _begin_epoch(self) -> None:
@@ -397,18 +462,38 @@ class _Exec:
         t0 = self._t0 = self.sim.now
         key = (self.jid, self.seq)
         if kind == "cpu":
-            return self.machine.cpu.start(key, work, self._ran, t0)
+            return self.machine.cpu.start(key, work * self.comp_f, self._ran, t0)
         local = min(local, work)
-        if local <= 0:
-            return self.machine.net.start(key, work, self._ran, t0)
         self._remote = work - local
+        if self.down_f == 0.0:          # a server only (block_work): nothing to move
+            local = self._remote = 0.0
+        if local <= 0:
+            return self._start_remote()
         # a transfer's local part first: CPU work beside the running COMP
-        self.machine.cpu.start((self.jid, self.seq, "local"), local, self._then_remote, t0)
+        self.machine.cpu.start((self.jid, self.seq, "local"), local / self.machine.cpu_speed,
+                               self._then_remote, t0)
 
     def _then_remote(self) -> None:
         """A transfer's local part is done: then what crosses the link."""
         if self.alive:
-            self.machine.net.start((self.jid, self.seq), self._remote, self._ran, self.sim.now)
+            self._start_remote()
+
+    def _start_remote(self) -> None:
+        """The part that crosses links: the download on this machine's, and
+        with block_work the uploads of the servers it reads from, at once."""
+        now, key, rem = self.sim.now, (self.jid, self.seq), self._remote
+        if not self.ups:
+            return self.machine.net.start(key, rem * self.down_f, self._ran, now)
+        self._parts = 1 + len(self.ups)
+        self.machine.net.start(key, rem * self.down_f, self._part_done, now)
+        ukey = (self.jid, self.seq, self.index)
+        for mj, f in self.ups:
+            mj.up.start(ukey, rem * f, self._part_done, now)
+
+    def _part_done(self) -> None:
+        self._parts -= 1
+        if self._parts == 0:
+            self._ran()
 
     def _ran(self) -> None:
         if not self.alive:
@@ -453,7 +538,10 @@ class _Exec:
                    "comp": max(0.0, tm["comp"] - stood) * e, "stood": stood,
                    "train": (self.t_train - self.t_epoch) * e, "iters": iters,
                    "eval": tm["eval"], "bytes": self.job.bytes * iters * e,
-                   "link": self.job.link, "sync": 0.0}
+                   "link": self.job.link * self.machine.net_speed, "sync": 0.0}
+        if self.sim.block_work:         # what Cruise's estimates read (d_i, block size)
+            timings["blocks"] = float(len(self.inputs))
+            timings["input_bytes"] = float(sum(s for _, s in self.inputs))
         self.sim._send_master(self, "epoch_done", epoch=self.epoch,
                               sums={"objective": 0.0}, timings=timings)
 
@@ -532,10 +620,17 @@ class _Exec:
         size = {"input": self.job.input_bytes / nb, "model": self.job.model_bytes / mb}
         out = sum(size[k] for k, _, _ in f["sends"])
         inn = size["model"] * f["expect"]      # an estimate: expect counts blocks
-        self.new = (f["index"], f["count"])    # in force once reconfigured
+        # in force once reconfigured
+        self.new = (f["index"], f["count"], list(f["owner"]), list(f["machines"]))
         self.seq = f["seq"]
         self.queued = f["mode"] == "queued"
         moved = {b for k, b, _ in f["sends"] if k == "input"}
+        if moved and self.sim.block_work:
+            byid = dict((b, s) for b, s in self.inputs)
+            for k, b, n in f["sends"]:
+                if k == "input":
+                    self.sim.incoming.setdefault((self.jid, f["epoch"] + 1, n), []).append(
+                        [b, byid.get(b, int(size["input"]))])
         self.inputs = [x for x in self.inputs if x[0] not in moved]
         secs = max(out, inn) / self.sim.contention.bandwidth
         self.sim._later(secs, lambda: self.sim._send_master(
@@ -545,22 +640,36 @@ class _Exec:
 
 class Simulator:
     """Simulate ``jobs`` on ``machines`` machines under ``policy`` and
-    ``mode`` (the master's own policy and mode names)."""
+    ``mode`` (the master's own policy and mode names).
+
+    ``cruise``: the master core runs Cruise inside jobs (``harmony-master
+    --cruise``), and executors' work follows their blocks (``block_work``).
+    ``cpu_speed``/``net_speed``: one factor per machine (or one for all) of
+    the nominal CPU speed and link rate (as ``harmony cluster up
+    --cpu-speed``/``--net-bandwidth``)."""
 
     def __init__(self, jobs: list[SimJob], machines: int, policy: str | None = None,
                  mode: str = "harmony", contention: Contention | None = None,
                  cpus: int = 16, memory: int = 64 << 30, bucket: float = 10.0,
                  max_jobs_per_machine: int = 0, input_blocks: int = 16,
                  model_blocks: int = 16, progress: Callable[[float], None] | None = None,
-                 horizon: float = 1e9, wall_limit: float | None = None) -> None:
+                 horizon: float = 1e9, wall_limit: float | None = None,
+                 cruise: bool = False, block_work: bool = False,
+                 cpu_speed: list[float] | None = None,
+                 net_speed: list[float] | None = None) -> None:
         self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
         self.contention = contention or Contention()
         self.core = C.MasterCore(policy=policy, mode=mode, heartbeat_timeout=INF,
                                  launch_timeout=INF, max_jobs_per_machine=max_jobs_per_machine,
-                                 liveness_every=INF)
+                                 liveness_every=INF, cruise=cruise)
+        self.block_work = block_work or cruise
+        self.incoming: dict[tuple[str, int, int], list] = {}   # blocks a move sends
         self.mode, self.policy = mode, self.core.policy_name
         queued = self.core.queued
         self.machines = {f"m{i}": _Machine(self, f"m{i}", queued) for i in range(machines)}
+        for attr, speeds in (("cpu_speed", cpu_speed), ("net_speed", net_speed)):
+            for m, v in zip(self.machines.values(), per_machine(speeds, machines, attr)):
+                setattr(m, attr, v)
         self.by_ident = {m.ident: m for m in self.machines.values()}
         self.cpus, self.memory = cpus, memory
         self.input_blocks, self.model_blocks = input_blocks, model_blocks
@@ -590,6 +699,8 @@ class Simulator:
         self._at(self.now + dt, fn, *args)
 
     def _busy(self, kind: str, t0: float, t1: float) -> None:
+        if kind == "up":        # the serving side of transfers already counted
+            return
         self.util.add(self.util.cpu if kind == "cpu" else self.util.net, t0, t1)
 
     # -- talking to the core -------------------------------------------------------------
@@ -745,6 +856,19 @@ class Simulator:
                        decisions=self.decisions, wall=wall, events=events,
                        messages=self.messages, policy=self.policy, mode=self.mode,
                        sim_time=self.now)
+
+
+def per_machine(speeds: list[float] | None, machines: int, what: str) -> list[float]:
+    """One factor per machine from none (all 1), one, or one per machine."""
+    if not speeds:
+        return [1.0] * machines
+    vals = [float(x) for x in speeds]
+    if len(vals) == 1:
+        vals *= machines
+    if len(vals) != machines or not all(0 < v < INF for v in vals):
+        raise ValueError(f"{what}: one positive factor or one per machine ({machines}), "
+                         f"not {speeds}")
+    return vals
 
 
 @dataclass

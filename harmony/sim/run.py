@@ -98,7 +98,11 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
              grain: int = GRAIN, error: float = 0.0, seed: int = 1, bucket: float | None = None,
              max_jobs_per_machine: int = 0, cpus: int = 8,
              progress: Callable[[float], None] | None = None,
-             wall_limit: float | None = None) -> SimResult:
+             wall_limit: float | None = None, cruise: bool = False,
+             cpu_speed: list[float] | None = None,
+             net_speed: list[float] | None = None) -> SimResult:
+    """Simulate ``trace`` on ``machines`` under the setup ``name``;
+    ``cruise``, ``cpu_speed``, ``net_speed``: see :class:`Simulator`."""
     policy, mode = setup(name)
     jobs = sim_jobs(trace, bandwidth, grain, error, seed)
     if bucket is None:
@@ -106,7 +110,8 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
         bucket = max(1.0, span / 200)
     sim = Simulator(jobs, machines, policy=policy, mode=mode, contention=contention,
                     bucket=bucket, max_jobs_per_machine=max_jobs_per_machine, cpus=cpus,
-                    progress=progress, wall_limit=wall_limit)
+                    progress=progress, wall_limit=wall_limit, cruise=cruise,
+                    cpu_speed=cpu_speed, net_speed=net_speed)
     o = sim.run()
     # what each job reported after its epochs (the master's own record)
     losses = {}
@@ -116,7 +121,12 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
             losses[j["id"]] = [(float(e["time"]), float(e["metrics"]["objective"]))
                                for e in cj.epochs
                                if (e.get("metrics") or {}).get("objective") is not None]
-    return to_result(o, name, trace, losses, bandwidth, machines)
+    res = to_result(o, name, trace, losses, bandwidth, machines)
+    if cruise:      # the layout each job ended with (Cruise's, with its prediction)
+        by_job = {j["job"]: j["id"] for j in o.jobs}
+        res.meta["layouts"] = {by_job[jid]: cj.layout for jid, cj in sorted(sim.core.jobs.items())
+                               if cj.layout is not None and jid in by_job}
+    return res
 
 
 def default_utility(tj: TraceJob, bandwidth: float, machines: int | None = None) -> Utility:
