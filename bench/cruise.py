@@ -15,6 +15,12 @@ CPU at half speed).
    moves to its own choice (any partition, not only the grid's). Its epoch
    time there (median after it settled) is compared with the grid's best,
    and with the bad start's.
+3. **Simulator.** The job's profile measured on the even layout of the
+   homogeneous grid (COMP and PULL+PUSH seconds and bytes per iteration,
+   the link rate) drives the simulator (``harmony.sim``, ``block_work``:
+   executors' work follows their blocks) through the same grid and the
+   same Cruise run from the worst layout, on machines of the variant's
+   speeds; the sim's epoch times are printed beside the runtime's.
 
     python bench/cruise.py [--variants homog,hetero] [--epochs 90]
 """
@@ -110,6 +116,20 @@ def submit(c: Client, data: str, a) -> str:
                      "--lr", "0.5"], machines=N)
 
 
+def measured_profile(c: Client, job: str, a) -> dict:
+    """Per iteration on the even layout: COMP and PULL+PUSH seconds, the
+    bytes one executor moves, its link rate (medians over --measure epochs
+    after --settle; each epoch's timings are the slowest executor's)."""
+    wait_epochs(c, job, a.settle)
+    at = c.status(job)["epochs_total"]
+    wait_epochs(c, job, a.measure)
+    eps = [e["timings"] for e in c.status(job)["epochs"] if e["epoch"] >= at][:a.measure]
+    med = lambda k: statistics.median(float(t.get(k) or 0.0) / float(t["iters"]) for t in eps)
+    return {"cpu": med("comp"), "net": med("pull") + med("push"), "bytes": med("bytes"),
+            "link": statistics.median(float(t.get("link") or 0.0) for t in eps),
+            "iters": int(eps[0]["iters"]), "train": statistics.median(t["train"] for t in eps)}
+
+
 def run_variant(variant: str, data: str, tmp: str, a) -> dict:
     grid = {}
     moves: list[tuple[float, float, float]] = []
@@ -117,6 +137,7 @@ def run_variant(variant: str, data: str, tmp: str, a) -> dict:
             Client(cl.endpoint, keys=cl.keys) as c:
         job = submit(c, data, a)
         wait_epochs(c, job, 2)
+        prof = measured_profile(c, job, a)
         for w, s in layouts():
             switch(c, job, w, s, moves)
             grid[(w, s)] = epoch_time(c, job, a)
@@ -144,7 +165,64 @@ def run_variant(variant: str, data: str, tmp: str, a) -> dict:
         tuned = epoch_time(c, job, a)
         c.cancel(job)
     return {"variant": variant, "grid": grid, "best": best, "worst": worst, "bad": bad,
-            "tuned": tuned, "layout": lay, "moves": moves, "cruise_move": cruise_move}
+            "tuned": tuned, "layout": lay, "moves": moves, "cruise_move": cruise_move,
+            "profile": prof}
+
+
+START = 5.0   # simulated seconds: the switch to a layout (the job runs by then)
+
+
+def sim_job(prof: dict, epochs: int):
+    """The measured job as the simulator's: COMP scales as 1/m, COMM is its
+    local part plus the bytes over the link for the (m-1)/m that is remote."""
+    from harmony.sim.engine import SimJob
+    cpu3, byts, link = prof["cpu"] * N, prof["bytes"], prof["link"]
+    local = max(0.0, prof["net"] - byts / link * (N - 1) / N)
+    return SimJob(id="mlr", app="mlr", arrival=0.0, epochs=epochs, machines=N,
+                  iters=prof["iters"], bytes=byts, link=link, net_local=local,
+                  profile=lambda m: (cpu3 / m, local + byts / link * (m - 1) / m))
+
+
+def sim_variant(variant: str, prof: dict, worst: tuple[int, int], a) -> dict:
+    """The grid and the Cruise run of ``run_variant`` in the simulator."""
+    from harmony.sim.engine import Simulator
+    slow = float(_rate(a.slow_rate)) / float(_rate(a.rate))
+    speeds = {} if variant == "homog" else {"cpu_speed": [1, 1, 0.5],
+                                             "net_speed": [1, 1, slow]}
+
+    def run(w: int | None, s: int | None, cruise: bool) -> tuple[list[dict], dict | None]:
+        sim = Simulator([sim_job(prof, 60)], N, policy="least-loaded", mode="naive",
+                        input_blocks=12, model_blocks=24, block_work=True, cruise=cruise,
+                        **speeds)
+        if w is not None and (w < N or s < N):
+            sim._at(START, sim._deliver, b"client", "resize",
+                    {"job": "job-0001", "machines": N, "workers": w, "servers": s})
+        sim.run()
+        j = sim.core.jobs["job-0001"]
+        if w is not None and (w < N or s < N) and not j.layout:
+            raise SystemExit(f"the simulated job did not switch to ({w}, {s})")
+        eps = [e["timings"] for e in j.epochs]
+        # the first epoch in the layout asked for
+        first = next(i for i, e in enumerate(j.epochs) if e["time"] > START)
+        return eps, first, j.layout
+
+    def settled(eps: list[dict], after: int) -> float:
+        return statistics.median(t["train"] for t in eps[after + a.settle:]
+                                 [:max(a.measure, 8)])
+    grid = {}
+    for w, s in layouts():
+        eps, first, _ = run(w, s, False)
+        grid[(w, s)] = settled(eps, first)
+    eps, _, lay = run(*worst, True)
+    at = (lay or {}).get("cruise", {}).get("at_epoch")
+    tuned = settled(eps, at) if at is not None else None
+    return {"grid": grid, "layout": lay, "tuned": tuned,
+            "predicted": (lay or {}).get("cruise", {}).get("after")}
+
+
+def _rate(text: str) -> float:
+    mult = {"k": 1e3, "K": 1e3, "m": 1e6, "M": 1e6, "g": 1e9, "G": 1e9}
+    return float(text[:-1]) * mult[text[-1]] if text[-1] in mult else float(text)
 
 
 def fit(moves: list[tuple[float, float, float]]) -> tuple[float, float] | None:
@@ -174,6 +252,9 @@ def main() -> None:
         gen_mlr(data, samples=a.samples, features=a.features, classes=a.classes, nnz=20,
                 seed=1)
         results = [run_variant(v, data, tmp, a) for v in a.variants.split(",")]
+    prof = next((r["profile"] for r in results if r["variant"] == "homog"), None)
+    for r in results:
+        r["sim"] = sim_variant(r["variant"], prof, r["worst"], a) if prof else None
     print(f"\nMLR {a.samples} x {a.features} features x {a.classes} classes on {N} machines; "
           f"epoch time: median of {a.measure} epochs after {a.settle}")
     print(f"{'variant':8} {'grid best (W,S)':>16} {'s':>7} {'worst':>7} {'cruise':>7} "
@@ -186,6 +267,24 @@ def main() -> None:
         print(f"{r['variant']:8} {str(r['best']):>16} {b:7.3f} {w:7.3f} {r['tuned']:7.3f} "
               f"{r['tuned'] / b:7.2f} {r['bad']:7.3f} -> {1 - r['tuned'] / r['bad']:+.0%}  "
               f"{desc}")
+    if prof:
+        print(f"\nsimulator (harmony.sim, block_work) on the profile measured on the even "
+              f"homogeneous layout: COMP {prof['cpu'] * 1e3:.1f} ms, PULL+PUSH "
+              f"{prof['net'] * 1e3:.1f} ms, {prof['bytes'] / 1e6:.2f} MB per iteration, link "
+              f"{prof['link'] / 1e6:.1f} MB/s; epoch (training part) runtime vs sim")
+        for r in results:
+            sm = r["sim"]
+            errs = [abs(sm["grid"][k] / v - 1) for k, v in r["grid"].items()]
+            cells = "  ".join(f"{k[0]},{k[1]}: {v:.3f}/{sm['grid'][k]:.3f}"
+                              for k, v in sorted(r["grid"].items()))
+            print(f"{r['variant']:8} {cells}")
+            sbest = min(sm["grid"], key=sm["grid"].get)
+            lay = sm["layout"]
+            print(f"{'':8} |error| median {statistics.median(errs):.0%} max {max(errs):.0%}; "
+                  f"best layout runtime {r['best']} sim {sbest}; Cruise runtime "
+                  f"{r['tuned']:.3f} s, sim {sm['tuned'] if sm['tuned'] is None else round(sm['tuned'], 3)} s "
+                  f"(its prediction {sm['predicted']}) with "
+                  f"{(lay or {}).get('input_blocks')} / {(lay or {}).get('model_blocks')}")
     print("\nplan execution (live reconfigurations of the grid and Cruise's): time from the "
           "request to the new layout, and how long iterations stood, against MiB moved")
     print(f"{'variant':8} {'plans':>5} {'MiB min-max':>13} {'took min-max (s)':>17} "
