@@ -270,8 +270,9 @@ def test_colocated_jobs_trade_memory_to_the_one_whose_reloads_stall():
     """Two jobs on one machine, one controller each: A's reloads hide behind
     its compute, B's cannot. Both start at α = 0.5, memory between target and
     spill, so pressure moves neither: B stalls and finds no room, A gives it
-    memory. A ends with every block on disk, B with as many in memory as the
-    budget allows, and both settle."""
+    memory step by step while B still stalls. B ends with its stalls gone
+    (two disk-blocks: one reload hides behind 19 blocks of COMP), A with what
+    B did not need still in memory, and both settle."""
     N, blk, base, budget = 20, 0.1 * GB, 1.0 * GB, 5.5 * GB
     jobs = {"A": dict(tbproc=0.2, tbload=0.01), "B": dict(tbproc=0.005, tbload=0.05)}
     ctl = {k: AlphaController(N, 0.5, thresholds=Thresholds(0.75, 0.85, 0.92, 0.97))
@@ -297,7 +298,7 @@ def test_colocated_jobs_trade_memory_to_the_one_whose_reloads_stall():
         trace.append((ctl["A"].n, ctl["B"].n, total / budget))
     a, b, frac = trace[-1]
     assert trace[0][2] >= 0.75                        # no room for B at first
-    assert a >= N - 2 and b < N // 2                 # A spills (nearly) all, B keeps memory
+    assert b <= 2 and N // 2 < a < N                 # B keeps memory; A gave what B needed
     assert frac < 0.97 and all(f < 0.97 for _, _, f in trace[1:])   # never near the limit
     assert len(set(trace[-10:])) == 1                 # settled
     assert any(d.reason == "memory to a co-located job whose reloads stall"
@@ -412,3 +413,30 @@ def test_memory_pressure_moves_a_settled_controller_at_once():
 def test_settle_after_must_be_positive():
     with pytest.raises(ValueError):
         AlphaController(10, settle_after=0)
+
+
+def test_a_small_stall_does_not_starve_and_memory_is_given_step_by_step():
+    """A job is "starved" (co-located jobs give it memory) only when its
+    reloads stall at least ``starve_stall`` (10%) of its COMP time with no
+    room to go down; a job giving memory climbs by its step, not straight to
+    its stall bound (each block it spills costs it reloads on a shared CPU)."""
+    th = Thresholds(0.75, 0.85, 0.92, 0.97)
+    N, budget = 16, 1_000_000
+    full = int(0.84 * budget)                      # above target, below spill: no room
+    for stall, starved in ((0.05, False), (0.25, True)):
+        c = AlphaController(N, 0.5, thresholds=th, block_bytes=0.05 * budget)
+        c.step(Observation(full, budget, stall_s=stall, comp_s=1.0, tbproc=0.05,
+                           tbload=0.01, blocks_total=N))
+        assert c.starved is starved and c.n == 8
+    giver = AlphaController(N, 0.0, thresholds=th, initial_step=2)
+    seen = []
+    for _ in range(8):
+        giver.step(Observation(full, budget, comp_s=1.0, tbproc=0.05, tbload=0.01,
+                               blocks_total=N, others_starved=True))
+        seen.append(giver.n)
+    assert seen[0] == 2 and seen[1] == 5 and seen[-1] == N     # 2, +3, +4.5, ... up to N
+    assert seen == sorted(seen)
+    at_once = AlphaController(N, 0.0, thresholds=th, give_at_once=True)
+    at_once.step(Observation(full, budget, comp_s=1.0, tbproc=0.05, tbload=0.01,
+                             blocks_total=N, others_starved=True))
+    assert at_once.n == N

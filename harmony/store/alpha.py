@@ -27,9 +27,10 @@ memory used / budget                   action
 < spill, COMP stalled on reload (stall **down**, but only as far as the projected
 > tolerance · COMP time) or above the   memory (+ one block's bytes per block
 stall bound                            brought back) stays below spill
-< spill, this job not stalling, a      **up** to the stall bound at once: memory
-co-located job starved (stalls, no     to the job whose reloads cannot hide
-room to go down), ≥ target             (jobs share a machine; ``others_starved``)
+< spill, this job not stalling, a      **up** by the climbing step, at most to
+co-located job starved (stalls ≥       the stall bound: memory to the job whose
+``starve_stall`` of its COMP time, no  reloads cannot hide (jobs share a
+room to go down), ≥ target             machine; ``others_starved``)
 < target                               **down** (less reload work), only as far
                                        as the projection stays below target
 otherwise (target ≤ used < spill)      hold
@@ -154,7 +155,8 @@ class AlphaController:
                  initial_step: float | None = None, max_step: float | None = None,
                  cooldown: int = 6, smoothing: float = 0.5, spill_model: bool = False,
                  settle_after: int = 1, resume_mem: float = 0.10,
-                 resume_stall: float = 0.10) -> None:
+                 resume_stall: float = 0.10, starve_stall: float = 0.10,
+                 give_at_once: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError("num_blocks must be >= 1")
         if settle_after < 1:
@@ -177,8 +179,12 @@ class AlphaController:
         self.tbproc: float | None = None
         self.tbload: float | None = None
         self.history: list[Decision] = []
-        #: the last step found reload stalling COMP and no memory to go down
+        #: the last step found reload stalling COMP by at least ``starve_stall``
+        #: of its time and no memory to go down (co-located jobs then give it
+        #: memory: by the climbing step, or at once up to their stall bound
+        #: with ``give_at_once``)
         self.starved = False
+        self.starve_stall, self.give_at_once = starve_stall, give_at_once
         self.settle_after, self.resume_mem, self.resume_stall = (settle_after, resume_mem,
                                                                  resume_stall)
         #: failed probes down, by the position (disk-blocks) they left from
@@ -356,15 +362,22 @@ class AlphaController:
             why = "reload stalls COMP" if stalling else "above the stall bound"
             d = self._down(used, budget, per_block, th.spill, why,
                            at_least=self.n - bound_n if self.n > bound_n else 0)
-            self.starved = d.direction == 0
+            self.starved = d.direction == 0 and stall_frac >= self.starve_stall
             return d
         if obs.others_starved and frac >= th.target and self.n < min(N, bound_n):
             # this job's reloads hide behind its compute, another job's stall
-            # and find no room: give it memory, straight up to this job's
-            # stall bound (all blocks if none is measured yet; its own stalls
-            # bring it back down)
-            self._commit(+1, self.step_blocks)
-            self.n = min(N, bound_n)
+            # and find no room: give it memory, up to this job's stall bound
+            # (all blocks if none is measured yet; its own stalls bring it
+            # back down), by the climbing step: every block spilled costs
+            # this job reload work on a CPU the starved job shares, so it
+            # gives what the other still asks for, not all at once
+            if self.give_at_once:
+                self._commit(+1, self.step_blocks)
+                self.n = min(N, bound_n)
+            else:
+                move, step = self._planned_move(+1)
+                self._commit(+1, step)
+                self.n = min(N, bound_n, self.n + move)
             return self._decide(+1, "memory to a co-located job whose reloads stall")
         if self.n > 0 and frac < th.target:
             # only this job's part of the room: the others take theirs
