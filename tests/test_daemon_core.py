@@ -281,3 +281,14 @@ def test_starved_alpha_state_is_fresh_for_a_while_and_never_ones_own():
     c.alpha_state("a", 0.5, True, 103.0)
     c.exited("a", 104.0)                                   # gone: no news of it
     assert not c.memory_view("b", 104.0).others_starved
+
+
+def test_the_bytes_starved_jobs_ask_for_are_summed_for_the_others():
+    c = DaemonCore(memory_budget=100)
+    c.alpha_state("a", 0.5, True, 100.0, need=3e6)
+    c.alpha_state("b", 0.7, True, 100.0, need=1e6)
+    c.alpha_state("c", 0.1, False, 100.0, need=9e6)        # not starved: its need is no ask
+    v = c.memory_view("c", 101.0)
+    assert v.others_starved and v.others_need == 4e6
+    assert c.memory_view("a", 101.0).others_need == 1e6    # never its own
+    assert c.memory_view("c", 100.0 + STARVED_FRESH_S + 1).others_need == 0.0

@@ -436,6 +436,17 @@ def test_a_small_stall_does_not_starve_and_memory_is_given_step_by_step():
         seen.append(giver.n)
     assert seen[0] == 2 and seen[1] == 5 and seen[-1] == N     # 2, +3, +4.5, ... up to N
     assert seen == sorted(seen)
+    # with the bytes the starved jobs asked for: this job's part of them at once
+    asked = AlphaController(N, 0.0, thresholds=th, block_bytes=0.05 * budget)
+    asked.step(Observation(full, budget, comp_s=1.0, tbproc=0.05, tbload=0.01,
+                           blocks_total=N, others_starved=True, others_need=0.4 * budget,
+                           share=0.5))
+    assert asked.n == 4                              # 0.4 x 0.5 of the budget, 5% per block
+    starving = AlphaController(N, 0.5, thresholds=th, block_bytes=0.05 * budget)
+    starving.step(Observation(full, budget, stall_s=0.25, comp_s=1.0, tbproc=0.01,
+                              tbload=0.05, blocks_total=N))
+    # the stall bound: 1 + 0.01 x 15 / 0.05 = 4 disk-blocks; it asks for the other 4
+    assert starving.starved and starving.need == pytest.approx(4 * 0.05 * budget)
     at_once = AlphaController(N, 0.0, thresholds=th, give_at_once=True)
     at_once.step(Observation(full, budget, comp_s=1.0, tbproc=0.05, tbload=0.01,
                              blocks_total=N, others_starved=True))

@@ -142,13 +142,17 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     # executor's α controller: the budget, the other executors whose input
     # is loaded (bytes, count), the sample's age in seconds (none: no sample;
     # the daemon samples only with a budget), and whether another job here
-    # said it is starved (within harmony.worker.daemon_core.STARVED_FRESH_S)
+    # said it is starved (within harmony.worker.daemon_core.STARVED_FRESH_S),
+    # with the bytes those jobs asked for (others_need)
     "mem_query": {"job": str, "attempt": int, "rid": int},
     "mem_state": {"rid": int, "budget": int, "others_bytes": int, "others_count": int,
-                  "age": (_NUM, _OPT), "others_starved": bool},
+                  "age": (_NUM, _OPT), "others_starved": bool,
+                  "others_need": (_NUM, _OPT)},
     # an executor's α controller after its epoch step: its disk ratio, and
-    # whether its reloads stall with no memory to keep more blocks (starved)
-    "alpha_state": {"job": str, "attempt": int, "alpha": _NUM, "starved": bool},
+    # whether its reloads stall with no memory to keep more blocks (starved),
+    # and then the bytes it would bring back to stop stalling (need)
+    "alpha_state": {"job": str, "attempt": int, "alpha": _NUM, "starved": bool,
+                    "need": (_NUM, _OPT)},
     # job executor -> master
     "exec_ready": {"job": str, "index": int, "attempt": int, "endpoint": str,
                    "num_keys": int, "dim": int, "model_blocks": int, "local_blocks": int,

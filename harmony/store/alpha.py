@@ -27,10 +27,11 @@ memory used / budget                   action
 < spill, COMP stalled on reload (stall **down**, but only as far as the projected
 > tolerance · COMP time) or above the   memory (+ one block's bytes per block
 stall bound                            brought back) stays below spill
-< spill, this job not stalling, a      **up** by the climbing step, at most to
-co-located job starved (stalls ≥       the stall bound: memory to the job whose
-``starve_stall`` of its COMP time, no  reloads cannot hide (jobs share a
-room to go down), ≥ target             machine; ``others_starved``)
+< spill, this job not stalling, a      **up** by this job's part of the bytes the
+co-located job starved (stalls ≥       starved jobs asked for (``others_need``;
+``starve_stall`` of its COMP time, no  without it, by the climbing step), at
+room to go down), ≥ target             most to the stall bound: memory to the
+                                       job whose reloads cannot hide
 < target                               **down** (less reload work), only as far
                                        as the projection stays below target
 otherwise (target ≤ used < spill)      hold
@@ -91,6 +92,7 @@ class Observation:
     blocks_total: int | None = None    # blocks in the pass (Btotal of the bound)
     block_bytes: float | None = None   # in-memory bytes of one input block
     others_starved: bool = False       # a co-located job stalls on reload but has no room
+    others_need: float = 0.0           # the bytes such jobs asked for (0: not said)
     share: float = 1.0                 # this job's part of mem_used (co-located jobs)
 
     @classmethod
@@ -184,6 +186,9 @@ class AlphaController:
         #: memory: by the climbing step, or at once up to their stall bound
         #: with ``give_at_once``)
         self.starved = False
+        #: while starved: the bytes it would bring back into memory to stop
+        #: stalling (its disk-blocks above the stall bound, at least a step)
+        self.need = 0.0
         self.starve_stall, self.give_at_once = starve_stall, give_at_once
         self.settle_after, self.resume_mem, self.resume_stall = (settle_after, resume_mem,
                                                                  resume_stall)
@@ -292,7 +297,7 @@ class AlphaController:
     # -- the rule ----------------------------------------------------------------------
     def step(self, obs: Observation) -> Decision:
         th, N = self.th, self.num_blocks
-        self.starved = False
+        self.starved, self.need = False, 0.0
         if obs.mem_budget <= 0:
             raise ValueError("mem_budget must be > 0")
         self._probe_obs += 1
@@ -363,6 +368,9 @@ class AlphaController:
             d = self._down(used, budget, per_block, th.spill, why,
                            at_least=self.n - bound_n if self.n > bound_n else 0)
             self.starved = d.direction == 0 and stall_frac >= self.starve_stall
+            if self.starved and per_block:
+                want = max(self.n - bound_n, self._planned_move(-1)[0])
+                self.need = float(min(self.n, want) * per_block)
             return d
         if obs.others_starved and frac >= th.target and self.n < min(N, bound_n):
             # this job's reloads hide behind its compute, another job's stall
@@ -374,6 +382,11 @@ class AlphaController:
             if self.give_at_once:
                 self._commit(+1, self.step_blocks)
                 self.n = min(N, bound_n)
+            elif obs.others_need > 0 and per_block:
+                # this job's part of what they asked for (the others give theirs)
+                move = max(1, int(math.ceil(obs.others_need * share / per_block - 1e-9)))
+                self._commit(+1, self.step_blocks)
+                self.n = min(N, bound_n, self.n + move)
             else:
                 move, step = self._planned_move(+1)
                 self._commit(+1, step)

@@ -650,11 +650,13 @@ class Daemon:
             self._xsend(ident, M.encode("mem_state", rid=msg["rid"], budget=v.budget,
                                         others_bytes=v.others_bytes,
                                         others_count=v.others_count, age=v.age,
-                                        others_starved=v.others_starved))
+                                        others_starved=v.others_starved,
+                                        others_need=v.others_need))
         elif msg.type == "alpha_state":
             if self._mine(ident, msg) is None:
                 return self._xsend(ident, M.error("unexpected", "alpha_state from a stranger"))
-            self.core.alpha_state(msg["job"], msg["alpha"], msg["starved"], self.clock())
+            self.core.alpha_state(msg["job"], msg["alpha"], msg["starved"], self.clock(),
+                                  msg.get("need") or 0.0)
         else:
             self._xsend(ident, M.error("unexpected", f"the daemon does not accept {msg.type!r}"))
 

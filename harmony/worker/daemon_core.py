@@ -131,9 +131,11 @@ Executor memory (the real daemon only; a simulator need not call these):
     ``others_count`` of the *loaded* executors other than ``job``'s in the
     latest sample; ``age`` of that sample (None: none yet);
     ``others_starved``: another job's α state said "starved" within the
-    last ``STARVED_FRESH_S`` seconds.
-``alpha_state(job, alpha, starved, now)``
-    ``job``'s α controller published its state (disk ratio, starved).
+    last ``STARVED_FRESH_S`` seconds, and ``others_need`` the bytes those
+    states asked for (summed).
+``alpha_state(job, alpha, starved, now, need=0)``
+    ``job``'s α controller published its state (disk ratio, starved, the
+    bytes it needs).
 
 Cost: every call is O(jobs with a subtask on this machine) at worst, and
 O(1) in the common case; it allocates only its result list and records.
@@ -185,6 +187,7 @@ class MemoryView:
     others_count: int
     age: float | None
     others_starved: bool
+    others_need: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +241,8 @@ class DaemonCore:
         self._procs: dict[str, _Proc] = {}
         self._sample: dict[str, int] = {}                # loaded executors' bytes
         self._sample_t: float | None = None
-        self._alpha: dict[str, tuple[float, float, bool]] = {}   # job -> (t, alpha, starved)
+        # job -> (t, alpha, starved, bytes needed)
+        self._alpha: dict[str, tuple[float, float, bool, float]] = {}
 
     # -- subtask protocol ------------------------------------------------------------
     def enqueue(self, sub: Sub, now: float) -> list:
@@ -422,10 +426,14 @@ class DaemonCore:
 
     def memory_view(self, job: str, now: float) -> MemoryView:
         others = [b for j, b in self._sample.items() if j != job]
-        starved = any(st and j != job and now - t < STARVED_FRESH_S
-                      for j, (t, _, st) in self._alpha.items())
+        starved, need = False, 0.0
+        for j, (t, _, st, nd) in self._alpha.items():
+            if st and j != job and now - t < STARVED_FRESH_S:
+                starved, need = True, need + nd
         return MemoryView(self.memory_budget, sum(others), len(others),
-                          None if self._sample_t is None else now - self._sample_t, starved)
+                          None if self._sample_t is None else now - self._sample_t, starved,
+                          need)
 
-    def alpha_state(self, job: str, alpha: float, starved: bool, now: float) -> None:
-        self._alpha[job] = (now, float(alpha), bool(starved))
+    def alpha_state(self, job: str, alpha: float, starved: bool, now: float,
+                    need: float = 0.0) -> None:
+        self._alpha[job] = (now, float(alpha), bool(starved), max(0.0, float(need)))

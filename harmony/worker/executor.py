@@ -653,14 +653,16 @@ class Executor:
             self.note = "co-located jobs still loading their input"
         elif self.alpha_ctl is not None and len(inp):
             free = inp.spillable_block_bytes()
+            starved, need = self._others_starved()
             d = self.alpha_ctl.step(Observation(
                 mem_used=machine, mem_budget=eff, share=mem_peak / machine if machine else 1.0,
                 stall_s=tot.stall_s,
                 comp_s=tot.comp_s if tot.proc_s else None, tbproc=tot.tbproc,
                 tbload=tot.tbload, blocks_total=max(1, int(round(blocks_per_pass))),
-                block_bytes=free or None, others_starved=self._others_starved()))
+                block_bytes=free or None, others_starved=starved, others_need=need))
             self._publish(inp.alpha if d.disk_blocks == len(inp.on_disk) else
-                          d.disk_blocks / len(inp), self.alpha_ctl.starved)
+                          d.disk_blocks / len(inp), self.alpha_ctl.starved,
+                          self.alpha_ctl.need)
             self.note = d.reason
             self.spill_model = d.spill_model
             if d.pause_job and not self.pause_wanted:
@@ -680,18 +682,22 @@ class Executor:
     # more disk-blocks.
     DAEMON_REPLY_S = 1.0      # a daemon that does not answer in this long: no news
 
-    def _publish(self, alpha: float, starved: bool) -> None:
+    def _publish(self, alpha: float, starved: bool, need: float = 0.0) -> None:
         if not self.spec.get("daemon"):
             return
         try:
             self.dsock.send(M.encode("alpha_state", job=self.job, attempt=self.attempt,
-                                     alpha=float(alpha), starved=bool(starved)), zmq.NOBLOCK)
+                                     alpha=float(alpha), starved=bool(starved),
+                                     need=float(need)), zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             log.debug("cannot publish alpha state: %s", exc)
 
-    def _others_starved(self) -> bool:
+    def _others_starved(self) -> tuple[bool, float]:
+        """Whether a co-located job is starved, and the bytes they asked for."""
         st = self._daemon_memory()
-        return bool(st is not None and st["others_starved"])
+        if st is None or not st["others_starved"]:
+            return False, 0.0
+        return True, float(st.get("others_need") or 0.0)
 
     def _daemon_memory(self) -> dict | None:
         """The daemon's ``mem_state`` for this executor (None: no daemon, or
