@@ -126,3 +126,25 @@ def test_sim_run_cli_with_cruise_on_heterogeneous_machines(tmp_path):
     p = subprocess.run(base[:-4] + ["--cpu-speed", "1,0"], capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 2 and "positive" in p.stderr
+
+
+def test_a_worker_that_owns_the_whole_model_still_pays_its_local_transfers():
+    """2 machines; the layout puts every input and model block on m0. Its
+    transfers then cross no link but keep their local part (CPU work, the
+    PS client's copies): per iteration COMP 0.1 s (all 16 blocks) plus PULL
+    and PUSH 0.025 s each, 4 iterations per epoch."""
+    job = SimJob(id="j", app="mlr", arrival=0.0, epochs=30, machines=2, iters=4,
+                 profile=lambda m: (0.1 / m, 0.05), bytes=1.0, link=BW, net_local=0.05)
+    sim = Simulator([job], 2, mode="isolated", block_work=True)
+
+    def switch() -> None:
+        j = sim.core.jobs["job-0001"]
+        assert sim.core.resize_job(j, list(j.workers), "test",
+                                   {"input": [1.0, 0.0], "model": [1.0, 0.0]})
+    sim._at(10.0, switch)
+    sim.run()
+    lay = sim.core.jobs["job-0001"].layout
+    assert lay["input_blocks"] == {"m0": 16, "m1": 0}, lay
+    assert lay["model_blocks"] == {"m0": 16, "m1": 0}, lay
+    train = sim.core.jobs["job-0001"].epochs[-1]["timings"]["train"]
+    assert train == pytest.approx(4 * (0.1 + 0.05), rel=0.01)

@@ -164,6 +164,14 @@ def test_the_cli_runs_compares_and_refuses_a_bad_trace(tmp_path):
     p = subprocess.run(cmd + ["run", "--trace", str(bad), "--machines", "2"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "bad.csv:2" in p.stderr and "cpu_s" in p.stderr
+    # a generated workload's arrivals: all at 0 with --mean-gap 0
+    p = subprocess.run(cmd + ["run", "--workload", "e2e", "--jobs", "2", "--mean-gap", "0",
+                              "--machines", "2", "--policy", "isolated", "--quiet",
+                              "--out", str(tmp_path / "g")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got = json.loads((tmp_path / "g" / "isolated.json").read_text())
+    assert [j["arrival"] for j in got["jobs"]] == [0.0, 0.0]
 
 
 @pytest.mark.slow

@@ -36,6 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         src.add_argument("--trace", help="a trace CSV (docs/sim.md)")
         src.add_argument("--workload", choices=KINDS, help="a generated workload")
         p.add_argument("--jobs", type=int, default=None, help="--workload: job count")
+        p.add_argument("--mean-gap", type=float, default=None,
+                       help="--workload: mean interarrival in seconds (default: the kind's, "
+                            "240 s for paper: 1,000 jobs then arrive over about 67 hours)")
         p.add_argument("--seed", type=int, default=1)
         p.add_argument("--machines", type=int, required=True)
         p.add_argument("--bandwidth", type=float, default=PAPER_BANDWIDTH,
@@ -93,7 +96,9 @@ def _factors(text: str) -> list[float]:
 def _trace(a: argparse.Namespace) -> list[TraceJob]:
     if a.trace:
         return load_trace(a.trace)
-    return generate(a.workload, a.jobs, a.seed)
+    if a.mean_gap is not None and a.mean_gap < 0:
+        raise ValueError("--mean-gap must be >= 0")
+    return generate(a.workload, a.jobs, a.seed, a.mean_gap)
 
 
 def _run(a: argparse.Namespace, trace: list[TraceJob], name: str) -> SimResult:

@@ -340,6 +340,7 @@ class _Exec:
         self.comp_f = 1.0 / machine.cpu_speed
         self.down_f = 1.0 / machine.net_speed
         self.ups: list[tuple[_Machine, float]] = []
+        self.no_data = False        # block_work: no input blocks (a server only)
         self._parts = 0
         self.new: tuple[int, int, list, list] | None = None
         sim.execs[self.ident] = self
@@ -400,12 +401,13 @@ class _Exec:
         self.comp_f = 1.0 / self.machine.cpu_speed
         self.down_f = 1.0 / self.machine.net_speed
         self.ups = []
+        self.no_data = False
         if not sim.block_work:
             return
         n, d = self.count, len(self.inputs)
         self.comp_f *= d * n / sim.input_blocks
         if d == 0:                  # a server only: no COMP, no transfers
-            self.down_f = 0.0
+            self.no_data = True
             return
         if n < 2 or not owner:
             return
@@ -465,7 +467,7 @@ class _Exec:
             return self.machine.cpu.start(key, work * self.comp_f, self._ran, t0)
         local = min(local, work)
         self._remote = work - local
-        if self.down_f == 0.0:          # a server only (block_work): nothing to move
+        if self.no_data:                # a server only (block_work): nothing to move
             local = self._remote = 0.0
         if local <= 0:
             return self._start_remote()
