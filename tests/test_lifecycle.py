@@ -24,12 +24,20 @@ def _descendants(pids):
     return out
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie; a process that exits while it is looked at
+    is gone (pid_exists then Process() raced: a flaky failure once)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _wait_gone(pids, timeout=20):
     deadline = time.time() + timeout
     alive = set(pids)
     while alive and time.time() < deadline:
-        alive = {p for p in alive if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE}
+        alive = {p for p in alive if _running(p)}
         time.sleep(0.1)
     return alive
 
