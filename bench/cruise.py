@@ -22,7 +22,12 @@ CPU at half speed).
    same Cruise run from the worst layout, on machines of the variant's
    speeds; the sim's epoch times are printed beside the runtime's.
 
-    python bench/cruise.py [--variants homog,hetero] [--epochs 90]
+With --machines 2 (at most the host's cores) every emulated machine is
+pinned to its own core; with more they share the host's cores, so that a
+compute-bound job's COMP does not scale with its workers.
+
+    python bench/cruise.py [--variants homog,hetero] [--epochs 90] [--machines 3]
+        [--samples 12000] [--features 20000]   # 120000 / 2000: compute-bound
 """
 from __future__ import annotations
 
@@ -41,7 +46,7 @@ from harmony.client import Client  # noqa: E402
 from harmony.cluster import LocalCluster  # noqa: E402
 from harmony.datagen.mlr import gen_mlr  # noqa: E402
 
-N = 3
+N = 3          # emulated machines (--machines)
 
 
 def layouts() -> list[tuple[int, int]]:
@@ -103,10 +108,13 @@ def switch(c: Client, job: str, w: int, s: int, moves: list | None = None) -> No
 
 
 def cluster(tmp: str, name: str, variant: str, a, cruise: bool) -> LocalCluster:
-    rate = a.rate if variant == "homog" else f"{a.rate},{a.rate},{a.slow_rate}"
-    speed = None if variant == "homog" else "1,1,0.5"
+    rate = a.rate if variant == "homog" else ",".join([a.rate] * (N - 1) + [a.slow_rate])
+    speed = None if variant == "homog" else ",".join(["1"] * (N - 1) + ["0.5"])
+    # one core per emulated machine where the host has enough (else they share)
+    pin = 1 if N <= len(os.sched_getaffinity(0)) else None
     return LocalCluster(N, os.path.join(tmp, name), port=0, policy="least-loaded",
-                        net_bandwidth=rate, cpu_speed=speed, cruise=cruise)
+                        net_bandwidth=rate, cpu_speed=speed, cruise=cruise,
+                        cpus_per_machine=pin)
 
 
 def submit(c: Client, data: str, a) -> str:
@@ -187,8 +195,8 @@ def sim_variant(variant: str, prof: dict, worst: tuple[int, int], a) -> dict:
     """The grid and the Cruise run of ``run_variant`` in the simulator."""
     from harmony.sim.engine import Simulator
     slow = float(_rate(a.slow_rate)) / float(_rate(a.rate))
-    speeds = {} if variant == "homog" else {"cpu_speed": [1, 1, 0.5],
-                                             "net_speed": [1, 1, slow]}
+    speeds = {} if variant == "homog" else {"cpu_speed": [1] * (N - 1) + [0.5],
+                                             "net_speed": [1] * (N - 1) + [slow]}
 
     def run(w: int | None, s: int | None, cruise: bool) -> tuple[list[dict], dict | None]:
         sim = Simulator([sim_job(prof, 60)], N, policy="least-loaded", mode="naive",
@@ -236,6 +244,7 @@ def fit(moves: list[tuple[float, float, float]]) -> tuple[float, float] | None:
 
 
 def main() -> None:
+    global N
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default="homog,hetero")
     ap.add_argument("--rate", default="20M")
@@ -246,7 +255,13 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=200, help="max epochs (the bench cancels)")
     ap.add_argument("--settle", type=int, default=2)
     ap.add_argument("--measure", type=int, default=4)
+    ap.add_argument("--machines", type=int, default=N,
+                    help="emulated machines (each pinned to a core where the host has "
+                         "enough; the last one is the slow one in the hetero variant)")
     a = ap.parse_args()
+    if a.machines < 2:
+        raise SystemExit("--machines must be >= 2")
+    N = a.machines
     with tempfile.TemporaryDirectory(prefix="harmony-cruise-") as tmp:
         data = os.path.join(tmp, "mlr.txt")
         gen_mlr(data, samples=a.samples, features=a.features, classes=a.classes, nnz=20,
