@@ -148,3 +148,21 @@ def test_a_worker_that_owns_the_whole_model_still_pays_its_local_transfers():
     assert lay["model_blocks"] == {"m0": 16, "m1": 0}, lay
     train = sim.core.jobs["job-0001"].epochs[-1]["timings"]["train"]
     assert train == pytest.approx(4 * (0.1 + 0.05), rel=0.01)
+
+
+@pytest.mark.parametrize("mode", ["isolated", "naive", "harmony"])
+def test_cruise_runs_under_every_mode_and_shortens_the_jobs(mode):
+    """Two jobs on the unequal machines, in each execution mode (harmony:
+    the daemon core's queues and the master's synchronizer): every job ends,
+    Cruise takes the input off the slow machine, and the mean JCT drops."""
+    slow = dict(cpu_speed=[1, 1, 0.5], net_speed=[1, 1, 0.2])
+    jct = {}
+    for cruise in (False, True):
+        sim = Simulator([mlr("a"), mlr("b", arrival=5.0)], 3, mode=mode, cruise=cruise, **slow)
+        out = sim.run()
+        assert all(j["state"] == "finished" for j in out.jobs)
+        jct[cruise] = sum(j["jct"] for j in out.jobs) / len(out.jobs)
+        if cruise:
+            lays = [j.layout for j in sim.core.jobs.values()]
+            assert any(lay and lay["input_blocks"].get("m2") == 0 for lay in lays), lays
+    assert jct[True] < 0.8 * jct[False]
