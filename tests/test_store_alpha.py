@@ -321,7 +321,7 @@ def test_each_colocated_job_closes_only_its_part_of_the_gap():
 
 # -- settling: no probing for ever once a probe failed ---------------------------------
 
-EXEC_TH = Thresholds(0.75, 0.85, 0.92, 0.97)     # the executor's thresholds
+EXEC_TH = Thresholds(0.75, 0.85, 0.92, 0.97)     # the executor's until session 11
 BUDGET = 1_000_000
 BLOCK = 0.02 * BUDGET
 
