@@ -292,3 +292,7 @@ def test_the_bytes_starved_jobs_ask_for_are_summed_for_the_others():
     assert v.others_starved and v.others_need == 4e6
     assert c.memory_view("a", 101.0).others_need == 1e6    # never its own
     assert c.memory_view("c", 100.0 + STARVED_FRESH_S + 1).others_need == 0.0
+    for bad in (float("inf"), float("nan"), -5.0):         # a broken executor's number
+        c.alpha_state("a", 0.5, True, 200.0, need=bad)
+        c.alpha_state("b", 0.5, False, 200.0)
+        assert c.memory_view("c", 200.0).others_need == 0.0

@@ -183,8 +183,8 @@ class AlphaController:
         self.history: list[Decision] = []
         #: the last step found reload stalling COMP by at least ``starve_stall``
         #: of its time and no memory to go down (co-located jobs then give it
-        #: memory: by the climbing step, or at once up to their stall bound
-        #: with ``give_at_once``)
+        #: memory: their part of its ``need``, by their climbing step when it
+        #: said none, or at once up to their stall bound with ``give_at_once``)
         self.starved = False
         #: while starved: the bytes it would bring back into memory to stop
         #: stalling (its disk-blocks above the stall bound, at least a step)
@@ -376,13 +376,14 @@ class AlphaController:
             # this job's reloads hide behind its compute, another job's stall
             # and find no room: give it memory, up to this job's stall bound
             # (all blocks if none is measured yet; its own stalls bring it
-            # back down), by the climbing step: every block spilled costs
-            # this job reload work on a CPU the starved job shares, so it
-            # gives what the other still asks for, not all at once
+            # back down). Every block spilled costs this job reload work on
+            # a CPU the starved job shares, so it gives its part of what the
+            # others asked for (by its climbing step if they said no amount),
+            # not everything at once
             if self.give_at_once:
                 self._commit(+1, self.step_blocks)
                 self.n = min(N, bound_n)
-            elif obs.others_need > 0 and per_block:
+            elif 0 < obs.others_need < math.inf and per_block:
                 # this job's part of what they asked for (the others give theirs)
                 move = max(1, int(math.ceil(obs.others_need * share / per_block - 1e-9)))
                 self._commit(+1, self.step_blocks)

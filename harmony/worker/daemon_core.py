@@ -436,4 +436,6 @@ class DaemonCore:
 
     def alpha_state(self, job: str, alpha: float, starved: bool, now: float,
                     need: float = 0.0) -> None:
-        self._alpha[job] = (now, float(alpha), bool(starved), max(0.0, float(need)))
+        need = float(need)
+        self._alpha[job] = (now, float(alpha), bool(starved),
+                            need if 0.0 < need < float("inf") else 0.0)   # NaN, inf: none
