@@ -339,13 +339,21 @@ def test_crashed_owner_spill_is_discarded_and_checkpoints_kept(tmp_path):
         st = JobStorage({str(tmp_path)!r}, "job-x")
         st.input.put(Block(1, {{"a": np.arange(10)}}))
         st.checkpoints.write({{7: Block(7, {{"w": np.ones(5)}})}}, epoch=2, iteration=0)
+        # a reader in the middle of its input: pieces spilled to scratch files
+        from harmony.formats.pieces import PieceBuffer
+        buf = PieceBuffer(1024, st.parse_path)
+        for k in range(4):
+            buf.add(k, np.arange(1000))
+        assert os.listdir(st.parse_path)
         os._exit(0)   # crash: no close
     """)
     assert out.returncode == 0, out.stderr
     owner = json.loads((tmp_path / "job-x" / "OWNER").read_text())
     assert owner["pid"] != os.getpid()
+    assert (tmp_path / "job-x" / "parse").is_dir()
     with JobStorage(str(tmp_path), "job-x") as st:
         assert st.recovered
+        assert not os.path.exists(st.parse_path)        # the reader's leftovers are gone
         assert st.input.ids() == []                     # spill rebuilt from scratch
         ck = st.checkpoints.restore()
         assert ck.info.epoch == 2 and np.array_equal(ck.blocks[7]["w"], np.ones(5))

@@ -65,8 +65,9 @@ LMDB handled as a database
   Checkpoints use SHA-256 in their manifest instead.
 * Stale state: a new owner takes ``flock(OWNER)`` (released by the kernel when
   a process dies, so it is never stale itself); if another live process holds
-  it the open fails with :class:`StoreBusyError`. The spill env is always
-  deleted and recreated on open (it is scratch); the checkpoint env is kept
+  it the open fails with :class:`StoreBusyError`. The spill env and an input
+  reader's leftover pieces (``parse``) are always deleted on open (they are
+  scratch; the spill env is recreated); the checkpoint env is kept
   and its stale reader slots are cleared (``reader_check``).
   :func:`sweep_stale` does the same for every job dir no process owns (for a
   worker daemon at start-up).
@@ -864,7 +865,11 @@ class JobStorage:
                                   "since": time.time()}).encode(), 0)
         self.spill_path = os.path.join(self.dir, "spill")
         self.ckpt_path = os.path.join(self.dir, "ckpt")
+        #: where an input reader's pieces go while it reads (formats.pieces)
+        self.parse_path = os.path.join(self.dir, "parse")
         shutil.rmtree(self.spill_path, ignore_errors=True)   # scratch: always rebuilt
+        # a reader that crashed or was killed left its pieces: scratch too
+        shutil.rmtree(self.parse_path, ignore_errors=True)
         self._ckpt_opts = dict(map_size=ckpt_map_size, max_map_size=ckpt_max_map_size)
         self._ckpt = None
         self._ckpt_lock = threading.Lock()

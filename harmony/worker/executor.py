@@ -308,7 +308,7 @@ class Executor:
             part = InputPart(self.index, self.count, opts.blocks,
                              owned=frozenset() if join else None,
                              memory_limit=limits["memory_limit"] if opts.spill else None,
-                             scratch_dir=os.path.join(self.storage.dir, "parse"))
+                             scratch_dir=self.storage.parse_path)
             inp.ingest(app.read_input(part), **limits)
             inp.set_groups(opts.iters_per_epoch)
             trim_heap()
