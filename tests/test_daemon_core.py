@@ -296,17 +296,3 @@ def test_the_bytes_starved_jobs_ask_for_are_summed_for_the_others():
         c.alpha_state("a", 0.5, True, 200.0, need=bad)
         c.alpha_state("b", 0.5, False, 200.0)
         assert c.memory_view("c", 200.0).others_need == 0.0
-
-
-def test_published_input_sizes_are_summed_for_the_other_jobs():
-    c = DaemonCore(memory_budget=100)
-    c.alpha_state("a", 0.3, False, 1.0, input_bytes=70e6, held=20e6)
-    c.alpha_state("b", 0.0, False, 1.0, input_bytes=16e6, held=16e6)
-    c.alpha_state("c", 0.0, False, 1.0)                       # said no sizes
-    c.alpha_state("d", 0.0, False, 1.0, input_bytes=float("inf"), held=1.0)   # broken
-    v = c.memory_view("b", 2.0)
-    assert (v.others_input, v.others_held, v.others_known) == (70e6, 20e6, 1)
-    v = c.memory_view("c", 2.0)
-    assert (v.others_input, v.others_known) == (86e6, 2)
-    c.exited("a", 3.0)
-    assert c.memory_view("c", 3.0).others_known == 1

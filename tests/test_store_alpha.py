@@ -451,12 +451,3 @@ def test_a_small_stall_does_not_starve_and_memory_is_given_step_by_step():
     at_once.step(Observation(full, budget, comp_s=1.0, tbproc=0.05, tbload=0.01,
                              blocks_total=N, others_starved=True))
     assert at_once.n == N
-
-
-def test_replan_jumps_once_to_an_alpha_and_starts_climbing_afresh():
-    c = AlphaController(20, 0.9, initial_step=2)
-    c.step(Observation(int(0.9 * GB), int(GB), block_bytes=0.01 * GB))   # memory short: up
-    assert c.last_dir == 1
-    d = c.replan(0.37, "uniform")
-    assert (c.n, d.direction, d.reason, c.last_dir) == (8, -1, "uniform", 0)  # ceil(7.4)
-    assert c.replan(1.5, "x").disk_blocks == 20 and c.replan(-1, "x").disk_blocks == 0

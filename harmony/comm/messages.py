@@ -147,16 +147,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "mem_query": {"job": str, "attempt": int, "rid": int},
     "mem_state": {"rid": int, "budget": int, "others_bytes": int, "others_count": int,
                   "age": (_NUM, _OPT), "others_starved": bool,
-                  "others_need": (_NUM, _OPT),
-                  # the other jobs' input (all, and held in memory) as they
-                  # published it, and how many of them did
-                  "others_input": (_NUM, _OPT), "others_held": (_NUM, _OPT),
-                  "others_known": (int, _OPT)},
+                  "others_need": (_NUM, _OPT)},
     # an executor's α controller after its epoch step: its disk ratio, and
     # whether its reloads stall with no memory to keep more blocks (starved),
     # and then the bytes it would bring back to stop stalling (need)
     "alpha_state": {"job": str, "attempt": int, "alpha": _NUM, "starved": bool,
-                    "need": (_NUM, _OPT), "input": (_NUM, _OPT), "held": (_NUM, _OPT)},
+                    "need": (_NUM, _OPT)},
     # job executor -> master
     "exec_ready": {"job": str, "index": int, "attempt": int, "endpoint": str,
                    "num_keys": int, "dim": int, "model_blocks": int, "local_blocks": int,

@@ -399,18 +399,6 @@ class AlphaController:
                               share=share)
         return self._decide(0, "steady")
 
-    def replan(self, alpha: float, reason: str) -> Decision:
-        """Jump to ``alpha`` once (e.g. the machine's uniform α when every
-        co-located job's input is known): not a probe, and the climbing step
-        starts again from its initial size."""
-        alpha = min(1.0, max(0.0, alpha))
-        n = max(self._floor(), min(self.num_blocks,
-                                   int(math.ceil(alpha * self.num_blocks - 1e-9))))
-        direction = (n > self.n) - (n < self.n)
-        self.n, self.last_dir = n, 0
-        self._probe_from, self._probe_obs = None, 0
-        return self._decide(direction, reason)
-
     def _down(self, used: float, budget: float, per_block: float | None, ceiling: float,
               why: str, at_least: int = 0, share: float = 1.0) -> Decision:
         move, step = self._planned_move(-1)

@@ -651,15 +651,12 @@ class Daemon:
                                         others_bytes=v.others_bytes,
                                         others_count=v.others_count, age=v.age,
                                         others_starved=v.others_starved,
-                                        others_need=v.others_need,
-                                        others_input=v.others_input,
-                                        others_held=v.others_held,
-                                        others_known=v.others_known))
+                                        others_need=v.others_need))
         elif msg.type == "alpha_state":
             if self._mine(ident, msg) is None:
                 return self._xsend(ident, M.error("unexpected", "alpha_state from a stranger"))
             self.core.alpha_state(msg["job"], msg["alpha"], msg["starved"], self.clock(),
-                                  msg.get("need") or 0.0, msg.get("input"), msg.get("held"))
+                                  msg.get("need") or 0.0)
         else:
             self._xsend(ident, M.error("unexpected", f"the daemon does not accept {msg.type!r}"))
 

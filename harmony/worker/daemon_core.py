@@ -188,9 +188,6 @@ class MemoryView:
     age: float | None
     others_starved: bool
     others_need: float = 0.0
-    others_input: float = 0.0     # the other jobs' input bytes, as published
-    others_held: float = 0.0      # of which in memory
-    others_known: int = 0         # the other jobs that published them
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +243,6 @@ class DaemonCore:
         self._sample_t: float | None = None
         # job -> (t, alpha, starved, bytes needed)
         self._alpha: dict[str, tuple[float, float, bool, float]] = {}
-        self._inputs: dict[str, tuple[float, float]] = {}   # job -> (input, held) bytes
 
     # -- subtask protocol ------------------------------------------------------------
     def enqueue(self, sub: Sub, now: float) -> list:
@@ -402,7 +398,6 @@ class DaemonCore:
         self._procs.pop(job, None)
         self._sample.pop(job, None)
         self._alpha.pop(job, None)
-        self._inputs.pop(job, None)
         return self.left(job, now)
 
     def memory_jobs(self, loaded_only: bool = False) -> list[str]:
@@ -435,18 +430,12 @@ class DaemonCore:
         for j, (t, _, st, nd) in self._alpha.items():
             if st and j != job and now - t < STARVED_FRESH_S:
                 starved, need = True, need + nd
-        inputs = [v for j, v in self._inputs.items() if j != job]
         return MemoryView(self.memory_budget, sum(others), len(others),
                           None if self._sample_t is None else now - self._sample_t, starved,
-                          need, sum(i for i, _ in inputs), sum(h for _, h in inputs),
-                          len(inputs))
+                          need)
 
     def alpha_state(self, job: str, alpha: float, starved: bool, now: float,
-                    need: float = 0.0, input_bytes: float | None = None,
-                    held: float | None = None) -> None:
-        if input_bytes is not None and held is not None \
-                and 0 <= float(input_bytes) < float("inf") and 0 <= float(held) < float("inf"):
-            self._inputs[job] = (float(input_bytes), float(held))
+                    need: float = 0.0) -> None:
         need = float(need)
         self._alpha[job] = (now, float(alpha), bool(starved),
                             need if 0.0 < need < float("inf") else 0.0)   # NaN, inf: none

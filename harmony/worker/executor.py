@@ -240,7 +240,6 @@ class Executor:
         self.alpha_ctl: AlphaController | None = None     # None: α fixed
         self.spill_model = False
         self.pause_wanted = False
-        self._replanned = False   # α set once to the machine's uniform α (co-located jobs)
         self.model_bytes = 0
         self.shard_bytes = 0      # its server shard's rows (what a checkpoint part holds)
         self.reserve = 0          # this executor's memory besides input and model
@@ -657,27 +656,18 @@ class Executor:
             # co-located jobs are still reading their input: the memory looks
             # more plentiful than it will be, so only pressure may move α now
             self.note = "co-located jobs still loading their input"
-            self._publish(inp.alpha, False, 0.0, inp)     # its input size, for the others
         elif self.alpha_ctl is not None and len(inp):
             free = inp.spillable_block_bytes()
-            st = self._daemon_memory()
-            starved = bool(st is not None and st["others_starved"])
-            need = float(st.get("others_need") or 0.0) if starved else 0.0
-            uniform = None if self._replanned else self._uniform_alpha(inp, st, machine, eff)
-            if uniform is not None:
-                self._replanned = True
-                d = self.alpha_ctl.replan(uniform, "every co-located job's input known: the "
-                                                   "machine's uniform alpha")
-            else:
-                d = self.alpha_ctl.step(Observation(
-                    mem_used=machine, mem_budget=eff,
-                    share=mem_peak / machine if machine else 1.0, stall_s=tot.stall_s,
-                    comp_s=tot.comp_s if tot.proc_s else None, tbproc=tot.tbproc,
-                    tbload=tot.tbload, blocks_total=max(1, int(round(blocks_per_pass))),
-                    block_bytes=free or None, others_starved=starved, others_need=need))
+            starved, need = self._others_starved()
+            d = self.alpha_ctl.step(Observation(
+                mem_used=machine, mem_budget=eff, share=mem_peak / machine if machine else 1.0,
+                stall_s=tot.stall_s,
+                comp_s=tot.comp_s if tot.proc_s else None, tbproc=tot.tbproc,
+                tbload=tot.tbload, blocks_total=max(1, int(round(blocks_per_pass))),
+                block_bytes=free or None, others_starved=starved, others_need=need))
             self._publish(inp.alpha if d.disk_blocks == len(inp.on_disk) else
                           d.disk_blocks / len(inp), self.alpha_ctl.starved,
-                          self.alpha_ctl.need, inp)
+                          self.alpha_ctl.need)
             self.note = d.reason
             self.spill_model = d.spill_model
             if d.pause_job and not self.pause_wanted:
@@ -697,34 +687,22 @@ class Executor:
     # more disk-blocks.
     DAEMON_REPLY_S = 1.0      # a daemon that does not answer in this long: no news
 
-    def _publish(self, alpha: float, starved: bool, need: float = 0.0,
-                 inp: LocalInput | None = None) -> None:
+    def _publish(self, alpha: float, starved: bool, need: float = 0.0) -> None:
         if not self.spec.get("daemon"):
             return
-        sizes = {} if inp is None else {"input": float(inp.total_bytes()),
-                                        "held": float(inp.memory_bytes())}
         try:
             self.dsock.send(M.encode("alpha_state", job=self.job, attempt=self.attempt,
                                      alpha=float(alpha), starved=bool(starved),
-                                     need=float(need), **sizes), zmq.NOBLOCK)
+                                     need=float(need)), zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             log.debug("cannot publish alpha state: %s", exc)
 
-    def _uniform_alpha(self, inp: LocalInput, st: dict | None, machine: int,
-                       eff: int) -> float | None:
-        """Once every co-located job has published its input: the α that,
-        the same for all of them, fits their inputs under the target (the
-        machine's memory less the inputs held now is what is not input).
-        None until then (or with no daemon, or alone: nothing to share)."""
-        if st is None or not st.get("others_known") or \
-                st["others_known"] < st.get("others_count", 0):
-            return None
-        total = inp.total_bytes() + float(st.get("others_input") or 0.0)
-        held = inp.memory_bytes() + float(st.get("others_held") or 0.0)
-        if total <= 0:
-            return None
-        room = THRESHOLDS.target * eff - (machine - held)
-        return min(1.0, max(0.0, 1.0 - room / total))
+    def _others_starved(self) -> tuple[bool, float]:
+        """Whether a co-located job is starved, and the bytes they asked for."""
+        st = self._daemon_memory()
+        if st is None or not st["others_starved"]:
+            return False, 0.0
+        return True, float(st.get("others_need") or 0.0)
 
     def _daemon_memory(self) -> dict | None:
         """The daemon's ``mem_state`` for this executor (None: no daemon, or
