@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 from harmony.client import Client  # noqa: E402
 from harmony.cluster import LocalCluster  # noqa: E402
 from harmony.datagen.mlr import gen_mlr  # noqa: E402
+from harmony.worker.netem import parse_rate  # noqa: E402
 
 N = 3          # emulated machines (--machines)
 
@@ -135,7 +136,7 @@ def measured_profile(c: Client, job: str, a) -> dict:
     med = lambda k: statistics.median(float(t.get(k) or 0.0) / float(t["iters"]) for t in eps)
     return {"cpu": med("comp"), "net": med("pull") + med("push"), "bytes": med("bytes"),
             "link": statistics.median(float(t.get("link") or 0.0) for t in eps),
-            "iters": int(eps[0]["iters"]), "train": statistics.median(t["train"] for t in eps)}
+            "iters": int(eps[0]["iters"])}
 
 
 def run_variant(variant: str, data: str, tmp: str, a) -> dict:
@@ -194,7 +195,7 @@ def sim_job(prof: dict, epochs: int):
 def sim_variant(variant: str, prof: dict, worst: tuple[int, int], a) -> dict:
     """The grid and the Cruise run of ``run_variant`` in the simulator."""
     from harmony.sim.engine import Simulator
-    slow = float(_rate(a.slow_rate)) / float(_rate(a.rate))
+    slow = parse_rate(a.slow_rate) / parse_rate(a.rate)
     speeds = {} if variant == "homog" else {"cpu_speed": [1] * (N - 1) + [0.5],
                                              "net_speed": [1] * (N - 1) + [slow]}
 
@@ -226,11 +227,6 @@ def sim_variant(variant: str, prof: dict, worst: tuple[int, int], a) -> dict:
     tuned = settled(eps, at) if at is not None else None
     return {"grid": grid, "layout": lay, "tuned": tuned,
             "predicted": (lay or {}).get("cruise", {}).get("after")}
-
-
-def _rate(text: str) -> float:
-    mult = {"k": 1e3, "K": 1e3, "m": 1e6, "M": 1e6, "g": 1e9, "G": 1e9}
-    return float(text[:-1]) * mult[text[-1]] if text[-1] in mult else float(text)
 
 
 def fit(moves: list[tuple[float, float, float]]) -> tuple[float, float] | None:
