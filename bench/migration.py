@@ -17,8 +17,13 @@ Four measurements, each printed as a ratio taken in one run:
    bytes alone need at the cap (goal <= that + 1 s).
 4. **Recovery**: a worker killed (SIGKILL) mid-run; epochs redone against
    the checkpoint interval (goal <= the interval).
+5. **The plan's move limit**: a 2 -> 4 resize on a 4-machine cluster with
+   the cap (8 moves from 2 senders), with the master's ``--max-moves`` at
+   4 (Cruise's limit, the default), 1 and 0 (all at once), interleaved over
+   ``--rounds``; the stand-still of each against the moved bytes at the cap.
 
     python bench/migration.py [--sizes 16,128,512] [--cap 100MB/s] [--json OUT]
+    python bench/migration.py --only plans [--plan-limits 4,1,0] [--plan-mb 64]
 """
 from __future__ import annotations
 
@@ -207,20 +212,22 @@ class Bulk(App):
 '''
 
 
-def resize_run(cap: float, input_mb: int, tmp: str) -> dict:
+def resize_run(cap: float, input_mb: int, tmp: str, frm: int = 1, to: int = 2,
+               max_moves: int = 4) -> dict:
     app = os.path.join(tmp, "bulk.py")
     with open(app, "w") as fh:
         fh.write(BULK)
-    cl = LocalCluster(2, os.path.join(tmp, "rc"), port=0, net_bandwidth=cap)
+    cl = LocalCluster(max(frm, to), os.path.join(tmp, f"rc{frm}{to}{max_moves}"), port=0,
+                      net_bandwidth=cap, max_moves=max_moves)
     cl.start()
     try:
         with Client(cl.endpoint, keys=cl.keys) as c:
             blocks = max(2, input_mb // 4)
             job = c.submit("bulk.py", open(app).read(), ["--blocks", str(blocks),
-                                                          "--max-epochs", "60"], machines=1)
+                                                          "--max-epochs", "60"], machines=frm)
             while c.status(job)["epochs_total"] < 3:
                 time.sleep(0.05)
-            c.resize(job, 2)
+            c.resize(job, to)
             while True:
                 st = c.status(job)
                 note = [e[2] for e in st["events"] if "iterations stood" in e[2]]
@@ -271,10 +278,22 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--resize-mb", type=int, default=128)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--only", choices=["plans"], default=None,
+                    help="run only the plan's move-limit measurement (5)")
+    ap.add_argument("--plan-limits", default="4,1,0",
+                    help="5: the master's --max-moves values compared (0: all at once)")
+    ap.add_argument("--plan-mb", type=int, default=64, help="5: the job's input in MiB")
     a = ap.parse_args()
     sizes = [int(x) for x in a.sizes.split(",")]
     cap = parse_rate(a.cap)
     out = {}
+    if a.only == "plans":
+        out["plans"] = plans_run(cap, a.plan_mb, [int(x) for x in a.plan_limits.split(",")],
+                                 a.rounds)
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(out, fh, indent=2)
+        return 0
     print("1. block transfer vs raw pyzmq (loopback, no cap), medians of "
           f"{a.rounds} rounds:", flush=True)
     out["raw"] = transfer_run(sizes, None, a.rounds)
@@ -292,10 +311,37 @@ def main() -> int:
         print(f"   {r['state']}: killed after {r['epochs_done_at_kill']} epochs, resumed at "
               f"epoch {r['resumed_at']}: {r['redone']} epoch(s) redone (interval "
               f"{r['interval']})", flush=True)
+        out["plans"] = plans_run(cap, a.plan_mb, [int(x) for x in a.plan_limits.split(",")],
+                                 a.rounds)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=2)
     return 0
+
+
+def plans_run(cap: float, input_mb: int, limits: list[int], rounds: int) -> dict:
+    """5: the same 2 -> 4 resize under each move limit, interleaved."""
+    print(f"5. 2 -> 4 resize of a job with {input_mb} MiB of input, cap {cap / 1e6:.0f} MB/s, "
+          f"master --max-moves {', '.join(map(str, limits))} (0: all at once), "
+          f"{rounds} round(s) interleaved:", flush=True)
+    runs: dict[int, list[dict]] = {k: [] for k in limits}
+    for r in range(rounds):
+        for k in (limits if r % 2 == 0 else limits[::-1]):
+            with tempfile.TemporaryDirectory() as tmp:
+                runs[k].append(resize_run(cap, input_mb, tmp, 2, 4, k))
+            x = runs[k][-1]
+            print(f"   round {r + 1}, --max-moves {k}: moved {x['moved_MiB']:.1f} MiB, stood "
+                  f"{x['stood_s']:.2f}s ({x['bytes_at_cap_s']:.2f}s of bytes at the cap)",
+                  flush=True)
+    out = {}
+    base = float(np.median([x["stood_s"] for x in runs[limits[0]]]))
+    for k in limits:
+        st = float(np.median([x["stood_s"] for x in runs[k]]))
+        out[str(k)] = {"stood_s": st, "moved_MiB": runs[k][0]["moved_MiB"],
+                       "ratio_to_first": st / base}
+        print(f"   --max-moves {k}: stood {st:.2f}s (median), {st / base:.2f}x of "
+              f"--max-moves {limits[0]}", flush=True)
+    return out
 
 
 if __name__ == "__main__":

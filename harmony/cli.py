@@ -114,6 +114,7 @@ def master_main(argv: list[str] | None = None) -> int:
         keys = _process_keys(a, "master", "", a.host)
         m = Master(a.state_dir, a.host, a.port, heartbeat_timeout=a.heartbeat_timeout,
                    policy=objective_policy(a), mode=a.mode, cruise=a.cruise,
+                   max_moves=a.max_moves,
                    max_jobs_per_machine=a.max_jobs_per_machine,
                    keys=keys, keep_models=a.keep_models, recover=a.recover,
                    master_file=a.master_file, dashboard_port=a.dashboard_port,
@@ -384,6 +385,10 @@ def cmd_status(a: argparse.Namespace) -> int:
         print(f"move       {', '.join(mv['from'])} -> {', '.join(mv['to'])}: {mv['state']}"
               + (f", {mv.get('blocks_moved', 0)} of {mv['blocks']} block(s), "
                  f"{mv.get('bytes_moved', 0) / 2**20:.1f} MiB sent" if mv.get("blocks") else ""))
+        if mv.get("ops"):
+            print(f"plan       {mv.get('ops_done', 0)} of {mv['ops']} operation(s) done"
+                  + (f"; moving: {', '.join(mv['moves_running'])}"
+                     if mv.get("moves_running") else ""))
     if st.get("error"):
         print(f"error      {st['error']}")
     for machine, ms in sorted((st.get("store") or {}).items()):
@@ -428,6 +433,10 @@ def _scheduler_args(s: argparse.ArgumentParser) -> None:
                    help="Cruise inside running jobs: from their measured compute and link "
                         "speeds, move to a better worker/server layout on their machines "
                         "when the predicted gain repays the move by 5%%")
+    s.add_argument("--max-moves", type=int, default=4, metavar="N",
+                   help="a live resize runs its plan's block moves at most N at once over "
+                        "the whole job, the most blocks first (default 4, Cruise's limit; "
+                        "0: all at once, each sender keeping 4 blocks open)")
     s.add_argument("--objective", default="throughput", choices=["throughput", "util"],
                    help="the Harmony scheduler's objective: throughput (default: each job's "
                         "iteration rate over its rate alone at its best DoP, summed) or util "
@@ -489,7 +498,8 @@ def cmd_cluster(a: argparse.Namespace) -> int:
                           max_jobs_per_machine=a.max_jobs_per_machine, isolate=a.isolate,
                           keys=a.keys, insecure=a.insecure,
                           cpu_speed=getattr(a, "cpu_speed", None),
-                          cruise=getattr(a, "cruise", False))
+                          cruise=getattr(a, "cruise", False),
+                          max_moves=getattr(a, "max_moves", 4))
     except (ClusterError, ValueError) as exc:
         return _die(str(exc), 2)
     try:

@@ -122,8 +122,9 @@ class LocalCluster:
                  keys: str | None = None, insecure: bool = False,
                  port_fallback: bool = False, dashboard: bool = True,
                  dashboard_port: int = 0, cpu_speed: str | list[float] | None = None,
-                 cruise: bool = False) -> None:
+                 cruise: bool = False, max_moves: int = 4) -> None:
         self.cruise = cruise
+        self.max_moves = max_moves
         if machines < 1:
             raise ClusterError("--machines must be >= 1")
         # emulated slower machines: COMP time × 1/speed (one factor or one per machine)
@@ -248,6 +249,7 @@ class LocalCluster:
                               "--mode", self.mode,
                               *(["--policy", self.policy] if self.policy else []),
                               *(["--cruise"] if self.cruise else []),
+                              "--max-moves", str(self.max_moves),
                               "--max-jobs-per-machine", str(self.max_jobs_per_machine),
                               "--heartbeat-timeout", str(self.heartbeat_timeout), *sec,
                               *(["--dashboard-port", str(self.dashboard_port)]

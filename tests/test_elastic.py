@@ -9,6 +9,7 @@ moved with them.
 """
 import os
 import random
+import re
 import signal
 import time
 
@@ -34,12 +35,15 @@ BLOCKS = 12
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     """3 machines, each daemon in its own mount namespace (master's and the
-    other daemons' state dirs hidden behind an empty tmpfs)."""
+    other daemons' state dirs hidden behind an empty tmpfs). A resize runs
+    at most 2 of its plan's moves at once (the default is 4), so that the
+    limit binds on 3 machines: 1 -> 3 is 4 moves from one sender, in 2
+    waves of 2 sent together."""
     if ISOLATION:
         pytest.skip(f"mount namespaces unavailable: {ISOLATION}")
     operator = tmp_path_factory.mktemp("operator")   # the user's disk: no daemon sees it
     cl = LocalCluster(3, str(tmp_path_factory.mktemp("fleet")), port=0, heartbeat_timeout=2.0,
-                      isolate=True, hide=[str(operator)])
+                      isolate=True, hide=[str(operator)], max_moves=2)
     cl.operator = str(operator)
     cl.start()
     yield cl
@@ -101,6 +105,12 @@ def test_resizes_1_2_3_1_keep_every_update_exactly(fleet, tmp_path):
     moves = [e[2] for e in st["events"] if "now on" in e[2]]
     assert len(moves) == 3, st["events"]
     assert st["attempt"] == 1            # no restart: executors that stay keep running
+    # each resize ran as Cruise's plan: 1 -> 2 adds m1, 2 -> 3 adds m2 (the
+    # two senders' moves in waves), 3 -> 1 deletes two after their moves
+    log = open(os.path.join(fleet.state_dir, "logs", "master.log")).read()
+    plans = re.findall(rf"{job}: moving .* \(plan: (.*)\)", log)
+    assert plans == ["{'add': 1, 'move': 2}", "{'add': 1, 'move': 4}",
+                     "{'move': 4, 'delete': 2}"], plans
 
 
 def test_roles_switch_online_and_keep_every_update_exactly(fleet, tmp_path):

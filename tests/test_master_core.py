@@ -18,6 +18,7 @@ class Cluster:
         self.core = C.MasterCore(mode=mode, heartbeat_timeout=5.0, launch_timeout=60.0, **kw)
         self.sent: list[C.Send] = []
         self.persisted: list[C.Persist] = []
+        self.moved: list[tuple[bytes, int]] = []     # moves reported, in order
         for i in range(machines):
             self.msg(f"d:m{i}".encode(), "register", name=f"m{i}", host="h", cpus=2,
                      memory=1 << 30, pid=1, executors=[], data_endpoint=f"tcp://h:{i}")
@@ -73,6 +74,27 @@ class Cluster:
             idents.append(ident)
         assert run.started
         return idents
+
+    def do_moves(self, jid: str) -> int:
+        """Every executor of ``jid`` makes the moves the master sent it and
+        has not reported yet (a paced resize), until none are left; returns
+        how many it made."""
+        run, made = self.core.runs[jid], 0
+        while True:
+            rc = run.reconfig
+            if rc is None or rc.execution is None:
+                return made
+            todo = [s for s in self.sent if s.type == "move" and s.fields["op"] >= 0
+                    and (s.to, s.fields["op"]) not in self.moved
+                    and s.fields["op"] in rc.execution.running]
+            if not todo:
+                return made
+            for s in todo:
+                job, idx = s.to.decode().split(":")[1:3]
+                self.moved.append((s.to, s.fields["op"]))
+                self.msg(s.to, "moved", job=job, index=int(idx), op=s.fields["op"],
+                         bytes_out=10 * len(s.fields["sends"]))
+                made += 1
 
     def heartbeat(self, names: list[str]) -> None:
         for n in names:
@@ -200,6 +222,10 @@ def test_a_pause_during_a_move_is_refused_and_the_move_completes():
     # the joiner reports first: nothing commits until every executor did
     c.msg(joiner, "migrated", job=jid, index=1, bytes_out=0, bytes_in=20, seconds=0.1)
     assert job.workers == ["m0"]
+    # m0 sends as the plan says: one move of model blocks, one of input
+    assert migrate[ex[0]]["paced"] and not migrate[joiner].get("paced")
+    assert c.do_moves(jid) == 2
+    assert c.to(ex[0], "move")[-1].fields == {"op": -1, "sends": []}
     c.msg(ex[0], "migrated", job=jid, index=0, bytes_out=20, bytes_in=0, seconds=0.1)
     assert job.workers == ["m0", "m1"] and run.reconfig is None
     assert c.to(joiner, "reconfigured") and c.to(ex[0], "reconfigured")
@@ -208,6 +234,94 @@ def test_a_pause_during_a_move_is_refused_and_the_move_completes():
     # now a pause is accepted
     c.msg(b"client", "pause", job=jid)
     assert c.core.runs[jid].pausing
+
+
+def _grow(c: Cluster, machines: int, to: int, model_blocks: int = 24,
+          inputs: int = 6) -> tuple[str, list[bytes], list[bytes]]:
+    """A job on ``machines`` machines resized to ``to``: every joiner ready,
+    every executor at the boundary. Returns the job, its executors and the
+    joiners."""
+    c.msg(b"client", "submit", app_name="a.py", app_source="", args=[], machines=machines)
+    jid = max(c.core.jobs)
+    c.tick()
+    run = c.core.runs[jid]
+    ex = []
+    for i in range(machines):
+        ex.append(f"x:{jid}:{i}:{run.attempt}".encode())
+        c.msg(ex[-1], "exec_ready", job=jid, index=i, attempt=run.attempt,
+              endpoint=f"tcp://h:{100 + i}", num_keys=96, dim=1, model_blocks=model_blocks,
+              local_blocks=model_blocks // machines)
+    c.msg(b"client", "resize", job=jid, machines=to)
+    joiners = []
+    for s in [s for s in c.sent if s.type == "launch" and s.fields.get("join")]:
+        i = s.fields["index"]
+        joiners.append(f"x:{jid}:{i}:{run.attempt}:join".encode())
+        c.msg(joiners[-1], "exec_ready", job=jid, index=i, attempt=run.attempt,
+              endpoint=f"tcp://h:{200 + i}", num_keys=96, dim=1, model_blocks=model_blocks,
+              local_blocks=0, join=True)
+    for i, e in enumerate(ex):
+        c.msg(e, "epoch_done", job=jid, index=i, epoch=0, sums={}, timings={})
+    for i, e in enumerate(ex):
+        c.msg(e, "at_boundary", job=jid, index=i, epoch=0, seq=3,
+              inputs=[[b, 10] for b in range(i * inputs, (i + 1) * inputs)])
+    return jid, ex, joiners
+
+
+@pytest.mark.parametrize("limit", [4, 1, 0])
+def test_a_resize_runs_its_plan_at_most_max_moves_moves_at_once_largest_first(limit):
+    """2 -> 6 machines: each old machine sends input blocks to each of the 4
+    joiners and model blocks to 2 of them (12 moves). The master releases them as Cruise's plan
+    says: at most ``limit`` at once over the job (0: all), the most blocks
+    first; a sender hears op -1 after its last; every block moves once."""
+    c = Cluster(machines=6, max_moves=limit)
+    jid, ex, joiners = _grow(c, 2, 6)
+    job, run = c.core.jobs[jid], c.core.runs[jid]
+    migrate = {s.to: s.fields for s in c.sent if s.type == "migrate"}
+    assert all(migrate[e]["paced"] for e in ex)
+    assert not any(migrate[j].get("paced") or migrate[j]["sends"] for j in joiners)
+    plan = run.reconfig.execution.plan
+    assert plan.counts() == {"add": 4, "move": 12}
+    sizes, peak = [], 0
+    while True:
+        open_ = [s for s in c.sent if s.type == "move" and s.fields["op"] >= 0
+                 and (s.to, s.fields["op"]) not in c.moved]
+        if not open_:
+            break
+        peak = max(peak, len(open_))
+        # report the oldest open move only, so that the next is released alone
+        s = open_[0]
+        sizes.append(len(s.fields["sends"]))
+        c.moved.append((s.to, s.fields["op"]))
+        c.msg(s.to, "moved", job=jid, index=ex.index(s.to), op=s.fields["op"], bytes_out=1)
+        if limit:
+            assert len([x for x in c.sent if x.type == "move" and x.fields["op"] >= 0
+                        and (x.to, x.fields["op"]) not in c.moved]) <= limit
+    assert peak == (limit or 12)
+    if limit:                                   # the model's moves (4 blocks each) first
+        assert sizes == [4] * 4 + [1] * 8
+    for e in ex:
+        assert c.to(e, "move")[-1].fields["op"] == -1
+        sent = [tuple(x) for m in c.to(e, "move") for x in m.fields["sends"]]
+        assert sorted(sent) == sorted(tuple(x) for x in migrate[e]["sends"])
+    assert job.move["ops_done"] == job.move["ops"] == 16
+    for e in ex + joiners:
+        i = ex.index(e) if e in ex else int(e.decode().split(":")[2])
+        c.msg(e, "migrated", job=jid, index=i, bytes_out=0, bytes_in=0, seconds=0.1)
+    assert job.workers == [f"m{i}" for i in range(6)] and run.reconfig is None
+
+
+def test_a_move_that_was_not_sent_or_a_migrated_before_the_moves_fails_the_job():
+    c = Cluster(machines=4)
+    jid, ex, joiners = _grow(c, 2, 4)
+    sent = {s.fields["op"] for s in c.to(ex[0], "move")}
+    c.msg(ex[0], "moved", job=jid, index=0, op=max(sent) + 100, bytes_out=1)
+    assert c.core.jobs[jid].state == JobState.FAILED
+    assert "not sent" in c.core.jobs[jid].error
+    c = Cluster(machines=4)
+    jid, ex, joiners = _grow(c, 2, 4)
+    c.msg(ex[1], "migrated", job=jid, index=1, bytes_out=0, bytes_in=0, seconds=0.1)
+    assert c.core.jobs[jid].state == JobState.FAILED
+    assert "before the moves" in c.core.jobs[jid].error
 
 
 def test_a_shrink_drops_the_block_store_stats_of_the_machine_that_left():
@@ -229,6 +343,7 @@ def test_a_shrink_drops_the_block_store_stats_of_the_machine_that_left():
               store={"shard_mb": 1.5, "alpha": 0.0})
     for i in range(2):
         c.msg(ex[i], "at_boundary", job=jid, index=i, epoch=1, seq=7, inputs=[[i, 10]])
+    c.do_moves(jid)
     for i in range(2):
         c.msg(ex[i], "migrated", job=jid, index=i, bytes_out=10 * i, bytes_in=10 * (1 - i),
               seconds=0.1)

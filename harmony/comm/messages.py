@@ -179,17 +179,24 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "migrated": {"job": str, "index": int, "bytes_out": int, "bytes_in": int,
                  "seconds": _NUM},
     "migrating": {"job": str, "index": int, "bytes_out": int, "blocks_out": int},
+    # a paced resize: the move ``op`` of the plan that the master sent is sent
+    # and acknowledged by its receiver
+    "moved": {"job": str, "index": int, "op": int, "bytes_out": int},
     "ping": {"job": str, "index": int},
     "pong": {},
     # master -> job executor
     # replicas: per executor index, [machine, data endpoint] of its checkpoint replica
     "job_start": {"peers": list, "owner": list, "model_blocks": int, "mode": str,
                   "machines": list, "replicas": (list, _OPT)},
-    # live resize: the new layout; index -1 leaves. sends: [[sec, block, new index]]
+    # live resize: the new layout; index -1 leaves. sends: [[sec, block, new index]];
+    # paced: the executor sends them only as the master's ``move`` commands say
     "migrate": {"index": int, "count": int, "peers": list, "owner": list, "machines": list,
                 "sends": list, "expect": int, "seq": int, "epoch": int,
                 "replicas": (list, _OPT), "mode": (str, _OPT),
-                "workers": (int, _OPT)},       # executors holding input (default: count)
+                "workers": (int, _OPT),        # executors holding input (default: count)
+                "paced": (bool, _OPT)},
+    # one move of a paced resize's plan (sends as in migrate); op -1: no more
+    "move": {"op": int, "sends": list},
     "reconfigured": {},
     "leave": {},
     "release": {"epoch": int, "iter": int},

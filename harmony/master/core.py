@@ -57,6 +57,7 @@ MAX_STATUS_EPOCHS = 1000    # epochs returned by a status request
 # kept, the most recently finished first; older ones are dropped
 KEEP_MODELS = 20
 MAX_APP_SOURCE = M.MAX_APP_SOURCE
+MAX_MOVES = 4               # a resize's concurrent block moves (Cruise's limit)
 MAX_EXECUTORS = 1024        # job executors a daemon may report in one heartbeat
 #: an epoch's timings are those of its slowest (largest) machine, but for
 #: these: summed over the job's machines (the job's PS bytes pulled, pushed)
@@ -175,6 +176,10 @@ class Reconfig:
     layout: dict | None = None
     input_counts: list[int] = field(default_factory=list)
     predicted: dict | None = None     # Cruise's prediction for the new layout, if it asked
+    # the plan of the move, executed operation by operation (harmony.cruise.plan)
+    execution: Any = None
+    moves: dict[int, tuple[bytes, list]] = field(default_factory=dict)   # op -> (sender, sends)
+    left: dict[bytes, int] = field(default_factory=dict)     # sender -> moves not yet done
 
     def all_ready(self) -> bool:
         return len(self.ready) == len(self.join)
@@ -240,9 +245,13 @@ class MasterCore:
                  keep_models: int = KEEP_MODELS, endpoint: str = "", pid: int = 0,
                  revision: str | None = None, state_dir: str = "",
                  now: float = 0.0, liveness_every: float = LIVENESS_EVERY,
-                 cruise: bool = False) -> None:
+                 cruise: bool = False, max_moves: int = MAX_MOVES) -> None:
         # Cruise inside running jobs: roles and partitions from measurements
         self.cruise = cruise
+        if max_moves < 0:
+            raise ValueError("--max-moves must be >= 0 (0: no limit)")
+        # a resize's block moves in flight at once, over the whole job (0: all)
+        self.max_moves = max_moves
         if mode not in P.MODES:
             raise ValueError(f"unknown mode {mode!r}; choose from {sorted(P.MODES)}")
         if max_jobs_per_machine < 0:
@@ -1652,6 +1661,8 @@ class MasterCore:
             if o != n:
                 sends[holder[bid]].append(["input", bid, n])
                 expect[n] += 1
+        self._plan_moves(rc, old, run.owner, model_owner, holder, in_ids, in_new, sends,
+                         run.idents)
         peers = []
         for m in to:
             if m in rc.ready:
@@ -1670,13 +1681,81 @@ class MasterCore:
             rc.sends[run.idents[i]] = sends[i]
             self._send(run.idents[i], _msg("migrate", index=remap[i], sends=sends[i],
                                                expect=expect[remap[i]] if remap[i] >= 0 else 0,
-                                               **common))
+                                               paced=bool(sends[i]), **common))
         for m in rc.join:
             n = to.index(m)
             self._send(rc.idents[m], _msg("migrate", index=n, sends=[], expect=expect[n],
                                               **common))
-        log.info("%s: moving %d block(s) after epoch %d: %s -> %s", job.id, rc.blocks, epoch,
-                 old, to)
+        log.info("%s: moving %d block(s) after epoch %d: %s -> %s (plan: %s)", job.id,
+                 rc.blocks, epoch, old, to, rc.execution.plan.counts())
+        self._release_moves(job, rc)
+
+    def _plan_moves(self, rc: Reconfig, old: list[str], owner: list[int],
+                    model_owner: list[int], holder: dict[int, int], in_ids: list[int],
+                    in_new: list[int], sends: dict[int, list], idents: dict[int, bytes]
+                    ) -> None:
+        """The resize as Cruise's plan (``harmony.cruise.plan.make_plan``): add,
+        switch, move and delete operations with their dependencies, executed
+        by :class:`~harmony.cruise.plan.Execution` at most ``max_moves`` moves
+        at once over the whole job, the most blocks first. Joiners are ready
+        and ownership is handed over before the first move (add and switch
+        are done when the plan starts); a machine that leaves gets ``leave``
+        once every executor migrated (after its moves: delete)."""
+        from harmony.cruise.plan import DATA, Execution, Layout, make_plan
+        to = rc.to
+        cur = Layout(tuple(old), tuple(old[holder[b]] for b in in_ids),
+                     tuple(old[o] for o in owner))
+        tgt = Layout(tuple(to), tuple(to[n] for n in in_new),
+                     tuple(to[n] for n in model_owner))
+        plan = make_plan(cur, tgt)
+        rc.execution = Execution(plan, self.max_moves or max(1, len(plan.moves)))
+        for i, op in enumerate(plan.ops):
+            if op.kind != "move":
+                continue
+            src, dest = old.index(op.machine), to.index(op.dest)
+            batch = ([["input", in_ids[p], dest] for p in op.blocks] if op.store == DATA
+                     else [["model", b, dest] for b in op.blocks])
+            rc.moves[i] = (idents[src], batch)
+            rc.left[idents[src]] = rc.left.get(idents[src], 0) + 1
+        planned = sorted(map(tuple, (x for b in rc.moves.values() for x in b[1])))
+        if planned != sorted(tuple(x) for v in sends.values() for x in v):
+            raise RuntimeError("the plan's moves differ from the resize's sends")
+
+    def _release_moves(self, job: Job, rc: Reconfig) -> None:
+        """Start every operation of the plan that may start now."""
+        ex = rc.execution
+        while True:
+            started = ex.start()
+            instant = [i for i in started if i not in rc.moves]
+            for i in started:
+                if i in rc.moves:
+                    to, batch = rc.moves[i]
+                    self._send(to, _msg("move", op=i, sends=batch))
+            for i in instant:           # add, switch (done), delete (at commit)
+                ex.done(i)
+            if not instant:
+                break
+        running = sorted(i for i in ex.running if i in rc.moves)
+        if job.move is not None:
+            job.move.update({"ops": len(ex.plan.ops), "ops_done": len(ex.finished_ops),
+                             "moves_running": [str(ex.plan.ops[i]) for i in running]})
+
+    def _on_moved(self, ident: bytes, msg: M.Message) -> None:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return
+        job, run = jr
+        rc = run.reconfig
+        op = msg["op"]
+        if rc is None or rc.execution is None or op not in rc.moves \
+                or rc.moves[op][0] != ident or op not in rc.execution.running:
+            return self._end(job, JobState.FAILED, f"an executor reported move {op}, which "
+                                                   f"it was not sent")
+        rc.execution.done(op)
+        rc.left[ident] -= 1
+        if not rc.left[ident]:
+            self._send(ident, _msg("move", op=-1, sends=[]))
+        self._release_moves(job, rc)
 
     def _on_migrating(self, ident: bytes, msg: M.Message) -> None:
         jr = self._exec_run(ident, msg)
@@ -1696,6 +1775,9 @@ class MasterCore:
         if rc is None or not rc.planned:
             return self._end(job, JobState.FAILED, "an executor reported a move that was "
                                                    "not planned")
+        if rc.left.get(ident):
+            return self._end(job, JobState.FAILED, "an executor reported its move done "
+                                                   "before the moves it was sent")
         rc.migrated[ident] = dict(msg.fields)
         rc.progress[ident] = (msg["bytes_out"], len(rc.sends.get(ident, ())))
         job.move["bytes_moved"] = int(sum(b for b, _ in rc.progress.values()))

@@ -135,7 +135,8 @@ class Master:
                  max_jobs_per_machine: int = 0, keys: security.Keys | None = None,
                  keep_models: int | None = None, recover: bool = False,
                  master_file: str | None = None, dashboard_port: int | None = None,
-                 dashboard_host: str | None = None, cruise: bool = False) -> None:
+                 dashboard_host: str | None = None, cruise: bool = False,
+                 max_moves: int = 4) -> None:
         # who may send what: with keys, every peer is authenticated (CURVE)
         # and each message type is accepted only from its role (the core's table)
         self.keys = keys
@@ -148,7 +149,7 @@ class Master:
             mode=mode, max_jobs_per_machine=max_jobs_per_machine, secure=keys is not None,
             keep_models=keep_models, pid=os.getpid(),
             revision=os.environ.get("HARMONY_REVISION") or None, state_dir=self.state_dir,
-            now=time.time(), cruise=cruise)
+            now=time.time(), cruise=cruise, max_moves=max_moves)
         if keys is not None:
             security.use(keys)
         os.makedirs(self.state_dir, exist_ok=True)

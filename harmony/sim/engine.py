@@ -343,6 +343,7 @@ class _Exec:
         self.no_data = False        # block_work: no input blocks (a server only)
         self._parts = 0
         self.new: tuple[int, int, list, list] | None = None
+        self._moving: dict = {}     # a paced resize in progress
         sim.execs[self.ident] = self
 
     # -- messages from the master --------------------------------------------------
@@ -363,6 +364,8 @@ class _Exec:
             self._next_step()
         elif mtype == "migrate":
             self._migrate(f)
+        elif mtype == "move":
+            self._move(f)
         elif mtype == "reconfigured":
             self.index, self.count, owner, names = self.new
             nb = self.sim.input_blocks
@@ -634,10 +637,32 @@ class _Exec:
                     self.sim.incoming.setdefault((self.jid, f["epoch"] + 1, n), []).append(
                         [b, byid.get(b, int(size["input"]))])
         self.inputs = [x for x in self.inputs if x[0] not in moved]
-        secs = max(out, inn) / self.sim.contention.bandwidth
+        self.epoch = f["epoch"] + 1
+        bw = self.sim.contention.bandwidth
+        if f.get("paced"):      # the sends come as the master's move commands
+            self._moving = {"t0": self.sim.now, "free": self.sim.now, "out": 0.0,
+                            "in_s": inn / bw, "inn": inn, "size": size}
+            return
+        secs = max(out, inn) / bw
         self.sim._later(secs, lambda: self.sim._send_master(
             self, "migrated", bytes_out=int(out), bytes_in=int(inn), seconds=secs))
-        self.epoch = f["epoch"] + 1
+
+    def _move(self, f: dict) -> None:
+        """One move of a paced resize: the link sends one move after the
+        other; op -1: every move sent, migrated once the arrivals are in."""
+        mv, now = self._moving, self.sim.now
+        if f["op"] < 0:
+            end = max(now, mv["t0"] + mv["in_s"])
+            self.sim._at(end, lambda: self.sim._send_master(
+                self, "migrated", bytes_out=int(mv["out"]), bytes_in=int(mv["inn"]),
+                seconds=end - mv["t0"]))
+            return
+        nbytes = sum(mv["size"][k] for k, _, _ in f["sends"])
+        mv["out"] += nbytes
+        mv["free"] = max(now, mv["free"]) + nbytes / self.sim.contention.bandwidth
+        op = f["op"]
+        self.sim._at(mv["free"], lambda: self.sim._send_master(
+            self, "moved", op=op, bytes_out=int(nbytes)))
 
 
 class Simulator:

@@ -484,16 +484,76 @@ class Executor:
         # ownership first: from here on this shard redirects what it gave away
         self.server.set_layout(new_owner, me, m["peers"])
         sends = [(str(sec), int(b), int(d)) for sec, b, d in m["sends"]]
-        payloads = [Payload("model", b, block=blk, dest=dict(
-                        ((x[1], x[2]) for x in sends if x[0] == "model"))[b])
-                    for b, blk in table.take_blocks(
-                        {b for sec, b, _ in sends if sec == "model"}, nblocks).items()]
+        out = nsent = 0
+        if not m.get("paced"):
+            out, nsent = self._move_blocks(m, sends, inp, table, nblocks,
+                                           f"mv:{self.job}:{epoch}:{self.index}", (0, 0)), len(sends)
+        while m.get("paced"):
+            # the master's plan says which moves to make and when (at most a
+            # few at once over the whole job): send every one it released
+            # together, report each; op -1: this executor's moves are done
+            cmds = [self.wait("move")] + self._more("move")
+            ops = [c for c in cmds if c["op"] >= 0]
+            if ops:
+                batch = [(str(sec), int(b), int(d)) for c in ops for sec, b, d in c["sends"]]
+                sizes: dict[tuple[str, int], int] = {}
+                n = self._move_blocks(m, batch, inp, table, nblocks,
+                                      f"mv:{self.job}:{epoch}:{self.index}:{ops[0]['op']}",
+                                      (out, nsent), sizes)
+                out, nsent = out + n, nsent + len(batch)
+                for c in ops:
+                    self.send("moved", op=int(c["op"]), bytes_out=int(sum(
+                        sizes.get((str(sec), int(b)), 0) for sec, b, _ in c["sends"])))
+            if len(ops) < len(cmds):
+                break
+        if me >= 0:
+            self.server.wait_arrivals(m["expect"], self.MOVE_TIMEOUT_S)
+        for blk in sorted(self.server.end_arrivals().values(), key=lambda b: b.id):
+            inp.add(blk)
+        inp.set_groups(opts.iters_per_epoch)
+        log.info("resize after epoch %d: sent %d block(s) (%.1f MiB), received %d, in %.2fs",
+                 epoch, nsent, out / 2**20, m["expect"], time.perf_counter() - t0)
+        self.send("migrated", bytes_out=int(out), bytes_in=int(self.server.arrived_bytes),
+                  seconds=time.perf_counter() - t0)
+        self.server.arrived_bytes = 0
+        if me < 0:
+            self.wait("leave")
+            raise Left(f"moved {nsent} block(s) away after epoch {epoch}")
+        self._apply_layout(m, table.dim, table.dtype.str)
+        self.wait("reconfigured")
+
+    def _more(self, mtype: str) -> list[M.Message]:
+        """Messages of ``mtype`` that have arrived already (no waiting)."""
+        out = []
+        while self.ctl.poll(0):
+            msg = M.decode(self.ctl.recv_multipart())
+            self._from_master(msg)
+            if msg.type == mtype:
+                out.append(msg)
+            elif msg.type != "pong":
+                log.warning("ignoring unexpected %s while waiting for %s", msg.type, mtype)
+        return out
+
+    def _move_blocks(self, m: M.Message, sends: list[tuple[str, int, int]], inp: LocalInput,
+                     table: ShardTable, nblocks: int, mid: str, base: tuple[int, int],
+                     sizes: dict[tuple[str, int], int] | None = None) -> int:
+        """Send the model and input blocks ``sends`` names ([sec, block, new
+        index]) to their new owners and wait until every one is acknowledged;
+        returns the bytes sent. ``base``: the bytes and blocks this resize sent
+        before (for progress); ``sizes`` gets each payload's bytes."""
+        if not sends:
+            return 0
+        model_dest = {b: d for sec, b, d in sends if sec == "model"}
+        payloads = [Payload("model", b, block=blk, dest=model_dest[b])
+                    for b, blk in table.take_blocks(set(model_dest), nblocks).items()]
         in_dest = {b: d for sec, b, d in sends if sec == "input"}
         if in_dest:
             for blk in inp.iter_blocks(sorted(in_dest)):
                 payloads.append(Payload("input", blk.id, block=blk, dest=in_dest[blk.id]))
             for b in in_dest:
                 inp.remove(b)
+        if sizes is not None:
+            sizes.update(((p.sec, p.bid), p.size) for p in payloads)
         peers = m["peers"]
         socks = {}
         try:
@@ -502,7 +562,6 @@ class Executor:
                 sk.setsockopt(zmq.SNDTIMEO, int(self.MOVE_TIMEOUT_S * 1000))
                 sk.connect(peers[d])
                 socks[d] = sk
-            mid = f"mv:{self.job}:{epoch}:{self.index}"
             throttle = None
             if self.netem is not None:
                 me_name, token = self.spec["worker"], job_token(self.job)
@@ -515,28 +574,15 @@ class Executor:
             def progress(nbytes, blocks):
                 if time.monotonic() - last[0] > 0.25:     # for harmony status
                     last[0] = time.monotonic()
-                    self.send("migrating", bytes_out=int(nbytes), blocks_out=int(blocks))
+                    self.send("migrating", bytes_out=int(base[0] + nbytes),
+                              blocks_out=int(base[1] + blocks))
             out = send_payloads(ordered, mid, payloads, throttle=throttle, progress=progress)
             wait_acks(lambda d: socks[d], {(p.dest, p.sec, p.bid) for p in payloads}, mid,
                       self.MOVE_TIMEOUT_S)
         finally:
             for sk in socks.values():
                 sk.close(linger=0)
-        if me >= 0:
-            self.server.wait_arrivals(m["expect"], self.MOVE_TIMEOUT_S)
-        for blk in sorted(self.server.end_arrivals().values(), key=lambda b: b.id):
-            inp.add(blk)
-        inp.set_groups(opts.iters_per_epoch)
-        log.info("resize after epoch %d: sent %d block(s) (%.1f MiB), received %d, in %.2fs",
-                 epoch, len(payloads), out / 2**20, m["expect"], time.perf_counter() - t0)
-        self.send("migrated", bytes_out=int(out), bytes_in=int(self.server.arrived_bytes),
-                  seconds=time.perf_counter() - t0)
-        self.server.arrived_bytes = 0
-        if me < 0:
-            self.wait("leave")
-            raise Left(f"moved {len(payloads)} block(s) away after epoch {epoch}")
-        self._apply_layout(m, table.dim, table.dtype.str)
-        self.wait("reconfigured")
+        return out
 
     # -- the block store ----------------------------------------------------------
     def _open_input(self, mutable: tuple[str, ...] | None = None) -> LocalInput:
