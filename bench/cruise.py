@@ -81,6 +81,9 @@ def epoch_time(c: Client, job: str, a) -> float:
     return statistics.median(e["timings"]["train"] for e in eps)
 
 
+KEEP_MARGIN = 10     # epochs left for measuring when Cruise has kept the layout
+
+
 def move_note(st: dict) -> tuple[float, float, float] | None:
     """(MiB moved, seconds from the request to the new layout, seconds the
     iterations stood) of the job's last live reconfiguration."""
@@ -160,22 +163,27 @@ def run_variant(variant: str, data: str, tmp: str, a) -> dict:
         wait_epochs(c, job, 1)
         switch(c, job, *worst)
         bad = epoch_time(c, job, a)
-        t0 = time.time()
+        t0, kept = time.time(), None
         while not (c.status(job).get("layout") or {}).get("cruise"):
             if time.time() - t0 > 300:
                 raise SystemExit("Cruise did not reconfigure in 300 s")
+            cv = c.status(job).get("cruise")
+            if cv and cv["decision"] == "keep" \
+                    and cv["at_epoch"] >= a.epochs - a.settle - a.measure - KEEP_MARGIN:
+                kept = cv     # Cruise stayed to the end: its model says no move pays
+                break
             wait_epochs(c, job, 1)
         st = c.status(job)
         while st["move"] is not None:
             time.sleep(0.1)
             st = c.status(job)
         lay = st["layout"]
-        cruise_move = move_note(st)
+        cruise_move = move_note(st) if kept is None else None
         tuned = epoch_time(c, job, a)
         c.cancel(job)
     return {"variant": variant, "grid": grid, "best": best, "worst": worst, "bad": bad,
             "tuned": tuned, "layout": lay, "moves": moves, "cruise_move": cruise_move,
-            "profile": prof}
+            "profile": prof, "kept": kept}
 
 
 START = 5.0   # simulated seconds: the switch to a layout (the job runs by then)
@@ -275,6 +283,11 @@ def main() -> None:
         lay = r["layout"]
         desc = (f"workers {lay['input_blocks']} servers {lay['model_blocks']}" if lay
                 else "even")
+        if r.get("kept"):
+            k = r["kept"]
+            desc = (f"kept the bad start ({desc}): predicted {k['now']:.3f}s there, "
+                    f"{k['best']:.3f}s with {k['workers']} worker(s) and {k['servers']} "
+                    f"server(s); {k['why']}")
         print(f"{r['variant']:8} {str(r['best']):>16} {b:7.3f} {w:7.3f} {r['tuned']:7.3f} "
               f"{r['tuned'] / b:7.2f} {r['bad']:7.3f} -> {1 - r['tuned'] / r['bad']:+.0%}  "
               f"{desc}")

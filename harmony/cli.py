@@ -380,6 +380,15 @@ def cmd_status(a: argparse.Namespace) -> int:
             print(f"cruise     predicted epoch {cr['before']:.2f}s -> {cr['after']:.2f}s "
                   f"(move {cr['move_s']:.1f}s)" + (f"; measured since {sum(secs) / len(secs):.2f}s"
                                                    if secs else ""))
+    cv = st.get("cruise")
+    if cv:
+        eps = [e for e in st.get("epochs", [])[-5:]]
+        secs = [e["timings"]["train"] for e in eps if (e.get("timings") or {}).get("train")]
+        print(f"cruise     at epoch {cv['at_epoch']}: predicted epoch {cv['now']:.3f}s on this "
+              f"layout" + (f" (measured {sum(secs) / len(secs):.3f}s)" if secs else "")
+              + f", {cv['best']:.3f}s with {cv['workers']} worker(s) and {cv['servers']} "
+                f"server(s): {'moves' if cv['decision'] == 'move' else 'keeps'} "
+                f"({cv.get('why', '')})")
     mv = st.get("move")
     if mv:
         print(f"move       {', '.join(mv['from'])} -> {', '.join(mv['to'])}: {mv['state']}"

@@ -45,6 +45,10 @@ def test_cruise_moves_work_off_a_slow_link(tmp_path):
             assert "cruise     predicted epoch" in r.stdout, r.stdout + r.stderr
             st = wait_state(c, job, ("finished", "failed"), timeout=300)
         assert st["state"] == "finished", st["error"]
+        # Cruise looked again on the new layout; status says what it found
+        assert st["cruise"]["at_epoch"] > lay["cruise"]["at_epoch"], (st["cruise"], lay)
+        r = run_cli("status", job, "--master", cl.endpoint, env={"HARMONY_KEYS": cl.keys})
+        assert "cruise     at epoch" in r.stdout, r.stdout + r.stderr
         for i, ep in enumerate(st["epochs"]):      # every epoch exact: nothing lost
             assert ep["metrics"] == oracle_closed_form(i + 1, 12, KEYS), i
     finally:

@@ -99,6 +99,9 @@ def test_a_settled_job_is_not_solved_again_every_epoch():
         jc.observe(per)
         jc.propose([6, 5, 5], [6, 5, 5], epochs_left=10)
     assert jc.ready() and jc.solves == 1
+    # what it found, for harmony status, though it does not move
+    v = jc.view
+    assert v["decision"] == "keep" and v["best"] <= v["now"] and "why" in v
     per[2] = dict(per[2], comp=0.8)
     for _ in range(3):
         jc.observe(per)

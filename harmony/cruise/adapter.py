@@ -30,7 +30,7 @@ import math
 
 from harmony.cruise.costmodel import Machines, MovingAverage, Workload, block_cost
 from harmony.cruise.optimizer import Solution, heterogeneous, homogeneous
-from harmony.cruise.plan import MIN_GAIN, worth_applying
+from harmony.cruise.plan import MIN_GAIN, predicted_gain, worth_applying
 
 SKIP = 2             # epochs after a (re)configuration not used (warm-up, moves)
 SAMPLES = 3          # epochs of estimates before a decision
@@ -67,6 +67,10 @@ class JobCruise:
     epochs: int = 0
     solves: int = 0
     _last: tuple | None = None          # (d, m, machines, workload, solution) last solved
+    #: what the last ``propose`` found, moving or not: ``now`` and ``best``
+    #: predicted epoch seconds, the best layout's ``workers``/``servers``,
+    #: ``move_s`` and ``decision`` (move / keep) with ``why`` (for status)
+    view: dict | None = None
 
     def observe(self, per_index: Mapping[int, Mapping[str, float]]) -> None:
         """One epoch's timings of every executor (``comp`` seconds, ``blocks``
@@ -136,10 +140,18 @@ class JobCruise:
         slowest = min(min(r for r in row if r != math.inf) for row in machines.bw) \
             if self.n > 1 else math.inf
         move_s = MOVE_OVERHEAD + moved / slowest
+        self.view = {"now": now, "best": best.cost, "workers": best.workers,
+                     "servers": best.servers, "move_s": move_s, "decision": "keep"}
         if tuple(best.d) == tuple(d_now) and tuple(best.m) == tuple(m_now):
+            self.view["why"] = "the best layout is this one"
             return None
         if not worth_applying(now, best.cost, move_s, epochs_left):
+            gain = predicted_gain(now, best.cost, move_s, epochs_left)
+            self.view["why"] = (f"predicted gain {gain:.0%} over the {epochs_left:.0f} "
+                                f"epoch(s) it counts on, after the move: under "
+                                f"{MIN_GAIN:.0%}")
             return None
+        self.view.update(decision="move", why="worth its move")
         return Proposal(tuple(best.d), tuple(best.m), now, best.cost, move_s, best,
                         f"predicted epoch {now:.2f}s -> {best.cost:.2f}s "
                         f"({best.workers} worker(s), {best.servers} server(s), {best.status})")

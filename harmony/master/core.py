@@ -1500,6 +1500,8 @@ class MasterCore:
             log.exception("%s: the Cruise optimizer failed", job.id)
             run.cruise = None
             return
+        if run.cruise.view is not None:
+            job.cruise = dict(run.cruise.view, at_epoch=len(job.epochs))
         if prop is None:
             return
         layout = {"input": [float(x) for x in prop.d], "model": [float(x) for x in prop.m]}

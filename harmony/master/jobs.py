@@ -107,6 +107,9 @@ class Job:
     move: dict[str, Any] | None = None         # a resize in progress
     # its roles when not even: workers, servers, blocks of each (core._layout_summary)
     layout: dict[str, Any] | None = None
+    # Cruise's latest look at its layout (--cruise): predicted epoch now and
+    # with the best layout, and whether it moves (harmony.cruise.adapter)
+    cruise: dict[str, Any] | None = None
     held: bool = False                 # paused by the user: only the user resumes it
     sched_group: str = ""              # the scheduler's group, if any
     predicted: float | None = None     # its group's predicted iteration time (s)
@@ -209,7 +212,7 @@ class Job:
                   "epochs_total": len(self.epochs), "reason": self.reason,
                   "checkpoint": dict(self.checkpoint, age=now - self.checkpoint["time"])
                   if self.checkpoint else None,
-                  "move": self.move, "layout": self.layout,
+                  "move": self.move, "layout": self.layout, "cruise": self.cruise,
                   "events": self.events, "state_time": st,
                   "elapsed": ((self.ended or now) - self.started) if self.started else 0.0})
         return d
@@ -251,5 +254,6 @@ _RECORD_TYPES: dict[str, Any] = {
     "error": str, "events": list, "state_time": dict, "entered": (int, float), "group": str,
     "reason": str, "profile": dict, "resume": dict, "ckpt_every": int,
     "ckpt_seconds": (int, float), "checkpoint": dict, "move": dict, "layout": dict, "held": bool,
+    "cruise": dict,
     "sched_group": str, "predicted": (int, float), "store": dict,
     "deadline": (int, float), "utility": str}
