@@ -169,3 +169,12 @@ def test_cruise_runs_under_every_mode_and_shortens_the_jobs(mode):
             lays = [j.layout for j in sim.core.jobs.values()]
             assert any(lay and lay["input_blocks"].get("m2") == 0 for lay in lays), lays
     assert jct[True] < 0.8 * jct[False]
+
+
+def test_the_move_limit_reaches_the_simulated_master():
+    """--max-moves of harmony sim run is the master core's (a resize's
+    moves at once), as harmony-master's."""
+    assert Simulator([mlr()], 3).core.max_moves == 4
+    assert Simulator([mlr()], 3, max_moves=0).core.max_moves == 0
+    with pytest.raises(ValueError, match="max-moves"):
+        Simulator([mlr()], 3, max_moves=-1)

@@ -58,6 +58,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="CPU speed factor, one or one per machine (e.g. 1,1,0.5)")
         p.add_argument("--net-speed", type=_factors, default=None,
                        help="link rate factor of --bandwidth, one or one per machine")
+        p.add_argument("--max-moves", type=int, default=4, metavar="N",
+                       help="a live resize's block moves at once over the job, as "
+                            "harmony-master --max-moves (default 4; 0: all at once)")
         p.add_argument("--out", default=None, help="write JSON results (and plots) here")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -107,7 +110,8 @@ def _run(a: argparse.Namespace, trace: list[TraceJob], name: str) -> SimResult:
                       enabled=False if a.quiet else None) as update:
         return simulate(trace, a.machines, name, contention=cont, bandwidth=a.bandwidth,
                         grain=a.grain, error=a.error, seed=a.seed, progress=update,
-                        cruise=a.cruise, cpu_speed=a.cpu_speed, net_speed=a.net_speed)
+                        cruise=a.cruise, cpu_speed=a.cpu_speed, net_speed=a.net_speed,
+                        max_moves=a.max_moves)
 
 
 def cmd_sim(a: argparse.Namespace) -> int:

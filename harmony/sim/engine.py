@@ -673,7 +673,8 @@ class Simulator:
     --cruise``), and executors' work follows their blocks (``block_work``).
     ``cpu_speed``/``net_speed``: one factor per machine (or one for all) of
     the nominal CPU speed and link rate (as ``harmony cluster up
-    --cpu-speed``/``--net-bandwidth``)."""
+    --cpu-speed``/``--net-bandwidth``). ``max_moves``: a live resize's
+    moves at once (``harmony-master --max-moves``)."""
 
     def __init__(self, jobs: list[SimJob], machines: int, policy: str | None = None,
                  mode: str = "harmony", contention: Contention | None = None,
@@ -683,12 +684,12 @@ class Simulator:
                  horizon: float = 1e9, wall_limit: float | None = None,
                  cruise: bool = False, block_work: bool = False,
                  cpu_speed: list[float] | None = None,
-                 net_speed: list[float] | None = None) -> None:
+                 net_speed: list[float] | None = None, max_moves: int = C.MAX_MOVES) -> None:
         self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
         self.contention = contention or Contention()
         self.core = C.MasterCore(policy=policy, mode=mode, heartbeat_timeout=INF,
                                  launch_timeout=INF, max_jobs_per_machine=max_jobs_per_machine,
-                                 liveness_every=INF, cruise=cruise)
+                                 liveness_every=INF, cruise=cruise, max_moves=max_moves)
         self.block_work = block_work or cruise
         self.incoming: dict[tuple[str, int, int], list] = {}   # blocks a move sends
         self.mode, self.policy = mode, self.core.policy_name

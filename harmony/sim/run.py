@@ -100,9 +100,10 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
              progress: Callable[[float], None] | None = None,
              wall_limit: float | None = None, cruise: bool = False,
              cpu_speed: list[float] | None = None,
-             net_speed: list[float] | None = None) -> SimResult:
+             net_speed: list[float] | None = None, max_moves: int = 4) -> SimResult:
     """Simulate ``trace`` on ``machines`` under the setup ``name``;
-    ``cruise``, ``cpu_speed``, ``net_speed``: see :class:`Simulator`."""
+    ``cruise``, ``cpu_speed``, ``net_speed``, ``max_moves``: see
+    :class:`Simulator`."""
     policy, mode = setup(name)
     jobs = sim_jobs(trace, bandwidth, grain, error, seed)
     if bucket is None:
@@ -111,7 +112,7 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
     sim = Simulator(jobs, machines, policy=policy, mode=mode, contention=contention,
                     bucket=bucket, max_jobs_per_machine=max_jobs_per_machine, cpus=cpus,
                     progress=progress, wall_limit=wall_limit, cruise=cruise,
-                    cpu_speed=cpu_speed, net_speed=net_speed)
+                    cpu_speed=cpu_speed, net_speed=net_speed, max_moves=max_moves)
     o = sim.run()
     # what each job reported after its epochs (the master's own record)
     losses = {}
