@@ -19,6 +19,7 @@ class Cluster:
         self.sent: list[C.Send] = []
         self.persisted: list[C.Persist] = []
         self.moved: list[tuple[bytes, int]] = []     # moves reported, in order
+        self.core_out: list = []                      # every command the core gave
         for i in range(machines):
             self.msg(f"d:m{i}".encode(), "register", name=f"m{i}", host="h", cpus=2,
                      memory=1 << 30, pid=1, executors=[], data_endpoint=f"tcp://h:{i}")
@@ -29,6 +30,7 @@ class Cluster:
         active = {j.id for j in self.core.jobs.values() if j.state.active}
         assert active <= set(self.core.runs), active - set(self.core.runs)
         out = []
+        self.core_out += cmds
         for c in cmds:
             if isinstance(c, C.Admit):
                 c.job.id = f"job-{len(self.core.jobs) + 1:04d}"
@@ -641,3 +643,57 @@ def test_executors_start_ups_are_kept_on_the_job():
     job = c.core.jobs[jid]
     assert job.setups == [[1.25, 0.75]]               # a non-finite report is dropped
     assert job.detail(now=c.t)["setups"] == [[1.25, 0.75]]
+
+
+def _cruise_epoch(c: Cluster, jid: str, ex: list[bytes], ep: int, links=(40e6, 40e6, 4e6)):
+    for i, e in enumerate(ex):
+        c.msg(e, "epoch_done", job=jid, index=i, epoch=ep, sums={}, timings={
+            "comp": 0.004, "blocks": 4, "bytes": 2e6, "link": links[i], "input_bytes": 4e5,
+            "pull": 0.05, "push": 0.05, "train": 0.2, "iters": 1})
+    c.msg(ex[0], "epoch_report", job=jid, index=0, epoch=ep, metrics={}, stop=False)
+
+
+def test_cruise_solves_off_the_event_loop_and_decides_when_the_solve_returns():
+    """With --cruise the core never runs the MILP itself: it hands the shell
+    a Solve (pure work) and goes on; the job keeps its epochs meanwhile, no
+    second solve starts, and the Solved result decides the move. A Solved
+    for an older attempt changes nothing; a failed one drops the estimates."""
+    c = Cluster(machines=3, cruise=True)
+    jid = c.submit(machines=3)
+    ex = c.start(jid)
+    job, run = c.core.jobs[jid], c.core.runs[jid]
+    solves = []
+    ep = 0
+    while not solves and ep < 20:
+        n = len(c.sent)
+        c.t += 1.0
+        _cruise_epoch(c, jid, ex, ep)
+        ep += 1
+        solves = [x for x in c.core_out if isinstance(x, C.Solve)]
+    assert solves, "no solve asked for"
+    (solve,) = solves
+    assert solve.key[0] == jid and run.reconfig is None and job.move is None
+    for _ in range(3):                    # epochs go on; one solve at a time
+        c.t += 1.0
+        _cruise_epoch(c, jid, ex, ep)
+        ep += 1
+    assert [x for x in c.core_out if isinstance(x, C.Solve)] == [solve]
+    # an answer for another attempt is not this one's
+    c.run(c.core.handle(C.Solved((jid, run.attempt + 1, solve.key[2]), None), c.t))
+    assert run.solving is not None
+    c.run(c.core.handle(C.Solved(solve.key, solve.fn()), c.t))
+    assert run.solving is None and job.cruise is not None
+    # the slow link's machine loses its input: a move worth making
+    assert job.cruise["decision"] == "move", job.cruise
+    assert run.reconfig is not None and run.reconfig.layout["input"][2] == 0.0
+    # a solver failure: logged, the estimates start again, nothing moves
+    c2 = Cluster(machines=3, cruise=True)
+    jid2 = c2.submit(machines=3)
+    ex2 = c2.start(jid2)
+    for e in range(12):
+        _cruise_epoch(c2, jid2, ex2, e)
+        got = [x for x in c2.core_out if isinstance(x, C.Solve)]
+        if got:
+            break
+    c2.run(c2.core.handle(C.Solved(got[0].key, error="ValueError: boom"), c2.t))
+    assert c2.core.runs[jid2].cruise is None and c2.core.runs[jid2].reconfig is None

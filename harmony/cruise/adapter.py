@@ -24,7 +24,7 @@ as the epochs done so far (a job is expected to run about as long again).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 import math
 
@@ -34,7 +34,7 @@ from harmony.cruise.plan import MIN_GAIN, predicted_gain, worth_applying
 
 SKIP = 2             # epochs after a (re)configuration not used (warm-up, moves)
 SAMPLES = 3          # epochs of estimates before a decision
-TIME_LIMIT = 5.0     # seconds for the MILP (the master's loop waits on it)
+TIME_LIMIT = 5.0     # seconds for the MILP (the master runs it off its event loop)
 MOVE_OVERHEAD = 1.0  # seconds a reconfiguration stalls beyond its bytes (boundary, acks)
 #: estimates within this relative change of the last solve's, on the same
 #: layout, reuse its solution: the MILP (up to TIME_LIMIT) is not re-solved
@@ -110,31 +110,54 @@ class JobCruise:
         return (Machines(wproc, bw),
                 Workload(data_blocks, self.model_blocks, 1.0, units, float(data_blocks)))
 
-    def propose(self, d_now: Sequence[int], m_now: Sequence[int],
-                epochs_left: float) -> Proposal | None:
-        """A layout worth moving to, or None. ``d_now``/``m_now``: blocks per
-        machine now; ``epochs_left``: the work a move has to repay."""
+    def prepare(self, d_now: Sequence[int], m_now: Sequence[int]
+                ) -> Callable[[], Solution] | None:
+        """The solve ``propose`` needs on this layout, as a pure function to
+        run anywhere (the master runs it off its event loop, then hands the
+        result to :meth:`accept`), or None if none is needed: estimates not
+        ready yet, or the last solution still holds (same layout, every
+        estimate within RESOLVE)."""
         if not self.ready():
             return None
-        D = sum(d_now)
-        machines, job = self.model(D)
-        now = block_cost(machines, job, d_now, m_now).cost
-        same = len(set(machines.wproc)) == 1 or max(machines.wproc) <= 1.05 * min(
-            machines.wproc)
-        links = {b for row in machines.bw for b in row if b != math.inf}
+        machines, job = self.model(sum(d_now))
         last = self._last
         if last is not None and last[0] == tuple(d_now) and last[1] == tuple(m_now) \
                 and _close(last[2], last[3], machines, job):
-            best = last[4]
-        else:
-            cands = []
-            if same and len(links) <= 1 and self.n >= 2:
-                cands.append(homogeneous(machines, job))
+            return None
+        same = len(set(machines.wproc)) == 1 or max(machines.wproc) <= 1.05 * min(
+            machines.wproc)
+        links = {b for row in machines.bw for b in row if b != math.inf}
+        homog = same and len(links) <= 1 and self.n >= 2
+        key = (tuple(d_now), tuple(m_now), machines, job)
+
+        def solve() -> Solution:
+            cands = [homogeneous(machines, job)] if homog else []
             cands.append(heterogeneous(machines, job, allow_both=True, allow_idle=False,
                                        time_limit=TIME_LIMIT))
-            best = min(cands, key=lambda s: s.cost)
-            self.solves += 1
-            self._last = (tuple(d_now), tuple(m_now), machines, job, best)
+            return min(cands, key=lambda s: s.cost)
+        solve.key = key            # type: ignore[attr-defined]
+        return solve
+
+    def accept(self, solve: Callable[[], Solution], best: Solution) -> None:
+        """The result of a :meth:`prepare` solve: what ``propose`` reuses."""
+        self._last = (*solve.key, best)      # type: ignore[attr-defined]
+        self.solves += 1
+
+    def propose(self, d_now: Sequence[int], m_now: Sequence[int],
+                epochs_left: float, solve_here: bool = True) -> Proposal | None:
+        """A layout worth moving to, or None. ``d_now``/``m_now``: blocks per
+        machine now; ``epochs_left``: the work a move has to repay. Solves
+        here if :meth:`prepare` says a solve is needed, unless not
+        ``solve_here`` (then the last accepted solution is used)."""
+        if not self.ready() or (not solve_here and self._last is None):
+            return None
+        solve = self.prepare(d_now, m_now) if solve_here else None
+        if solve is not None:
+            self.accept(solve, solve())
+        D = sum(d_now)
+        machines, job = self.model(D)
+        now = block_cost(machines, job, d_now, m_now).cost
+        best = self._last[4]
         moved = _moved_bytes(d_now, m_now, best.d, best.m,
                              self.block_bytes.value or 0.0, job.block_units)
         slowest = min(min(r for r in row if r != math.inf) for row in machines.bw) \

@@ -91,6 +91,15 @@ class Record:
     obj: dict[str, Any]
 
 
+@dataclass(slots=True)
+class Solve:
+    """Pure work too slow for the event loop (Cruise's MILP, up to seconds):
+    the shell runs ``fn()`` wherever it likes and hands back
+    :class:`Solved` with the same ``key``."""
+    key: tuple
+    fn: Any
+
+
 # -- events (shell -> core) -------------------------------------------------------------
 @dataclass(slots=True)
 class Received:
@@ -121,6 +130,13 @@ class Admitted:
 class AdmitFailed:
     ident: bytes
     error: str
+
+
+@dataclass(slots=True)
+class Solved:
+    key: tuple
+    result: Any = None
+    error: str | None = None  # fn raised: why
 
 
 @dataclass(slots=True)
@@ -208,6 +224,8 @@ class Run:
     owner: list[int] = field(default_factory=list)                   # model block -> index
     layout: dict | None = None            # the roles (Reconfig.layout) now; None: even
     cruise: Any = None                    # harmony.cruise.adapter.JobCruise, with --cruise
+    # its solve running off the event loop: (the solve, d, m, epochs left) then
+    solving: tuple | None = None
     reconfig: Reconfig | None = None
     ckpt_parts: dict[int, tuple] = field(default_factory=dict)   # a periodic checkpoint
     ckpt_epoch: int | None = None        # the periodic checkpoint being written
@@ -341,6 +359,8 @@ class MasterCore:
                                                        f"submit again)"))
         elif kind is Unreachable:
             self._unreachable(event)
+        elif kind is Solved:
+            self._solved(event)
         else:
             raise TypeError(f"unknown event {event!r}")
         out, self._out = self._out, []
@@ -1492,10 +1512,40 @@ class MasterCore:
         run.cruise.observe(per_index)
         d_now = [int(per_index[i].get("blocks") or 0) for i in range(n)]
         m_now = [run.owner.count(i) for i in range(n)]
-        if sum(d_now) == 0:
+        if sum(d_now) == 0 or run.solving is not None:
             return
+        left = max(1, len(job.epochs))
+        solve = run.cruise.prepare(d_now, m_now)
+        if solve is not None:      # the MILP: off the event loop, then decide
+            run.solving = (solve, d_now, m_now, left)
+            self._out.append(Solve((job.id, run.attempt, id(run.cruise)), solve))
+            return
+        self._cruise_decide(job, run, d_now, m_now, left)
+
+    def _solved(self, ev: Solved) -> None:
+        """A Cruise solve came back: decide with it, on the layout it was
+        asked for, if the job still runs there."""
+        jid, attempt, cruise = ev.key
+        job, run = self.jobs.get(jid), self.runs.get(jid)
+        if run is None or job is None or run.attempt != attempt or run.solving is None:
+            return
+        solve, d_now, m_now, left = run.solving
+        run.solving = None
+        if run.cruise is None or id(run.cruise) != cruise:
+            return                 # its estimates were dropped meanwhile (a resize)
+        if ev.error is not None:   # a solver failure must not stop the master
+            log.error("%s: the Cruise optimizer failed: %s", jid, ev.error)
+            run.cruise = None
+            return
+        run.cruise.accept(solve, ev.result)
+        if run.reconfig is None and job.state == JobState.RUNNING:
+            self._cruise_decide(job, run, d_now, m_now, left)
+
+    def _cruise_decide(self, job: Job, run: Run, d_now: list[int], m_now: list[int],
+                       left: int) -> None:
+        """Cruise's decision with its last solution (never a solve here)."""
         try:
-            prop = run.cruise.propose(d_now, m_now, epochs_left=max(1, len(job.epochs)))
+            prop = run.cruise.propose(d_now, m_now, epochs_left=left, solve_here=False)
         except Exception:          # a solver failure must not stop the master
             log.exception("%s: the Cruise optimizer failed", job.id)
             run.cruise = None

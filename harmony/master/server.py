@@ -14,8 +14,10 @@ import fcntl
 import json
 import logging
 import os
+import queue
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import zmq
@@ -179,6 +181,10 @@ class Master:
             self.sock.bind(f"tcp://{host}:{port}")
         self.endpoint = self.core.endpoint = f"tcp://{host}:{port}"
         self._stop = False
+        # the core's slow pure work (Cruise's MILP): one thread, results
+        # handed back to the event loop through a queue
+        self._solver = ThreadPoolExecutor(1, thread_name_prefix="solve")
+        self._solved: queue.SimpleQueue = queue.SimpleQueue()
         os.makedirs(os.path.join(self.state_dir, "metrics"), exist_ok=True)
         # the run record: per-machine utilization and per-job profiles over time
         metrics = os.path.join(self.state_dir, "metrics")
@@ -233,6 +239,8 @@ class Master:
                         except zmq.Again:
                             break
                         self._dispatch(frames)
+                while not self._solved.empty():
+                    self._run(self.core.handle(self._solved.get(), time.time()))
                 self._run(self.core.handle(tick, time.time()))
                 if self.obs is not None:        # [obs hook] at most once a second
                     self.obs.tick(self)
@@ -240,6 +248,7 @@ class Master:
             self.close()
 
     def close(self) -> None:
+        self._solver.shutdown(wait=False, cancel_futures=True)
         if self.obs is not None:                # [obs hook]
             self.obs.stop()
         try:
@@ -307,8 +316,17 @@ class Master:
                 self._logs[cmd.stream].write(json.dumps(cmd.obj) + "\n")
             elif kind is C.Admit:
                 self._admit(cmd)
+            elif kind is C.Solve:
+                self._solver.submit(self._solve, cmd)
             else:
                 raise TypeError(f"unknown command {cmd!r}")
+
+    def _solve(self, cmd: C.Solve) -> None:
+        """Run off the event loop; the loop hands the result to the core."""
+        try:
+            self._solved.put(C.Solved(cmd.key, cmd.fn()))
+        except Exception as exc:  # noqa: BLE001 (reported to the core, which logs it)
+            self._solved.put(C.Solved(cmd.key, error=f"{exc.__class__.__name__}: {exc}"))
 
     def _admit(self, cmd: C.Admit) -> None:
         """Number a submitted job and write it strictly: it exists only once

@@ -758,6 +758,12 @@ class Simulator:
             elif kind is C.Record:
                 if cmd.stream == "decisions":
                     self.decisions.append(cmd.obj)
+            elif kind is C.Solve:       # at once, in simulated time
+                try:
+                    done = C.Solved(cmd.key, cmd.fn())
+                except Exception as exc:  # noqa: BLE001 (the core logs it)
+                    done = C.Solved(cmd.key, error=f"{exc.__class__.__name__}: {exc}")
+                self._carry(self.core.handle(done, self.now))
 
     def _route(self, cmd: C.Send) -> None:
         to, f = cmd.to, cmd.fields
