@@ -170,10 +170,14 @@ def test_bandwidth_cap_holds_on_a_bulk_ps_transfer(netem):
         t = time.perf_counter()
         client.push(np.arange(n), payload)
         elapsed = time.perf_counter() - t
-        rate = (payload.nbytes + 8 * n) / elapsed
-        # the cap is a hard upper bound; how close a loaded machine gets to it
-        # is not this test's business (bench/migration.py measures that)
-        assert 0.3 * 20e6 <= rate <= 1.02 * 20e6
+        sent = payload.nbytes + 8 * n
+        # the cap is a hard upper bound, less the one chunk an idle link may
+        # send early (the token bucket's burst): bytes <= rate x time + chunk
+        # (a bound of 1.02 x the rate failed at 20.5 MB/s: 6 MB in 0.31 s);
+        # how close a loaded machine gets to it is not this test's business
+        # (bench/migration.py measures that)
+        assert sent <= 20e6 * elapsed + CHUNK
+        assert sent / elapsed >= 0.3 * 20e6
         assert table.rows[0, 0] == 1.0
         eg, _, _ = netem.counters("m1")
         _, ing, _ = netem.counters("m0")
