@@ -100,24 +100,6 @@ def test_largest_moves_start_first():
     assert sizes == sorted(sizes, reverse=True)
 
 
-def test_largest_first_by_the_bytes_a_move_carries_when_given():
-    """A model move of 3 small blocks and a data move of 1 big one: by
-    blocks the model goes first, by bytes the data."""
-    cur = Layout(("a", "b"), ("a", "a"), ("a",) * 6)
-    tgt = retarget(cur, ["a", "b"], [1, 1], [3, 3])
-    plan = make_plan(cur, tgt)
-    kinds = {i: o.store for i, o in enumerate(plan.ops) if o.kind == "move"}
-    assert sorted(len(plan.ops[i].blocks) for i in kinds) == [1, 3]
-
-    def first_move(ex):
-        (add,) = ex.start()                  # b joins first
-        ex.done(add)
-        return [kinds[i] for i in ex.start()]
-    assert first_move(Execution(plan, max_moves=1)) == [MODEL]
-    assert first_move(Execution(plan, max_moves=1, size=lambda o: len(o.blocks) * (
-        4e6 if o.store == DATA else 1e3))) == [DATA]
-
-
 def test_execution_and_generator_agree_with_dependencies():
     cur = Layout(("a", "b", "c"), ("a",) * 4 + ("b",) * 4, ("c",) * 2)
     tgt = retarget(cur, ["a", "b", "d"], [3, 3, 2], [0, 0, 2])    # c leaves, d comes

@@ -200,17 +200,13 @@ def make_plan(current: Layout, target: Layout) -> Plan:
 class Execution:
     """The plan's progress for a real executor: ``start()`` returns the
     operations that may start now (their predecessors done; moves up to
-    ``max_moves`` at once, the largest first: by ``size(op)``, the bytes a
-    move carries where the executor knows them, else its block count) and
-    marks them running; ``done(i)`` records that operation i finished."""
+    ``max_moves`` at once, the most blocks first) and marks them running;
+    ``done(i)`` records that operation i finished."""
 
-    def __init__(self, plan: Plan, max_moves: int = MAX_MOVES,
-                 size: Callable[[Op], float] | None = None) -> None:
+    def __init__(self, plan: Plan, max_moves: int = MAX_MOVES) -> None:
         if max_moves < 1:
             raise ValueError("max_moves >= 1")
         self.plan, self.max_moves = plan, max_moves
-        self._size = [float(size(o)) if size is not None else float(len(o.blocks))
-                      for o in plan.ops]
         self._preds = [plan.preds(i) for i in range(len(plan.ops))]
         self.running: set[int] = set()
         self.finished_ops: set[int] = set()
@@ -227,7 +223,7 @@ class Execution:
         moving = sum(1 for i in self.running if ops[i].kind == "move")
         out = [i for i in ready if ops[i].kind != "move"]
         moves = sorted((i for i in ready if ops[i].kind == "move"),
-                       key=lambda i: (-self._size[i], i))
+                       key=lambda i: (-len(ops[i].blocks), i))
         out += moves[:max(0, self.max_moves - moving)]
         self.running.update(out)
         return sorted(out)

@@ -1713,7 +1713,8 @@ class MasterCore:
             if o != n:
                 sends[holder[bid]].append(["input", bid, n])
                 expect[n] += 1
-        self._plan_moves(rc, run, old, run.owner, model_owner, holder, in_ids, in_new, sends)
+        self._plan_moves(rc, old, run.owner, model_owner, holder, in_ids, in_new, sends,
+                         run.idents)
         peers = []
         for m in to:
             if m in rc.ready:
@@ -1741,9 +1742,10 @@ class MasterCore:
                  rc.blocks, epoch, old, to, rc.execution.plan.counts())
         self._release_moves(job, rc)
 
-    def _plan_moves(self, rc: Reconfig, run: Run, old: list[str], owner: list[int],
+    def _plan_moves(self, rc: Reconfig, old: list[str], owner: list[int],
                     model_owner: list[int], holder: dict[int, int], in_ids: list[int],
-                    in_new: list[int], sends: dict[int, list]) -> None:
+                    in_new: list[int], sends: dict[int, list], idents: dict[int, bytes]
+                    ) -> None:
         """The resize as Cruise's plan (``harmony.cruise.plan.make_plan``): add,
         switch, move and delete operations with their dependencies, executed
         by :class:`~harmony.cruise.plan.Execution` at most ``max_moves`` moves
@@ -1758,25 +1760,15 @@ class MasterCore:
         tgt = Layout(tuple(to), tuple(to[n] for n in in_new),
                      tuple(to[n] for n in model_owner))
         plan = make_plan(cur, tgt)
-        # the largest first in bytes: input blocks as their holders said, a
-        # model block as the model's float32 rows over its blocks
-        in_bytes = {int(b): float(n) for i in rc.boundary for b, n in rc.boundary[i]["inputs"]}
-        r0 = run.ready.get(0) or {}
-        mb = r0.get("num_keys", 0) * r0.get("dim", 0) * 4.0 / max(1, len(owner))
-
-        def size(op):
-            if op.store == DATA:
-                return sum(in_bytes.get(in_ids[p], 0.0) for p in op.blocks)
-            return mb * len(op.blocks)
-        rc.execution = Execution(plan, self.max_moves or max(1, len(plan.moves)), size)
+        rc.execution = Execution(plan, self.max_moves or max(1, len(plan.moves)))
         for i, op in enumerate(plan.ops):
             if op.kind != "move":
                 continue
             src, dest = old.index(op.machine), to.index(op.dest)
             batch = ([["input", in_ids[p], dest] for p in op.blocks] if op.store == DATA
                      else [["model", b, dest] for b in op.blocks])
-            rc.moves[i] = (run.idents[src], batch)
-            rc.left[run.idents[src]] = rc.left.get(run.idents[src], 0) + 1
+            rc.moves[i] = (idents[src], batch)
+            rc.left[idents[src]] = rc.left.get(idents[src], 0) + 1
         planned = sorted(map(tuple, (x for b in rc.moves.values() for x in b[1])))
         if planned != sorted(tuple(x) for v in sends.values() for x in v):
             raise RuntimeError("the plan's moves differ from the resize's sends")
