@@ -697,3 +697,35 @@ def test_cruise_solves_off_the_event_loop_and_decides_when_the_solve_returns():
             break
     c2.run(c2.core.handle(C.Solved(got[0].key, error="ValueError: boom"), c2.t))
     assert c2.core.runs[jid2].cruise is None and c2.core.runs[jid2].reconfig is None
+
+
+def test_a_sender_lost_mid_plan_requeues_the_job_and_its_late_moved_changes_nothing():
+    """2 -> 4 with the moves in flight; m1 (a sender) stops: the job is
+    requeued and relaunched as a new attempt (from its checkpoint, none
+    here: from the start), and the old attempt's late 'moved' neither fails
+    the new attempt nor starts its plan."""
+    c = Cluster(machines=4)
+    jid, ex, joiners = _grow(c, 2, 4)
+    job = c.core.jobs[jid]
+    sent = [s for s in c.sent if s.type == "move" and s.to == ex[1] and s.fields["op"] >= 0]
+    assert sent, "m1 was sent no move"
+    alive = ["m0", "m2", "m3"]
+    c.heartbeat(alive)
+    c.t = 3.0
+    c.heartbeat(alive)
+    c.tick(3.0)                          # m1 silent for 6 s > 5 s
+    assert not c.core.workers["m1"].alive
+    assert any("worker m1 lost" in e[2] for e in job.events), job.events
+    # it asked for 4 machines (the resize) and 3 are alive: it waits, its
+    # old attempt's plan gone with its run
+    assert job.state == JobState.WAITING and jid not in c.core.runs, job.state
+    n = len(c.sent)
+    c.msg(ex[1], "moved", job=jid, index=1, op=sent[0].fields["op"], bytes_out=1)
+    c.msg(ex[0], "migrated", job=jid, index=0, bytes_out=1, bytes_in=0, seconds=0.1)
+    assert job.state == JobState.WAITING and job.error in (None, ""), job.error
+    assert [s.type for s in c.sent[n:]] == ["abort", "abort"]
+    # a machine comes back: the job runs again, as a new attempt
+    c.msg(b"d:m4", "register", name="m4", host="h", cpus=2, memory=1 << 30, pid=1,
+          executors=[], data_endpoint="tcp://h:9")
+    c.tick()
+    assert job.state == JobState.RUNNING and c.core.runs[jid].reconfig is None
