@@ -287,13 +287,18 @@ def main() -> int:
     sizes = [int(x) for x in a.sizes.split(",")]
     cap = parse_rate(a.cap)
     out = {}
-    if a.only == "plans":
-        out["plans"] = plans_run(cap, a.plan_mb, [int(x) for x in a.plan_limits.split(",")],
-                                 a.rounds)
-        if a.json:
-            with open(a.json, "w") as fh:
-                json.dump(out, fh, indent=2)
-        return 0
+    if a.only is None:
+        measure_all(out, sizes, cap, a)
+    out["plans"] = plans_run(cap, a.plan_mb, [int(x) for x in a.plan_limits.split(",")],
+                             a.rounds)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(out, fh, indent=2)
+    return 0
+
+
+def measure_all(out: dict, sizes: list[int], cap: float, a) -> None:
+    """1-4 (5 is plans_run)."""
     print("1. block transfer vs raw pyzmq (loopback, no cap), medians of "
           f"{a.rounds} rounds:", flush=True)
     out["raw"] = transfer_run(sizes, None, a.rounds)
@@ -311,12 +316,6 @@ def main() -> int:
         print(f"   {r['state']}: killed after {r['epochs_done_at_kill']} epochs, resumed at "
               f"epoch {r['resumed_at']}: {r['redone']} epoch(s) redone (interval "
               f"{r['interval']})", flush=True)
-        out["plans"] = plans_run(cap, a.plan_mb, [int(x) for x in a.plan_limits.split(",")],
-                                 a.rounds)
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(out, fh, indent=2)
-    return 0
 
 
 def plans_run(cap: float, input_mb: int, limits: list[int], rounds: int) -> dict:
