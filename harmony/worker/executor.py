@@ -485,6 +485,8 @@ class Executor:
         self.server.set_layout(new_owner, me, m["peers"])
         sends = [(str(sec), int(b), int(d)) for sec, b, d in m["sends"]]
         out = nsent = 0
+        # not paced: nothing to send, or a master from before paced plans (its
+        # workers upgraded while it runs): everything at once, as it asked
         if not m.get("paced"):
             out, nsent = self._move_blocks(m, sends, inp, table, nblocks,
                                            f"mv:{self.job}:{epoch}:{self.index}", (0, 0)), len(sends)
