@@ -17,6 +17,7 @@ from harmony.client import DEFAULT_KEYS, Client, ClientError, master_address
 from harmony.cluster import (ClusterError, LocalCluster, cluster_down, default_state_dir,
                              read_info)
 from harmony.comm import security
+from harmony.cruise.plan import MAX_MOVES
 from harmony.master import policy as P
 from harmony.obs import progress
 from harmony.store import staging
@@ -442,7 +443,7 @@ def _scheduler_args(s: argparse.ArgumentParser) -> None:
                    help="Cruise inside running jobs: from their measured compute and link "
                         "speeds, move to a better worker/server layout on their machines "
                         "when the predicted gain repays the move by 5%%")
-    s.add_argument("--max-moves", type=int, default=4, metavar="N",
+    s.add_argument("--max-moves", type=int, default=MAX_MOVES, metavar="N",
                    help="a live resize runs its plan's block moves at most N at once over "
                         "the whole job, the most blocks first (default 4, Cruise's limit; "
                         "0: all at once, each sender keeping 4 blocks open)")
@@ -508,7 +509,7 @@ def cmd_cluster(a: argparse.Namespace) -> int:
                           keys=a.keys, insecure=a.insecure,
                           cpu_speed=getattr(a, "cpu_speed", None),
                           cruise=getattr(a, "cruise", False),
-                          max_moves=getattr(a, "max_moves", 4))
+                          max_moves=getattr(a, "max_moves", MAX_MOVES))
     except (ClusterError, ValueError) as exc:
         return _die(str(exc), 2)
     try:

@@ -15,6 +15,7 @@ import psutil
 
 from harmony.client import Client, ClientError
 from harmony.comm.security import init_keys
+from harmony.cruise.plan import MAX_MOVES
 from harmony.worker.netem import NetEm, parse_rate
 
 DEFAULT_HOME = os.path.expanduser(os.environ.get("HARMONY_HOME", "~/.harmony"))
@@ -122,7 +123,7 @@ class LocalCluster:
                  keys: str | None = None, insecure: bool = False,
                  port_fallback: bool = False, dashboard: bool = True,
                  dashboard_port: int = 0, cpu_speed: str | list[float] | None = None,
-                 cruise: bool = False, max_moves: int = 4) -> None:
+                 cruise: bool = False, max_moves: int = MAX_MOVES) -> None:
         self.cruise = cruise
         self.max_moves = max_moves
         if machines < 1:

@@ -24,7 +24,7 @@ as the epochs done so far (a job is expected to run about as long again).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 import math
 
@@ -53,6 +53,23 @@ class Proposal:
     move_s: float
     solution: Solution
     reason: str
+
+
+@dataclass(frozen=True)
+class PendingSolve:
+    """One solve of the best layout for estimates taken on layout (d, m):
+    pure, callable anywhere (``solve()``)."""
+    d: tuple[int, ...]
+    m: tuple[int, ...]
+    machines: Machines
+    job: Workload
+    homog: bool             # equal machines and links: Eq 3.5 is a candidate too
+
+    def __call__(self) -> Solution:
+        cands = [homogeneous(self.machines, self.job)] if self.homog else []
+        cands.append(heterogeneous(self.machines, self.job, allow_both=True, allow_idle=False,
+                                   time_limit=TIME_LIMIT))
+        return min(cands, key=lambda s: s.cost)
 
 
 @dataclass
@@ -110,8 +127,7 @@ class JobCruise:
         return (Machines(wproc, bw),
                 Workload(data_blocks, self.model_blocks, 1.0, units, float(data_blocks)))
 
-    def prepare(self, d_now: Sequence[int], m_now: Sequence[int]
-                ) -> Callable[[], Solution] | None:
+    def prepare(self, d_now: Sequence[int], m_now: Sequence[int]) -> PendingSolve | None:
         """The solve ``propose`` needs on this layout, as a pure function to
         run anywhere (the master runs it off its event loop, then hands the
         result to :meth:`accept`), or None if none is needed: estimates not
@@ -127,20 +143,12 @@ class JobCruise:
         same = len(set(machines.wproc)) == 1 or max(machines.wproc) <= 1.05 * min(
             machines.wproc)
         links = {b for row in machines.bw for b in row if b != math.inf}
-        homog = same and len(links) <= 1 and self.n >= 2
-        key = (tuple(d_now), tuple(m_now), machines, job)
+        return PendingSolve(tuple(d_now), tuple(m_now), machines, job,
+                            same and len(links) <= 1 and self.n >= 2)
 
-        def solve() -> Solution:
-            cands = [homogeneous(machines, job)] if homog else []
-            cands.append(heterogeneous(machines, job, allow_both=True, allow_idle=False,
-                                       time_limit=TIME_LIMIT))
-            return min(cands, key=lambda s: s.cost)
-        solve.key = key            # type: ignore[attr-defined]
-        return solve
-
-    def accept(self, solve: Callable[[], Solution], best: Solution) -> None:
+    def accept(self, solve: PendingSolve, best: Solution) -> None:
         """The result of a :meth:`prepare` solve: what ``propose`` reuses."""
-        self._last = (*solve.key, best)      # type: ignore[attr-defined]
+        self._last = (solve.d, solve.m, solve.machines, solve.job, best)
         self.solves += 1
 
     def propose(self, d_now: Sequence[int], m_now: Sequence[int],
@@ -201,4 +209,4 @@ def _moved_bytes(d0: Sequence[int], m0: Sequence[int], d1: Sequence[int], m1: Se
     return din * input_block + mout * model_units
 
 
-__all__ = ["JobCruise", "Proposal", "MIN_GAIN"]
+__all__ = ["JobCruise", "PendingSolve", "Proposal", "MIN_GAIN"]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from harmony.cruise.costmodel import BOTH, IDLE, SERVER, WORKER, role_of
 
 DATA, MODEL = "data", "model"
-MAX_MOVES = 4          # concurrent moves (the original runtime's limit)
+MAX_MOVES = 4          # concurrent moves (the original runtime's limit; --max-moves)
 MIN_GAIN = 0.05        # skip plans predicted to gain less (§3.3.1)
 
 

@@ -138,7 +138,7 @@ class Master:
                  keep_models: int | None = None, recover: bool = False,
                  master_file: str | None = None, dashboard_port: int | None = None,
                  dashboard_host: str | None = None, cruise: bool = False,
-                 max_moves: int = 4) -> None:
+                 max_moves: int = C.MAX_MOVES) -> None:
         # who may send what: with keys, every peer is authenticated (CURVE)
         # and each message type is accepted only from its role (the core's table)
         self.keys = keys

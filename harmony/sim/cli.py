@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 
+from harmony.cruise.plan import MAX_MOVES
 from harmony.sim import contention as CM
 from harmony.sim.engine import Contention
 from harmony.sim.report import SimResult, compare_table, sim_progress, summarize, \
@@ -58,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="CPU speed factor, one or one per machine (e.g. 1,1,0.5)")
         p.add_argument("--net-speed", type=_factors, default=None,
                        help="link rate factor of --bandwidth, one or one per machine")
-        p.add_argument("--max-moves", type=int, default=4, metavar="N",
+        p.add_argument("--max-moves", type=int, default=MAX_MOVES, metavar="N",
                        help="a live resize's block moves at once over the job, as "
                             "harmony-master --max-moves (default 4; 0: all at once)")
         p.add_argument("--out", default=None, help="write JSON results (and plots) here")

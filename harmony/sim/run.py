@@ -15,6 +15,7 @@ import math
 import random
 from typing import Callable
 
+from harmony.cruise.plan import MAX_MOVES
 from harmony.master import policy as P
 from harmony.sim.engine import Contention, Outcome, SimJob, Simulator
 from harmony.sim.report import JobResult, SimDecision, SimResult, UtilSample
@@ -100,7 +101,8 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
              progress: Callable[[float], None] | None = None,
              wall_limit: float | None = None, cruise: bool = False,
              cpu_speed: list[float] | None = None,
-             net_speed: list[float] | None = None, max_moves: int = 4) -> SimResult:
+             net_speed: list[float] | None = None,
+             max_moves: int = MAX_MOVES) -> SimResult:
     """Simulate ``trace`` on ``machines`` under the setup ``name``;
     ``cruise``, ``cpu_speed``, ``net_speed``, ``max_moves``: see
     :class:`Simulator`."""
