@@ -199,6 +199,34 @@ def prediction_error(metrics: str) -> dict:
     return out
 
 
+def ceiling(runs: dict[str, list[dict]], jobs, times: list[float]) -> dict | None:
+    """What no schedule on these machines can beat, from the isolated runs.
+
+    A job runs no faster than alone on idle machines (sharing only takes
+    resources from it), so with ``alone[j]`` its best median run time
+    (start to end, start-up included) over the isolated modes run, at the
+    DoPs they ran: makespan >= max_j(arrival_j + alone[j]) and mean JCT >=
+    mean_j(alone[j]). Loose (it lets every job run alone at once), so the
+    ratios it gives are upper bounds on any scheduler's gain; a DoP no
+    isolated mode ran is not in them.
+    """
+    alone: dict[str, float] = {}
+    for m, rs in runs.items():
+        if not m.startswith("isolated"):
+            continue
+        per: dict[str, list[float]] = {}
+        for r in rs:
+            for s in r.get("statuses", []):
+                per.setdefault(s["name"], []).append(s["ended"] - s["started"])
+        for name, xs in per.items():
+            alone[name] = min(alone.get(name, float("inf")), statistics.median(xs))
+    if not alone or any(name not in alone for name, _ in jobs):
+        return None
+    return {"makespan": max(t + alone[name] for t, (name, _) in zip(times, jobs)),
+            "mean_jct": statistics.mean(alone[name] for name, _ in jobs),
+            "alone": alone}
+
+
 def p90(xs: list[float]) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(0.9 * (len(xs) - 1))))]
@@ -267,6 +295,15 @@ def main() -> None:
               f"{med[best]['mean_jct'] / med[m]['mean_jct']:6.2f} "
               f"{statistics.median(r['moves'] for r in rs):5.0f} "
               f"{statistics.median(r['pauses'] for r in rs):6.0f}")
+    bound = ceiling(runs, jobs, times)
+    if bound:
+        dops = sorted({m.partition(":")[2] or str(a.dop) for m in modes if m.startswith("isolated")})
+        print(f"\nceiling: no schedule beats makespan {bound['makespan']:.1f}s (a job's arrival + "
+              f"its time alone) or mean JCT {bound['mean_jct']:.1f}s (every job alone, no wait), "
+              f"each job at its best measured time alone at DoP {'/'.join(dops)}: at most "
+              f"{med[base]['makespan'] / bound['makespan']:.2f}x / "
+              f"{med[base]['mean_jct'] / bound['mean_jct']:.2f}x of {base}")
+        print("  alone: " + ", ".join(f"{n} {t:.1f}s" for n, t in sorted(bound["alone"].items())))
     print("\nprediction error of the iteration time, per group size (all rounds; "
           "steady epochs: no job being profiled on the group's machines)")
     print(f"{'mode':13} {'group size':>10} {'epochs':>6} {'median':>7} {'p90':>7}   "

@@ -59,12 +59,27 @@ def settle(view, rounds=6):
     raise AssertionError(f"the policy did not settle: {dec}")
 
 
-def test_new_jobs_are_profiled_on_free_machines_then_on_the_smallest_group():
+def test_new_jobs_are_profiled_on_free_machines_then_where_there_is_room():
     view = ClusterView(M2, (job(1), job(2), job(3)))
     dec = harmony(view)
-    assert dec.profile == {"job-0001": ["m0"], "job-0002": ["m1"], "job-0003": ["m0"]}
-    assert dec.assign["job-0003"] == dec.assign["job-0001"]
+    # nothing idle for the third, and a job alone on one machine uses no
+    # network: beside a job of unknown profile there is no known room
+    assert dec.profile == {"job-0001": ["m0"], "job-0002": ["m1"]}
+    assert "job-0003 waits" in dec.note
     assert not dec.start and not dec.pause
+    busy = (1.0, 0.01, 1)          # one machine's CPU kept busy: no room
+    gaps = (0.5, 0.5, 1)           # half of each iteration off the CPU
+    running = lambda i, p, m: job(i, "running", p, [m], f"g{i}", epochs=5)  # noqa: E731
+    dec = harmony(ClusterView(M2, (job(3),), (running(1, busy, "m0"), running(2, busy, "m1"))))
+    assert dec.profile == {} and "job-0003 waits" in dec.note
+    dec = harmony(ClusterView(M2, (job(3),), (running(1, busy, "m0"), running(2, gaps, "m1"))))
+    assert dec.profile == {"job-0003": ["m1"]}
+    assert dec.assign["job-0003"] == "g2"
+    # on several machines the newcomer may use the network the group leaves
+    wide = JobView("job-0001", 2, 1.0, state="running", profile=(1.0, 0.01, 2),
+                   workers=("m0", "m1"), sched_group="g1", epochs=5)
+    dec = harmony(ClusterView(M2, (job(3),), (wide,)))
+    assert dec.profile == {"job-0003": ["m0", "m1"]}
 
 
 def test_a_profiled_job_alone_grows_to_the_whole_cluster():

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from harmony.master.policy import (MIN_GAIN, PROFILE_SAMPLES, ClusterView, Decision,
                                    JobView)
-from harmony.sched.model import Profile, group_iter_time, score
+from harmony.sched.model import Profile, group_iter_time, group_util, score
 from harmony.sched.regroup import (Bound, Current, RunningGroup, on_arrival, on_completion,
                                    regroup, utilization)
 from harmony.sched import throughput as TP
@@ -97,6 +97,23 @@ def _fresh(cur: Current, want: str) -> str:
         i += 1
         gid = f"{want}.{i}"
     return gid
+
+
+def _room(g: RunningGroup, profiles: dict[str, Profile], profiling: dict) -> float:
+    """What a new job profiled in group ``g`` could use that the group leaves
+    idle: anything (1.0) on several machines, where the newcomer also uses
+    the network; on one machine only idle CPU, since a job alone on its
+    machine sends nothing over the network (its whole model is local): two
+    such jobs only time-slice a core, each twice as slow, and the newcomer
+    is then paused to wait for a machine (bench/scheduler_e2e.py: 2 CPU-heavy
+    jobs shared one core while profiling, 3 epochs each). A group with a
+    job still being profiled has no known room."""
+    if len(g.machines) > 1:
+        return 1.0
+    if any(x not in profiles or x in profiling for x in g.jobs):
+        return 0.0
+    cpu, _ = group_util([profiles[x] for x in g.jobs], 1)
+    return max(0.0, 1.0 - cpu)
 
 
 def _U(groups, profiles, total: int) -> float:
@@ -246,15 +263,18 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
             gid = _fresh(cur, f"g:{j.id}")
             cur = Current(cur.groups + (RunningGroup(gid, (j.id,),
                                                      tuple(idle[:max(1, j.machines)])),), live)
-        elif cur.groups:
+        elif roomy := [g for g in cur.groups if _room(g, profiles, dec.profile) >= MIN_GAIN]:
             def load(g: RunningGroup) -> tuple:
                 profiling = sum(1 for x in g.jobs if x in dec.profile
                                 or state.get(x) == "profiling")
                 return (profiling, len(g.jobs) / len(g.machines), -len(g.machines), g.id)
-            g = min(cur.groups, key=load)
+            g = min(roomy, key=load)
             cur = Current(tuple(RunningGroup(x.id, x.jobs + (j.id,), x.machines) if x is g
                                 else x for x in cur.groups), live)
         else:
+            if cur.groups:
+                notes.append(f"{j.id} waits: no machine is idle and the one-machine groups' "
+                             f"CPUs leave no room to profile it beside them")
             break
         g = cur.group_of(j.id)
         dec.profile[j.id] = list(g.machines)
