@@ -105,6 +105,7 @@ def run_mode(spec: str, jobs, times, tmp: str, a) -> dict:
     res.update(prediction_error(os.path.join(sd, "master", "metrics")))
     res["samples"] = prediction_samples(os.path.join(sd, "master", "metrics"))
     res["noise"] = noise_samples(os.path.join(sd, "master", "metrics"))
+    res["fresh"] = fresh_samples(os.path.join(sd, "master", "metrics"))
     res["statuses"] = list(sts.values())         # for bench/sim_fidelity.py
     res["metrics_dir"] = os.path.join(sd, "master", "metrics")
     return res
@@ -145,6 +146,26 @@ def prediction_samples(metrics: str) -> list[tuple[int, float, bool, float]]:
         measured = tm["train"] / tm["iters"]
         out.append((size, abs(pred - measured) / measured, group not in profiling.values(),
                     abs(gpred - measured) / measured))
+    return out
+
+
+def fresh_samples(metrics: str) -> list[tuple[int, float]]:
+    """Per job epoch (after its first): (group size, |predicted - measured| /
+    measured) for the prediction the master recorded at the job's previous
+    epoch report (``predictions.jsonl``: the policy's model on the profiles
+    as they were then, beside the jobs then sharing its machines)."""
+    path = os.path.join(metrics, "predictions.jsonl")
+    if not os.path.exists(path):
+        return []
+    preds = {(r["job"], r["epoch"]): r for r in map(json.loads, open(path))}
+    out = []
+    for ep in map(json.loads, open(os.path.join(metrics, "jobs.jsonl"))):
+        r = preds.get((ep["job"], ep["epoch"]))
+        tm = ep["timings"]
+        if r is None or r["t"] > ep["t"] or not tm.get("iters") or ep["epoch"] == 0:
+            continue
+        measured = tm["train"] / tm["iters"]
+        out.append((len(r["jobs"]), abs(r["predicted"] - measured) / measured))
     return out
 
 
@@ -273,7 +294,7 @@ def main() -> None:
                 r = run_mode(mode, jobs, times, os.path.join(tmp, f"r{rnd}"), a)
                 runs[mode].append(r)
                 print(json.dumps({k: v for k, v in r.items()
-                                  if k not in ("statuses", "metrics_dir", "samples", "noise")}), flush=True)
+                                  if k not in ("statuses", "metrics_dir", "samples", "noise", "fresh")}), flush=True)
     if a.out:
         with open(a.out, "w") as fh:
             json.dump({m: [{k: v for k, v in r.items() if k != "statuses"} for r in rs]
@@ -318,6 +339,16 @@ def main() -> None:
             print(f"{m:13} {label:>10} {len(errs):6d} {100 * statistics.median(errs):6.1f}% "
                   f"{100 * p90(errs):6.1f}%   {'':13} {100 * statistics.median(geq):6.1f}% "
                   f"{100 * p90(geq):6.1f}%")
+    print("\nthe same, predicted at each epoch report for the next epoch from the profiles "
+          "then (the master's predictions.jsonl), beside the jobs then on the machines")
+    print(f"{'mode':13} {'group size':>10} {'epochs':>6} {'median':>7} {'p90':>7}")
+    for m in modes:
+        fresh = [x for r in runs[m] for x in r.get("fresh", [])]
+        for size in sorted({min(4, x[0]) for x in fresh}):
+            errs = [x[1] for x in fresh if min(4, x[0]) == size]
+            label = f"{size}" if size < 4 else "4+"
+            print(f"{m:13} {label:>10} {len(errs):6d} {100 * statistics.median(errs):6.1f}% "
+                  f"{100 * p90(errs):6.1f}%")
     print("\nnoise floor: |previous epoch - epoch| / epoch, one job on unchanged machines "
           "beside unchanged jobs (the error of predicting an epoch by the one before)")
     print(f"{'mode':13} {'epochs':>6} {'median':>7} {'p90':>7}")

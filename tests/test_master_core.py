@@ -729,3 +729,30 @@ def test_a_sender_lost_mid_plan_requeues_the_job_and_its_late_moved_changes_noth
           executors=[], data_endpoint="tcp://h:9")
     c.tick()
     assert job.state == JobState.RUNNING and c.core.runs[jid].reconfig is None
+
+
+def test_the_master_records_each_jobs_prediction_for_its_next_epoch():
+    """At every epoch report the policy's model predicts the job's next
+    epoch from the profiles then (the run record's predictions stream)."""
+    def predictions(c: Cluster) -> list[dict]:
+        return [r.obj for r in c.core_out if isinstance(r, C.Record)
+                and r.stream == "predictions"]
+
+    c = Cluster(machines=1, mode="harmony", predict_epochs=True)
+    a = c.submit()
+    ea = c.start(a)
+    _epoch(c, a, ea, 0)
+    _epoch(c, a, ea, 1)
+    p = c.core.jobs[a].profile
+    assert [(r["job"], r["epoch"], r["jobs"]) for r in predictions(c)] == \
+        [(a, 1, [a]), (a, 2, [a])]
+    assert predictions(c)[-1]["predicted"] == pytest.approx(
+        p["t_cpu"] + p["t_net"] + p.get("overhead", 0.0))
+    # off (the simulator's default), or a policy without a model: none
+    for kw in ({"mode": "harmony"}, {"mode": "harmony", "policy": "colocate",
+                                     "predict_epochs": True}):
+        c = Cluster(machines=1, **kw)
+        a = c.submit()
+        ea = c.start(a)
+        _epoch(c, a, ea, 0)
+        assert c.core.jobs[a].epochs and not predictions(c)

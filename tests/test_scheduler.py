@@ -66,6 +66,7 @@ def test_new_jobs_are_profiled_on_free_machines_then_where_there_is_room():
     # network: beside a job of unknown profile there is no known room
     assert dec.profile == {"job-0001": ["m0"], "job-0002": ["m1"]}
     assert "job-0003 waits" in dec.note
+    assert "no room to profile it" in dec.wait["job-0003"]
     assert not dec.start and not dec.pause
     busy = (1.0, 0.01, 1)          # one machine's CPU kept busy: no room
     gaps = (0.5, 0.5, 1)           # half of each iteration off the CPU

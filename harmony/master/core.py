@@ -87,7 +87,7 @@ class Admit:
 
 @dataclass(slots=True)
 class Record:
-    stream: str               # machines | jobs | decisions
+    stream: str               # machines | jobs | decisions | predictions
     obj: dict[str, Any]
 
 
@@ -263,7 +263,11 @@ class MasterCore:
                  keep_models: int = KEEP_MODELS, endpoint: str = "", pid: int = 0,
                  revision: str | None = None, state_dir: str = "",
                  now: float = 0.0, liveness_every: float = LIVENESS_EVERY,
-                 cruise: bool = False, max_moves: int = MAX_MOVES) -> None:
+                 cruise: bool = False, max_moves: int = MAX_MOVES,
+                 predict_epochs: bool = False) -> None:
+        # record the policy's prediction of every job's next epoch at each
+        # epoch report (the runtime's run record; the simulator skips the cost)
+        self.predict_epochs = predict_epochs
         # Cruise inside running jobs: roles and partitions from measurements
         self.cruise = cruise
         if max_moves < 0:
@@ -965,6 +969,9 @@ class MasterCore:
             return
         dec = self.policy(self._view(live, waiting))
         self._ended = []
+        for job in waiting:
+            if job.state == JobState.WAITING:
+                job.reason = dec.wait.get(job.id, "")
         if not (dec.profile or dec.start or dec.pause or dec.promote or dec.stop):
             self._set_predictions(dec)
             if dec.predicted and dec.predicted != self._last_predicted:
@@ -999,6 +1006,28 @@ class MasterCore:
         log.info("scheduler: %s (profile %s, start %s, pause/move %s, promote %s, stop %s)",
                  dec.note, sorted(dec.profile), sorted(dec.start), sorted(dec.pause),
                  dec.promote, sorted(dec.stop))
+
+    def _predict_next(self, job: Job) -> None:
+        """Record the policy's prediction of ``job``'s next epoch (seconds per
+        iteration) from the profiles as they are now, beside the jobs that
+        share its machines; none while one of them has no profile yet."""
+        predict = getattr(self.policy, "predict", None)
+        if predict is None:
+            return
+        mine = set(job.workers)
+        mates = [j for j in self._active() if j is job or not mine.isdisjoint(j.workers)]
+        views = {j.id: self._view_profile(j, 1) for j in mates}
+        if any(v is None for v in views.values()):
+            return
+        try:
+            pred = predict(views, len(job.workers)).get(job.id)
+        except Exception:       # a model bug must not stop the master
+            log.exception("predicting %s's next epoch failed", job.id)
+            return
+        if pred:
+            self._record("predictions", {"t": self.now, "job": job.id,
+                                         "epoch": job.epochs[-1]["epoch"] + 1,
+                                         "jobs": sorted(views), "predicted": pred})
 
     def _log_decision(self, dec: P.Decision) -> None:
         self._last_predicted = dict(dec.predicted)
@@ -1895,6 +1924,8 @@ class MasterCore:
         self._record("jobs", {"t": self.now, "job": job.id, "epoch": msg["epoch"],
                               "workers": job.workers, "profile": job.profile,
                               "timings": timings})
+        if self.predict_epochs and not msg["stop"]:
+            self._predict_next(job)
         if msg["stop"]:
             run.stopping = True
             self._persist("save", job)

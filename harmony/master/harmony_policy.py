@@ -7,9 +7,9 @@ performance model, Algorithms 1 and 2, the regrouping rules and the mapping
 onto machine names) lives in :mod:`harmony.sched`; this module turns job
 states into the scheduler's events and its answer into actions:
 
-* A new job has no profile: it is *profiled* on an idle machine if there is
-  one, else in the smallest group (fewest machines), co-located with that
-  group's jobs under the subtask queues (§4.3.2).
+* A new job has no profile: it is *profiled* on idle machines if there are
+  some, else co-located with a group's jobs under the subtask queues
+  (§4.3.2), in a group with room for it (see ``_room``), else it waits.
 * Jobs that ended since the last call are completions
   (``regroup.on_completion``: a similar waiting job replaces the finished
   one, else incremental regrouping under the 5% rules).
@@ -114,6 +114,13 @@ def _room(g: RunningGroup, profiles: dict[str, Profile], profiling: dict) -> flo
         return 0.0
     cpu, _ = group_util([profiles[x] for x in g.jobs], 1)
     return max(0.0, 1.0 - cpu)
+
+
+def predict_jobs(profiles: dict[str, tuple], machines: int) -> dict[str, float]:
+    """Each job's predicted seconds per iteration in a group of these jobs
+    (their views' profile tuples) on ``machines`` machines: the model the
+    decisions use (alone: Tcpu + Tnet + overhead; shared: the queue replay)."""
+    return predict([Profile.from_view(j, v) for j, v in profiles.items()], machines)
 
 
 def _U(groups, profiles, total: int) -> float:
@@ -251,7 +258,8 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
                 waiting.append(a)
     # 4. new jobs: profile them on idle machines (as many as they ask for,
     # so the profile is measured near the DoP they will run at), else in the
-    # group that profiles fewest jobs and has fewest jobs per machine.
+    # group that profiles fewest jobs and has fewest jobs per machine, among
+    # the groups with room for it (_room), else it waits.
     # (Profiling every new job in the smallest group piled 15 jobs onto one
     # machine at 80 jobs / 100 machines in the simulator: their profiling
     # epochs took 50 hours and the scheduler waited on their pauses.)
@@ -273,8 +281,14 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
                                 else x for x in cur.groups), live)
         else:
             if cur.groups:
-                notes.append(f"{j.id} waits: no machine is idle and the one-machine groups' "
-                             f"CPUs leave no room to profile it beside them")
+                why = ("no machine is idle, and the jobs alone on one machine keep its CPU "
+                       "busy: no room to profile it beside them")
+                notes.append(f"{j.id} waits: {why}")
+                dec.wait[j.id] = f"{PROFILE_SAMPLES} epochs of profile to run; {why}"
+                for k in view.waiting:
+                    if k.profile is None and k.id != j.id and k.submitted >= j.submitted:
+                        dec.wait.setdefault(k.id, f"waits behind {j.id} (first come, "
+                                                  f"first served) to be profiled")
             break
         g = cur.group_of(j.id)
         dec.profile[j.id] = list(g.machines)

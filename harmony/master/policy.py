@@ -80,6 +80,8 @@ class Decision:
     # asks the job to stop at its next epoch end; it then ends as a normal
     # stop (final checkpoint, FINISHED) with the objective it has reached
     stop: dict[str, str] = field(default_factory=dict)
+    # job -> why it still waits, where the policy knows (``harmony status``)
+    wait: dict[str, str] = field(default_factory=dict)
     note: str = ""
 
 
@@ -158,6 +160,17 @@ def _harmony(view: ClusterView) -> Decision:
 # subtask queues), e.g. for ``harmony sim run --policy NAME``.
 _harmony.preempts = _harmony_util.preempts = True     # type: ignore[attr-defined]
 _harmony.queued = _harmony_util.queued = True         # type: ignore[attr-defined]
+
+
+def _predict_jobs(profiles: dict[str, tuple], machines: int) -> dict[str, float]:
+    from harmony.master.harmony_policy import predict_jobs
+    return predict_jobs(profiles, machines)
+
+
+# ``predict``: the policy's model of each job's iteration time in a group,
+# from the jobs' profile tuples (as in a view) on ``machines`` machines; the
+# master records it for the next epoch at every epoch report
+_harmony.predict = _harmony_util.predict = _predict_jobs   # type: ignore[attr-defined]
 
 
 def _muri(view: ClusterView) -> Decision:

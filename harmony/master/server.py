@@ -151,7 +151,7 @@ class Master:
             mode=mode, max_jobs_per_machine=max_jobs_per_machine, secure=keys is not None,
             keep_models=keep_models, pid=os.getpid(),
             revision=os.environ.get("HARMONY_REVISION") or None, state_dir=self.state_dir,
-            now=time.time(), cruise=cruise, max_moves=max_moves)
+            now=time.time(), cruise=cruise, max_moves=max_moves, predict_epochs=True)
         if keys is not None:
             security.use(keys)
         os.makedirs(self.state_dir, exist_ok=True)
@@ -189,7 +189,7 @@ class Master:
         # the run record: per-machine utilization and per-job profiles over time
         metrics = os.path.join(self.state_dir, "metrics")
         self._logs = {name: RotatingLog(os.path.join(metrics, f"{name}.jsonl"))
-                      for name in ("machines", "jobs", "decisions")}
+                      for name in ("machines", "jobs", "decisions", "predictions")}
         # [obs hook] dashboard + /metrics in its own thread, fed snapshots (harmony.obs)
         self.obs = obs_dashboard.start(self, dashboard_host or host, dashboard_port)
         # where daemons find this master (also at ``master_file``: e.g. a
