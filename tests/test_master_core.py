@@ -756,3 +756,14 @@ def test_the_master_records_each_jobs_prediction_for_its_next_epoch():
         ea = c.start(a)
         _epoch(c, a, ea, 0)
         assert c.core.jobs[a].epochs and not predictions(c)
+
+
+def test_status_says_why_a_new_job_waits_under_the_harmony_scheduler():
+    c = Cluster(machines=1, mode="harmony")
+    a = c.submit()
+    b = c.submit()
+    assert c.core.jobs[a].state == JobState.PROFILING
+    assert c.core.jobs[b].state == JobState.WAITING
+    assert "no room to profile it beside them" in _why(c, b)
+    d = c.submit()
+    assert _why(c, d) == f"waits behind {b} (first come, first served) to be profiled"
