@@ -149,33 +149,45 @@ def prediction_samples(metrics: str) -> list[tuple[int, float, bool, float]]:
     return out
 
 
-def fresh_samples(metrics: str) -> list[tuple[int, float]]:
+def fresh_samples(metrics: str) -> list[tuple[int, float, float | None]]:
     """Per job epoch (after its first): (group size, |predicted - measured| /
-    measured) for the prediction the master recorded at the job's previous
-    epoch report (``predictions.jsonl``: the policy's model on the profiles
-    as they were then, beside the jobs then sharing its machines)."""
+    measured of the training time per iteration, the same of the whole epoch
+    per iteration or None) for the prediction the master recorded at the
+    job's previous epoch report (``predictions.jsonl``: the policy's model on
+    the profiles as they were then, beside the jobs then sharing its
+    machines). The whole epoch is measured from the previous report to this
+    one, on the same machines."""
     path = os.path.join(metrics, "predictions.jsonl")
     if not os.path.exists(path):
         return []
     preds = {(r["job"], r["epoch"]): r for r in map(json.loads, open(path))}
     out = []
+    last: dict[str, dict] = {}
     for ep in map(json.loads, open(os.path.join(metrics, "jobs.jsonl"))):
         r = preds.get((ep["job"], ep["epoch"]))
+        prev, last[ep["job"]] = last.get(ep["job"]), ep
         tm = ep["timings"]
         if r is None or r["t"] > ep["t"] or not tm.get("iters") or ep["epoch"] == 0:
             continue
         measured = tm["train"] / tm["iters"]
-        out.append((len(r["jobs"]), abs(r["predicted"] - measured) / measured))
+        e_err = None
+        if prev is not None and prev["epoch"] == ep["epoch"] - 1 \
+                and prev["workers"] == ep["workers"] and "predicted_epoch" in r:
+            wall = (ep["t"] - prev["t"]) / tm["iters"]
+            e_err = abs(r["predicted_epoch"] - wall) / wall
+        out.append((len(r["jobs"]), abs(r["predicted"] - measured) / measured, e_err))
     return out
 
 
-def noise_samples(metrics: str) -> list[float]:
+def noise_samples(metrics: str) -> list[tuple[float, float | None]]:
     """The testbed's noise floor: per job epoch, |previous epoch's iteration
     time - this epoch's| / this epoch's, over consecutive epochs of one job
     (after its first) on the same machines beside the same jobs (by the
     last decision before each). No model predicts an epoch from the past
     better than the epoch before it does on a steady run, so this bounds
-    what the scheduler's model can reach on this machine."""
+    what the scheduler's model can reach on this machine. Per epoch: (of
+    the training time per iteration, of the whole epoch per iteration or
+    None)."""
     path = os.path.join(metrics, "jobs.jsonl")
     if not os.path.exists(path):
         return []
@@ -183,6 +195,7 @@ def noise_samples(metrics: str) -> list[float]:
     decisions = [json.loads(line) for line in open(dpath)] if os.path.exists(dpath) else []
     last: dict[str, tuple] = {}
     out = []
+    report: dict[str, tuple] = {}      # job -> (epoch, t, workers) of its last report
     for ep in (json.loads(line) for line in open(path)):
         assign: dict = {}
         for d in decisions:
@@ -192,15 +205,19 @@ def noise_samples(metrics: str) -> list[float]:
         g = assign.get(ep["job"])
         mates = frozenset(j for j, x in assign.items() if x == g) if g else frozenset()
         tm = ep["timings"]
+        rep, report[ep["job"]] = report.get(ep["job"]), (ep["epoch"], ep["t"], ep["workers"])
         if not tm.get("iters") or ep["epoch"] == 0:
             last.pop(ep["job"], None)
             continue
         t = tm["train"] / tm["iters"]
+        wall = (ep["t"] - rep[1]) / tm["iters"] if rep is not None and \
+            rep[0] == ep["epoch"] - 1 and rep[2] == ep["workers"] else None
         where = (tuple(ep["workers"]), mates)
         prev = last.get(ep["job"])
         if prev is not None and prev[0] == where and prev[2] == ep["epoch"] - 1:
-            out.append(abs(prev[1] - t) / t)
-        last[ep["job"]] = (where, t, ep["epoch"])
+            out.append((abs(prev[1] - t) / t, abs(prev[3] - wall) / wall
+                        if wall is not None and prev[3] is not None else None))
+        last[ep["job"]] = (where, t, ep["epoch"], wall)
     return out
 
 
@@ -340,23 +357,32 @@ def main() -> None:
                   f"{100 * p90(errs):6.1f}%   {'':13} {100 * statistics.median(geq):6.1f}% "
                   f"{100 * p90(geq):6.1f}%")
     print("\nthe same, predicted at each epoch report for the next epoch from the profiles "
-          "then (the master's predictions.jsonl), beside the jobs then on the machines")
-    print(f"{'mode':13} {'group size':>10} {'epochs':>6} {'median':>7} {'p90':>7}")
+          "then (the master's predictions.jsonl), beside the jobs then on the machines: of the "
+          "training time per iteration, and of the whole epoch per iteration (its end included)")
+    print(f"{'mode':13} {'group size':>10} {'epochs':>6} {'median':>7} {'p90':>7}   "
+          f"whole epoch: {'epochs':>6} {'median':>7} {'p90':>7}")
     for m in modes:
         fresh = [x for r in runs[m] for x in r.get("fresh", [])]
         for size in sorted({min(4, x[0]) for x in fresh}):
-            errs = [x[1] for x in fresh if min(4, x[0]) == size]
+            sel = [x for x in fresh if min(4, x[0]) == size]
+            errs, whole = [x[1] for x in sel], [x[2] for x in sel if x[2] is not None]
             label = f"{size}" if size < 4 else "4+"
             print(f"{m:13} {label:>10} {len(errs):6d} {100 * statistics.median(errs):6.1f}% "
-                  f"{100 * p90(errs):6.1f}%")
+                  f"{100 * p90(errs):6.1f}%   {'':12} " + (
+                      f"{len(whole):6d} {100 * statistics.median(whole):6.1f}% "
+                      f"{100 * p90(whole):6.1f}%" if whole else "     -"))
     print("\nnoise floor: |previous epoch - epoch| / epoch, one job on unchanged machines "
           "beside unchanged jobs (the error of predicting an epoch by the one before)")
-    print(f"{'mode':13} {'epochs':>6} {'median':>7} {'p90':>7}")
+    print(f"{'mode':13} {'epochs':>6} {'median':>7} {'p90':>7}   "
+          f"whole epoch: {'epochs':>6} {'median':>7} {'p90':>7}")
     for m in modes:
         noise = [x for r in runs[m] for x in r.get("noise", [])]
         if noise:
-            print(f"{m:13} {len(noise):6d} {100 * statistics.median(noise):6.1f}% "
-                  f"{100 * p90(noise):6.1f}%")
+            tr, wh = [x[0] for x in noise], [x[1] for x in noise if x[1] is not None]
+            print(f"{m:13} {len(tr):6d} {100 * statistics.median(tr):6.1f}% "
+                  f"{100 * p90(tr):6.1f}%   {'':12} " + (
+                      f"{len(wh):6d} {100 * statistics.median(wh):6.1f}% "
+                      f"{100 * p90(wh):6.1f}%" if wh else "     -"))
 
 
 if __name__ == "__main__":

@@ -746,8 +746,10 @@ def test_the_master_records_each_jobs_prediction_for_its_next_epoch():
     p = c.core.jobs[a].profile
     assert [(r["job"], r["epoch"], r["jobs"]) for r in predictions(c)] == \
         [(a, 1, [a]), (a, 2, [a])]
-    assert predictions(c)[-1]["predicted"] == pytest.approx(
-        p["t_cpu"] + p["t_net"] + p.get("overhead", 0.0))
+    last = predictions(c)[-1]
+    assert last["predicted"] == pytest.approx(p["t_cpu"] + p["t_net"] + p.get("overhead", 0.0))
+    assert last["predicted_epoch"] == pytest.approx(
+        last["predicted"] + (p.get("end_cpu", 0.0) + p.get("end_other", 0.0)) / p["iters"])
     # off (the simulator's default), or a policy without a model: none
     for kw in ({"mode": "harmony"}, {"mode": "harmony", "policy": "colocate",
                                      "predict_epochs": True}):

@@ -94,3 +94,22 @@ def test_a_job_that_laps_its_partner_thousands_of_times_is_bounded():
     COMM), and the short one waits behind each long COMP."""
     r = iteration_times([Shape("fast", 1e-4, 1e-4, iters=4), Shape("slow", 1.0, 0.01, iters=4)])
     assert r["slow"] == pytest.approx(1.01, rel=0.02) and r["fast"] < 0.02
+
+
+def test_replay_predicts_whole_epochs_beside_the_training_phase():
+    """A job's epoch (its end included) is what its progress follows; where a
+    wait falls, in its training phase or at its epoch's end, is not. Alone:
+    training + end / iters. A CPU-bound pair on one machine: each epoch at
+    least as long as alone, and the CPU never busier than 100%."""
+    from harmony.sched.replay import replay
+    long = Shape("long", 0.36, 0.0, 0.01, 2, 0.04, 0.0, 0.01)
+    short = Shape("short", 0.11, 0.016, 0.01, 2, 0.046, 0.0, 0.01)
+    alone = {s.id: replay([s])[s.id] for s in (long, short)}
+    for s in (long, short):
+        train, epoch = alone[s.id]
+        assert epoch == pytest.approx(train + (s.end_cpu + s.end_other) / s.iters)
+    both = replay([long, short])
+    assert all(both[j][1] >= alone[j][1] for j in both)
+    busy = sum((s.t_cpu * s.iters + s.end_cpu) / (both[s.id][1] * s.iters) for s in (long, short))
+    assert busy <= 1.0 + 1e-9
+    assert both["long"][1] == pytest.approx(both["short"][1], rel=0.05)  # one cycle per epoch

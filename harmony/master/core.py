@@ -1009,8 +1009,9 @@ class MasterCore:
 
     def _predict_next(self, job: Job) -> None:
         """Record the policy's prediction of ``job``'s next epoch (seconds per
-        iteration) from the profiles as they are now, beside the jobs that
-        share its machines; none while one of them has no profile yet."""
+        iteration: training, and the whole epoch over its iterations) from the
+        profiles as they are now, beside the jobs that share its machines;
+        none while one of them has no profile yet."""
         predict = getattr(self.policy, "predict", None)
         if predict is None:
             return
@@ -1027,7 +1028,8 @@ class MasterCore:
         if pred:
             self._record("predictions", {"t": self.now, "job": job.id,
                                          "epoch": job.epochs[-1]["epoch"] + 1,
-                                         "jobs": sorted(views), "predicted": pred})
+                                         "jobs": sorted(views), "predicted": pred[0],
+                                         "predicted_epoch": pred[1]})
 
     def _log_decision(self, dec: P.Decision) -> None:
         self._last_predicted = dict(dec.predicted)

@@ -32,7 +32,7 @@ from harmony.sched.model import Profile, group_iter_time, group_util, score
 from harmony.sched.regroup import (Bound, Current, RunningGroup, on_arrival, on_completion,
                                    regroup, utilization)
 from harmony.sched import throughput as TP
-from harmony.sched.replay import predict
+from harmony.sched.replay import predict, predict_both
 
 __all__ = ["harmony", "harmony_util", "PROFILE_SAMPLES", "MIN_GAIN"]
 
@@ -116,11 +116,12 @@ def _room(g: RunningGroup, profiles: dict[str, Profile], profiling: dict) -> flo
     return max(0.0, 1.0 - cpu)
 
 
-def predict_jobs(profiles: dict[str, tuple], machines: int) -> dict[str, float]:
-    """Each job's predicted seconds per iteration in a group of these jobs
-    (their views' profile tuples) on ``machines`` machines: the model the
-    decisions use (alone: Tcpu + Tnet + overhead; shared: the queue replay)."""
-    return predict([Profile.from_view(j, v) for j, v in profiles.items()], machines)
+def predict_jobs(profiles: dict[str, tuple], machines: int) -> dict[str, tuple[float, float]]:
+    """Each job's predicted (training, epoch) seconds per iteration in a
+    group of these jobs (their views' profile tuples) on ``machines``
+    machines: the model the decisions use (alone: Tcpu + Tnet + overhead;
+    shared: the queue replay), and the same with the epoch's end included."""
+    return predict_both([Profile.from_view(j, v) for j, v in profiles.items()], machines)
 
 
 def _U(groups, profiles, total: int) -> float:

@@ -162,14 +162,15 @@ _harmony.preempts = _harmony_util.preempts = True     # type: ignore[attr-define
 _harmony.queued = _harmony_util.queued = True         # type: ignore[attr-defined]
 
 
-def _predict_jobs(profiles: dict[str, tuple], machines: int) -> dict[str, float]:
+def _predict_jobs(profiles: dict[str, tuple], machines: int) -> dict[str, tuple[float, float]]:
     from harmony.master.harmony_policy import predict_jobs
     return predict_jobs(profiles, machines)
 
 
-# ``predict``: the policy's model of each job's iteration time in a group,
-# from the jobs' profile tuples (as in a view) on ``machines`` machines; the
-# master records it for the next epoch at every epoch report
+# ``predict``: the policy's model of each job's (training, epoch) seconds per
+# iteration in a group, from the jobs' profile tuples (as in a view) on
+# ``machines`` machines; the master records it for the next epoch at every
+# epoch report
 _harmony.predict = _harmony_util.predict = _predict_jobs   # type: ignore[attr-defined]
 
 

@@ -60,7 +60,8 @@ class Shape:
 
 
 class _Job:
-    __slots__ = ("shape", "program", "pc", "seq", "epoch_start", "samples", "epochs")
+    __slots__ = ("shape", "program", "pc", "seq", "epoch_start", "samples", "epochs",
+                 "cycles")
 
     def __init__(self, shape: Shape) -> None:
         s = shape
@@ -79,14 +80,26 @@ class _Job:
         self.shape, self.program, self.pc, self.seq = shape, prog, 0, 0
         self.epoch_start: float | None = None
         self.samples: list[float] = []
+        self.cycles: list[float] = []     # whole epochs (start to next start) / iters
         self.epochs = 0
 
 
 def iteration_times(shapes: Sequence[Shape], epochs: int = 4, warmup: int = 1,
                     max_events: int = 5_000) -> dict[str, float]:
-    """Each job's predicted seconds per training iteration in the group:
-    the mean over ``epochs`` epochs after ``warmup`` of (train phase) / iters,
-    replayed until every job has that many or ``max_events`` passed (a job
+    """Each job's predicted seconds per training iteration in the group (the
+    first of :func:`replay`'s pair)."""
+    return {j: t for j, (t, _) in replay(shapes, epochs, warmup, max_events).items()}
+
+
+def replay(shapes: Sequence[Shape], epochs: int = 4, warmup: int = 1,
+           max_events: int = 5_000) -> dict[str, tuple[float, float]]:
+    """Each job's predicted (training, epoch) seconds per iteration in the
+    group. Training: the mean over ``epochs`` epochs after ``warmup`` of
+    (train phase) / iters, as the executor measures it. Epoch: the mean of
+    (one epoch's start to the next's) / iters, its end included: what the
+    job's progress (and its JCT) follows. Where waits fall, in the training
+    phase or at the epoch's end, depends on how the jobs' epochs line up; a
+    job's epoch does not. Replayed until every job has that many or ``max_events`` passed (a job
     whose subtasks are far shorter than its partners' laps them thousands
     of times: the bound keeps a replay within ~20 ms, where 50,000 events
     took 0.2 s of the master's loop). A job with no measured epoch by then
@@ -140,6 +153,8 @@ def iteration_times(shapes: Sequence[Shape], epochs: int = 4, warmup: int = 1,
         j = jobs[jid]
         _, _, gap, mark = j.program[j.pc]
         if mark == "first":
+            if j.epoch_start is not None and j.epochs - 1 >= warmup:
+                j.cycles.append((now - j.epoch_start) / (j.shape.iters or 1))
             j.epoch_start = now
         tie += 1
         heapq.heappush(timers, (now + gap, tie, jid))
@@ -168,12 +183,18 @@ def iteration_times(shapes: Sequence[Shape], epochs: int = 4, warmup: int = 1,
     cpu = sum(s.t_cpu for s in shapes)
     net = sum(s.t_net for s in shapes)
     for jid, j in jobs.items():
-        if j.samples:
-            out[jid] = sum(j.samples) / len(j.samples)
-        else:
-            s = j.shape
-            out[jid] = max(cpu, net, s.t_cpu + s.t_net + s.overhead)
+        s = j.shape
+        train = sum(j.samples) / len(j.samples) if j.samples else \
+            max(cpu, net, s.t_cpu + s.t_net + s.overhead)
+        epoch = sum(j.cycles) / len(j.cycles) if j.cycles else \
+            train + _end(s) / (s.iters or 1)
+        out[jid] = (train, epoch)
     return out
+
+
+def _end(s: Shape) -> float:
+    """A job's epoch end alone (no queue waits)."""
+    return (s.end_net + s.end_cpu + s.end_other) if s.iters else 0.0
 
 
 def _advance(run: dict, dt: float) -> None:
@@ -211,7 +232,7 @@ def _key(s: Shape) -> tuple:
 @lru_cache(maxsize=4096)
 def _cached(keys: tuple) -> tuple:
     shapes = [Shape(*k) for k in keys]
-    res = iteration_times(shapes)
+    res = replay(shapes)
     return tuple(res[s.id] for s in shapes)
 
 
@@ -219,8 +240,17 @@ def predict(profiles: Sequence[Profile], m: int) -> dict[str, float]:
     """Each job's predicted seconds per iteration in a group on ``m``
     machines: its own iteration time when alone (``job_iter_time``), else
     the queue replay (cached on shapes rounded to 3 significant digits)."""
+    return {j: t for j, (t, _) in predict_both(profiles, m).items()}
+
+
+def predict_both(profiles: Sequence[Profile], m: int) -> dict[str, tuple[float, float]]:
+    """Each job's predicted (training, epoch) seconds per iteration in a
+    group on ``m`` machines (see :func:`replay`); alone, the epoch adds the
+    job's own epoch end spread over its iterations."""
     if len(profiles) == 1:
         p = profiles[0]
-        return {p.id: job_iter_time(p, m)}
+        t = job_iter_time(p, m)
+        s = shape_at(p, m)
+        return {p.id: (t, t + _end(s) / (s.iters or 1))}
     keys = tuple(_key(shape_at(p, m)) for p in profiles)
     return dict(zip((p.id for p in profiles), _cached(keys)))
