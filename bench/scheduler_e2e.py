@@ -14,8 +14,12 @@ Reports makespan and mean JCT with ratios to isolated, the scheduler's
 decisions, and the prediction error of iteration times: for every running
 job and epoch, the iteration time the last decision predicted for it (its
 own, by the queue replay, where the policy makes one; else its group's, Eq
-4.1) vs the job's measured iteration time in that epoch, beside the noise
-floor of predicting an epoch by the one before it.
+4.1) vs the job's measured iteration time in that epoch; the same for the
+prediction the master records at each epoch report for the next epoch
+(training time and whole epoch per iteration), beside the noise floor of
+predicting an epoch by the one before it; and the ceiling no schedule can
+beat on these machines (each job's arrival plus its best time alone in the
+isolated modes run).
 
     python bench/scheduler_e2e.py [--jobs 8] [--mean-gap 6] [--epochs 12]
 """
