@@ -153,6 +153,14 @@ def prediction_samples(metrics: str) -> list[tuple[int, float, bool, float]]:
     return out
 
 
+def epoch_wall(prev: dict | None, ep: dict) -> float | None:
+    """An epoch's whole time per iteration, from the job's previous report to
+    this one, if that report was the epoch before on the same machines."""
+    if prev is None or prev["epoch"] != ep["epoch"] - 1 or prev["workers"] != ep["workers"]:
+        return None
+    return (ep["t"] - prev["t"]) / ep["timings"]["iters"]
+
+
 def fresh_samples(metrics: str) -> list[tuple[int, float, float | None]]:
     """Per job epoch (after its first): (group size, |predicted - measured| /
     measured of the training time per iteration, the same of the whole epoch
@@ -174,11 +182,8 @@ def fresh_samples(metrics: str) -> list[tuple[int, float, float | None]]:
         if r is None or r["t"] > ep["t"] or not tm.get("iters") or ep["epoch"] == 0:
             continue
         measured = tm["train"] / tm["iters"]
-        e_err = None
-        if prev is not None and prev["epoch"] == ep["epoch"] - 1 \
-                and prev["workers"] == ep["workers"] and "predicted_epoch" in r:
-            wall = (ep["t"] - prev["t"]) / tm["iters"]
-            e_err = abs(r["predicted_epoch"] - wall) / wall
+        wall = epoch_wall(prev, ep) if "predicted_epoch" in r else None
+        e_err = abs(r["predicted_epoch"] - wall) / wall if wall is not None else None
         out.append((len(r["jobs"]), abs(r["predicted"] - measured) / measured, e_err))
     return out
 
@@ -199,7 +204,7 @@ def noise_samples(metrics: str) -> list[tuple[float, float | None]]:
     decisions = [json.loads(line) for line in open(dpath)] if os.path.exists(dpath) else []
     last: dict[str, tuple] = {}
     out = []
-    report: dict[str, tuple] = {}      # job -> (epoch, t, workers) of its last report
+    report: dict[str, dict] = {}       # job -> its last report
     for ep in (json.loads(line) for line in open(path)):
         assign: dict = {}
         for d in decisions:
@@ -209,13 +214,12 @@ def noise_samples(metrics: str) -> list[tuple[float, float | None]]:
         g = assign.get(ep["job"])
         mates = frozenset(j for j, x in assign.items() if x == g) if g else frozenset()
         tm = ep["timings"]
-        rep, report[ep["job"]] = report.get(ep["job"]), (ep["epoch"], ep["t"], ep["workers"])
+        rep, report[ep["job"]] = report.get(ep["job"]), ep
         if not tm.get("iters") or ep["epoch"] == 0:
             last.pop(ep["job"], None)
             continue
         t = tm["train"] / tm["iters"]
-        wall = (ep["t"] - rep[1]) / tm["iters"] if rep is not None and \
-            rep[0] == ep["epoch"] - 1 and rep[2] == ep["workers"] else None
+        wall = epoch_wall(rep, ep)
         where = (tuple(ep["workers"]), mates)
         prev = last.get(ep["job"])
         if prev is not None and prev[0] == where and prev[2] == ep["epoch"] - 1:
@@ -272,6 +276,13 @@ def ceiling(runs: dict[str, list[dict]], jobs, times: list[float]) -> dict | Non
 def p90(xs: list[float]) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(0.9 * (len(xs) - 1))))]
+
+
+def cells(errs: list[float]) -> str:
+    """'epochs median p90' columns of a list of relative errors, or '-'."""
+    if not errs:
+        return "     -"
+    return f"{len(errs):6d} {100 * statistics.median(errs):6.1f}% {100 * p90(errs):6.1f}%"
 
 
 def main() -> None:
@@ -371,10 +382,7 @@ def main() -> None:
             sel = [x for x in fresh if min(4, x[0]) == size]
             errs, whole = [x[1] for x in sel], [x[2] for x in sel if x[2] is not None]
             label = f"{size}" if size < 4 else "4+"
-            print(f"{m:13} {label:>10} {len(errs):6d} {100 * statistics.median(errs):6.1f}% "
-                  f"{100 * p90(errs):6.1f}%   {'':12} " + (
-                      f"{len(whole):6d} {100 * statistics.median(whole):6.1f}% "
-                      f"{100 * p90(whole):6.1f}%" if whole else "     -"))
+            print(f"{m:13} {label:>10} {cells(errs)}   {'':12} {cells(whole)}")
     print("\nnoise floor: |previous epoch - epoch| / epoch, one job on unchanged machines "
           "beside unchanged jobs (the error of predicting an epoch by the one before)")
     print(f"{'mode':13} {'epochs':>6} {'median':>7} {'p90':>7}   "
@@ -383,10 +391,7 @@ def main() -> None:
         noise = [x for r in runs[m] for x in r.get("noise", [])]
         if noise:
             tr, wh = [x[0] for x in noise], [x[1] for x in noise if x[1] is not None]
-            print(f"{m:13} {len(tr):6d} {100 * statistics.median(tr):6.1f}% "
-                  f"{100 * p90(tr):6.1f}%   {'':12} " + (
-                      f"{len(wh):6d} {100 * statistics.median(wh):6.1f}% "
-                      f"{100 * p90(wh):6.1f}%" if wh else "     -"))
+            print(f"{m:13} {cells(tr)}   {'':12} {cells(wh)}")
 
 
 if __name__ == "__main__":
