@@ -13,6 +13,7 @@ messages runs here too (its per-payload variety is
 """
 from __future__ import annotations
 
+import os
 import random
 import socket
 import statistics
@@ -29,6 +30,7 @@ from harmony.cluster import LocalCluster
 from harmony.comm import messages as M
 from harmony.comm import security
 from harmony.comm.zmqutil import make_socket
+from harmony.store.transfer import chunk_digest
 from apps_for_tests import TOY_APP
 from conftest import ISOLATE, wait_state
 from test_hardening import _flood_payloads, flood
@@ -292,10 +294,118 @@ def probe_flood(cl):
         ctx.destroy(0)
 
 
+def _executors(cl) -> list[tuple[int, str]]:
+    """(pid, endpoint) of every socket an executor listens on (its PS shard)."""
+    others = {p.pid for p in cl.procs}
+    return [(pid, ep) for pid, ep in _listening(cl) if pid not in others]
+
+
+def _rss(pid: int) -> int:
+    return psutil.Process(pid).memory_info().rss
+
+
+def _blk(mid: str, bid: int, block: np.ndarray, **extra) -> list[bytes]:
+    """One whole block (keys and rows arrays) as a first chunk (array 0)."""
+    head = msgpack.packb({"id": bid, "arrays": [["keys", "<i8", [len(block)]],
+                                                ["rows", "<f4", [len(block), 1]]]})
+    data = block.astype("<i8").tobytes()
+    return [M.encode("blk", mid=mid, sec="model", bid=bid, arr=0, narr=2, off=0,
+                     size=len(data), h=chunk_digest(data), head=head, **extra), data]
+
+
+def probe_moved_blocks_from_any_key(cl):
+    """A block named as the job's own move (mv:JOB:...), for keys the shard
+    holds, from a reader, a client and a worker key (and with a guessed
+    tag): refused by every shard; ten 8 MiB chunks from each grow no
+    executor by 100 MiB; the job goes on (the snapshot checks its failures)."""
+    job = cl.attack["job"]
+    shards = _executors(cl)
+    assert len(shards) >= 2, shards
+    rss0 = {pid: _rss(pid) for pid, _ in shards}
+    big = np.zeros(MiB, np.int64)                 # 8 MiB: the first of two arrays
+    for keys in (_keys(cl, "reader", "reader"), _keys(cl, "client", "admin"),
+                 _keys(cl, "worker", "m1")):
+        for _, ep in shards:
+            r = _send(ep, _blk(f"mv:{job}:1:0", 0, np.arange(4)), keys, 3000)
+            assert r is not None and r.type == "blk_ack" and not r["ok"], (ep, r)
+            assert "another job attempt" in r["error"] and job not in r["error"], r.fields
+            r = _send(ep, _blk(f"mv:{job}:1:0", 0, np.arange(4), tag=f"{job}:1:"), keys,
+                      3000)
+            assert r is not None and not r["ok"], (ep, r)
+            for i in range(10):
+                _send(ep, _blk(f"mv:{job}:2:{i}", i, big), keys, 200)
+    for pid, _ in shards:
+        assert _rss(pid) - rss0[pid] < 100 * MiB, f"executor {pid} grew " \
+            f"{(_rss(pid) - rss0[pid]) / MiB:.0f} MiB"
+
+
+def probe_data_service_bombs_and_paths(cl, tmp_path_factory=None):
+    """At each daemon's data service, from a worker and a client key: a
+    9 MB payload header, 8 MiB arrays announced in a block of 1,000,
+    replicas and reads naming ../ and absolute paths. All refused; no
+    directory appears outside the state directories; no daemon grows by
+    100 MiB."""
+    c, job = cl.attack["client"], cl.attack["job"]
+    places = c.log_sources(job)
+    assert len(places) == 2, places
+    daemons = {p.pid: p for p in cl.procs[1:]}
+    rss0 = {pid: _rss(pid) for pid in daemons}
+    outside = os.path.join(os.path.dirname(cl.state_dir), "escaped")
+    data = os.urandom(1024)
+    for keys in (_keys(cl, "worker", "m1"), _keys(cl, "client", "admin")):
+        for _, ep in places:
+            r = _send(ep, [M.encode("blk", mid="rep:x", sec="model", bid=0, arr=0, narr=1,
+                                    off=0, size=4, h=chunk_digest(b"1234"),
+                                    head=b"\x90" * (8 << 20)), b"1234"], keys, 3000)
+            assert r is not None and r.type == "error", r
+            head = msgpack.packb({"id": 0, "arrays": [[f"a{i}", "<u1", [8 << 20]]
+                                                      for i in range(64)]})
+            piece = os.urandom(4096)
+            r = _send(ep, [M.encode("blk", mid="rep:y", sec="model", bid=0, arr=0, narr=1000,
+                                    off=0, size=8 << 20, h=chunk_digest(piece), head=head),
+                           piece], keys, 3000)
+            assert r is not None and r.type == "blk_ack" and not r["ok"], r
+            for bad in ("../../../escaped", outside, "a/../../b", ".."):
+                s = _dealer(ep, keys)
+                try:
+                    s.send_multipart([M.encode("blk", mid="rep:z", sec="model", bid=0, arr=0,
+                                               narr=1, off=0, size=len(data),
+                                               h=chunk_digest(data),
+                                               head=msgpack.packb({"raw": True})), data])
+                    assert s.poll(3000)
+                    assert M.decode(s.recv_multipart())["ok"]
+                    s.send(M.encode("blk_end", mid="rep:z", count=1, meta={
+                        "job": bad, "epoch": 1, "index": 0, "iteration": 0}))
+                    assert s.poll(3000)
+                    r = M.decode(s.recv_multipart())
+                    assert r.type in ("blk_done", "error") and not r.get("ok"), r
+                    assert "bad job id" in str(r.fields), r.fields
+                finally:
+                    s.close(0)
+                r = _send(ep, M.encode("ckpt_manifest", job=bad, epoch=1, index=0), keys, 3000)
+                assert r is not None and r.type == "error" and "bad job id" in r["message"], r
+    assert not os.path.exists(outside), "a replica was written outside the state dir"
+    for pid in daemons:
+        assert _rss(pid) - rss0[pid] < 100 * MiB, \
+            f"daemon {pid} grew {(_rss(pid) - rss0[pid]) / MiB:.0f} MiB"
+
+
+def _dealer(endpoint: str, keys: security.Keys) -> zmq.Socket:
+    s = make_socket(_CTX, zmq.DEALER, keys=keys)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SNDTIMEO, 3000)
+    s.connect(endpoint)
+    return s
+
+
+_CTX = zmq.Context.instance()
+
+
 PROBES = [probe_stranger_keys_at_the_master, probe_plain_text_at_the_master,
           probe_reader_and_worker_keys_beyond_their_role, probe_forged_executor_messages,
           probe_every_listening_socket, probe_wrong_shard_tag_from_a_cluster_key,
-          probe_heartbeat_bombs, probe_submit_bombs, probe_flood]
+          probe_heartbeat_bombs, probe_submit_bombs, probe_flood,
+          probe_moved_blocks_from_any_key, probe_data_service_bombs_and_paths]
 
 
 @pytest.mark.parametrize("probe", PROBES, ids=[p.__name__[6:] for p in PROBES])

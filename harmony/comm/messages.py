@@ -214,8 +214,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     # the shard no longer owns (some of) the keys: the owner map in force
     "ps_moved": {"rid": int, "owner": list, "peers": list},
     # blocks over the network (harmony.store.transfer); frames: one chunk
+    # (tag: a PS shard's job attempt and secret, as in pull/push: a moved
+    # block is taken only from the job's own executors)
     "blk": {"mid": str, "sec": str, "bid": int, "arr": int, "narr": int, "off": int,
-            "size": int, "h": int, "head": (bytes, _OPT)},
+            "size": int, "h": int, "head": (bytes, _OPT), "tag": (str, _OPT)},
     "blk_ack": {"mid": str, "sec": str, "bid": int, "ok": bool, "error": (str, _OPT)},
     "blk_end": {"mid": str, "count": int, "meta": dict},
     "blk_done": {"mid": str, "ok": bool, "digest": (bytes, _OPT), "error": (str, _OPT)},

@@ -27,11 +27,11 @@ import zmq
 
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import make_socket
+from harmony.util import names
 
 KEEP_BYTES = int(float(os.environ.get("HARMONY_LOG_KEEP_MB", 256)) * 2**20)
 KEEP_SECONDS = float(os.environ.get("HARMONY_LOG_KEEP_DAYS", 7)) * 86400
 READ_MAX = 1 << 20            # bytes of log in one reply
-_JOB = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _NAME = re.compile(r"^(?P<job>.+)\.(?P<index>\d+)\.(?P<attempt>\d+)$")
 
 
@@ -62,11 +62,11 @@ def prune(state_dir: str, keep_bytes: int, keep_seconds: float, now: float | Non
     now = time.time() if now is None else now
     d = kept_dir(state_dir)
     try:
-        names = os.listdir(d)
+        entries = os.listdir(d)
     except OSError:
         return 0
     files = []
-    for n in names:
+    for n in entries:
         p = os.path.join(d, n)
         try:
             st = os.stat(p)
@@ -91,15 +91,15 @@ def prune(state_dir: str, keep_bytes: int, keep_seconds: float, now: float | Non
 def find(state_dir: str, job: str) -> list[dict[str, Any]]:
     """The logs of ``job`` on this machine, oldest first: name
     (JOB.INDEX.ATTEMPT), path, live (its executor's dir still exists)."""
-    if not _JOB.match(job) or ".." in job:
+    if not names.NAME_RE.fullmatch(job):
         return []
     out = []
     for root, live in ((os.path.join(state_dir, "jobs"), True), (kept_dir(state_dir), False)):
         try:
-            names = os.listdir(root)
+            entries = os.listdir(root)
         except OSError:
             continue
-        for n in names:
+        for n in entries:
             base = n[:-4] if not live and n.endswith(".log") else n
             m = _NAME.match(base)
             if not m or m.group("job") != job:

@@ -287,7 +287,6 @@ class ShardServer:
         self.me = -1
         self.peers: list[str] = []
         self.incoming: set[int] = set()          # model blocks announced, not arrived
-        self.accept_blocks = False
         self._held_requests: list[tuple[bytes, list]] = []
         self._asm = Assembler()
         self._arrived = threading.Condition()
@@ -327,7 +326,6 @@ class ShardServer:
         """Model blocks on their way here: requests for them wait."""
         with self._arrived:
             self.incoming |= {int(b) for b in model_blocks} - self._arrived_model
-            self.accept_blocks = True
 
     def wait_arrivals(self, count: int, timeout_s: float) -> None:
         """Block until ``count`` blocks (model and input) have arrived."""
@@ -347,7 +345,6 @@ class ShardServer:
         with self.table.lock:
             self.table.settle()
         with self._arrived:
-            self.accept_blocks = False
             inputs, self.arrived_inputs = self.arrived_inputs, {}
             self.arrived_count = 0
             self._arrived_model.clear()
@@ -356,14 +353,17 @@ class ShardServer:
             return inputs
 
     def _on_block(self, ident: bytes, msg: M.Message) -> None:
-        # blocks of a move of this job may arrive before this executor has
-        # read the master's plan (the senders read it first): they are kept
-        # and counted all the same
-        job = self.tag.split(":")[0]
-        if not (self.accept_blocks or not job or msg["mid"].startswith(f"mv:{job}:")):
+        # only the job attempt's own executors move blocks here: every chunk
+        # carries the attempt's secret, as pulls and pushes do. A chunk
+        # without it is refused and changes nothing (no transfer error: a
+        # stranger cannot fail the move). Blocks of a move may arrive
+        # before this executor has read the master's plan (the senders read
+        # it first): they are kept and counted all the same.
+        if self.tag and not hmac.compare_digest(str(msg.get("tag") or ""), self.tag):
             return self._send(ident, [M.encode("blk_ack", mid=msg["mid"], sec=msg["sec"],
                                                bid=msg["bid"], ok=False,
-                                               error="this shard expects no blocks")])
+                                               error="block for another job attempt (or "
+                                                     "without its secret)")])
         try:
             done = self._asm.add(msg)
             if done is None:
@@ -426,7 +426,14 @@ class ShardServer:
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        next_expiry = 0.0
         while not self._stop.is_set():
+            if time.monotonic() >= next_expiry:     # what a sender left half-sent
+                next_expiry = time.monotonic() + 1.0
+                with self._serving:
+                    for mid in self._asm.expire():
+                        log.warning("transfer %s sent nothing for %.0fs: dropped",
+                                    mid, self._asm.idle_s)
             if not poller.poll(100):
                 continue
             try:

@@ -81,7 +81,6 @@ import logging
 import math
 import mmap
 import os
-import re
 import resource
 import shutil
 import socket
@@ -96,6 +95,7 @@ import lmdb
 import numpy as np
 
 from harmony.store.blocks import _MAGIC, Block, BlockFormatError, pack_header, parse_header
+from harmony.util import names
 
 try:    # the same CRC-32 as zlib's, 20x faster (hardware carry-less multiply)
     from isal.isal_zlib import crc32
@@ -107,7 +107,6 @@ log = logging.getLogger("harmony.store.lmdb")
 MiB = 1 << 20
 DEFAULT_MAP_SIZE = 1 << 30        # sparse: address space only
 DEFAULT_TXN_BYTES = 256 * MiB     # put_many splits bigger batches (bounds dirty memory)
-_JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _KEY = struct.Struct(">Q")        # big-endian: cursor order == block id order
 _TRAILER = struct.Struct("<4sIQ")  # magic, crc32(payload), len(payload)
 _TMAGIC = b"HSC1"
@@ -795,9 +794,10 @@ class LmdbBlockStore:
 
 
 def _check_job(job: str) -> str:
-    if not _JOB_RE.fullmatch(job):
-        raise ValueError(f"bad job id for a store directory: {job!r}")
-    return job
+    try:
+        return names.check(job, "job id for a store directory")
+    except names.BadName as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _try_lock(path: str) -> int | None:
@@ -939,13 +939,13 @@ def sweep_stale(root: str) -> list[str]:
     cleaned. Safe to run while executors are using other job dirs."""
     cleaned = []
     try:
-        names = sorted(os.listdir(root))
+        entries = sorted(os.listdir(root))
     except FileNotFoundError:
         return cleaned
-    for name in names:
+    for name in entries:
         d = os.path.join(root, name)
         owner = os.path.join(d, "OWNER")
-        if not (_JOB_RE.fullmatch(name) and os.path.isfile(owner)):
+        if not (names.NAME_RE.fullmatch(name) and os.path.isfile(owner)):
             continue
         fd = _try_lock(owner)
         if fd is None:

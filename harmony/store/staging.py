@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import uuid
 from typing import Iterator
 
@@ -23,10 +22,10 @@ from harmony.comm import messages as M
 from harmony.comm.zmqutil import make_socket
 from harmony.store.lmdb_store import LmdbEnv
 from harmony.store.transfer import Payload, TransferError, receive, send_payloads, wait_acks
+from harmony.util import names
 
 URL = "harmony://"
 CHUNK_BYTES = 4 << 20
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 TIMEOUT_S = 120.0
 
 
@@ -35,10 +34,10 @@ class StagingError(RuntimeError):
 
 
 def check_name(name: str) -> str:
-    if not NAME_RE.fullmatch(name or ""):
-        raise StagingError(f"bad data set name {name!r}: letters, digits, '.', '_', '-' "
-                           f"(at most 128, not starting with a dot or dash)")
-    return name
+    try:
+        return names.check(name, "data set name")
+    except names.BadName as exc:
+        raise StagingError(str(exc)) from None
 
 
 def refs(args: list[str]) -> list[str]:
@@ -163,8 +162,9 @@ def materialize(ctx: zmq.Context, record: dict, state_dir: str, me: str = "") ->
     same). Returns its path."""
     name = check_name(record["name"])
     digest = hashlib.sha256(b"".join(bytes(c["sha"]) for c in record["chunks"])).hexdigest()
-    d = os.path.join(state_dir, "data", name, digest[:16])
-    path = os.path.join(d, os.path.basename(record.get("filename") or name))
+    d = names.under(os.path.join(state_dir, "data"), name, digest[:16], what="data set name")
+    fname = os.path.basename(str(record.get("filename") or name))
+    path = os.path.join(d, fname if names.NAME_RE.fullmatch(fname) else name)
     if os.path.exists(path):
         return path
     os.makedirs(d, exist_ok=True)

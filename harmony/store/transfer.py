@@ -72,9 +72,10 @@ class Payload:
                       for _, a in arrays]
 
 
-def chunk_messages(mid: str, p: Payload, chunk: int = CHUNK_BYTES
+def chunk_messages(mid: str, p: Payload, chunk: int = CHUNK_BYTES, tag: str | None = None
                    ) -> Iterator[tuple[bytes, memoryview]]:
-    """The ``blk`` messages of one payload: (header, data frame) pairs."""
+    """The ``blk`` messages of one payload: (header, data frame) pairs
+    (``tag``: the receiving PS shard's job attempt secret)."""
     head, bufs = p.parts()
     packed = msgpack.packb(head, use_bin_type=True)
     first = True
@@ -84,7 +85,7 @@ def chunk_messages(mid: str, p: Payload, chunk: int = CHUNK_BYTES
             piece = buf[off:off + chunk]
             yield M.encode("blk", mid=mid, sec=p.sec, bid=int(p.bid), arr=ai, narr=len(bufs),
                            off=off, size=size, h=chunk_digest(piece),
-                           head=packed if first else None), piece
+                           head=packed if first else None, tag=tag), piece
             first = False
             off += len(piece)
             if off >= size:
@@ -95,12 +96,14 @@ def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload]
                   prefix: list[bytes] | None = None, max_open: int = MAX_OPEN,
                   chunk: int = CHUNK_BYTES,
                   throttle: Callable[[int, int], object] | None = None,
-                  progress: Callable[[int, int], object] | None = None) -> int:
+                  progress: Callable[[int, int], object] | None = None,
+                  tag: str | None = None) -> int:
     """Send payloads to ``socks[p.dest]``, largest first, at most ``max_open``
     open at a time with their chunks interleaved. ``prefix`` frames (a
     ROUTER's peer identity) go before each message. ``throttle(dest, n)``
     is called per chunk (network emulation), ``progress(bytes, payloads
-    done)`` after each. Returns the bytes sent."""
+    done)`` after each; ``tag`` goes in every chunk (a PS shard's job
+    attempt secret). Returns the bytes sent."""
     todo = sorted(payloads, key=lambda p: p.size, reverse=True)
     open_: list[tuple[Payload, Iterator]] = []
     sent = done = 0
@@ -108,7 +111,7 @@ def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload]
     while todo or open_:
         while todo and len(open_) < max_open:
             p = todo.pop(0)
-            open_.append((p, chunk_messages(mid, p, chunk)))
+            open_.append((p, chunk_messages(mid, p, chunk, tag)))
         for item in list(open_):
             p, it = item
             nxt = next(it, None)
@@ -133,33 +136,105 @@ def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload]
     return sent
 
 
+#: what one payload header may hold: at most this many arrays, of at most
+#: MAX_DIMS dimensions, with names and dtypes of at most 64 characters; the
+#: header itself at most HEAD_BYTES (it is decoded with these caps, so a
+#: hostile header costs at most its own size)
+MAX_ARRAYS = 64
+MAX_DIMS = 8
+HEAD_BYTES = 64 << 10
+#: a transfer with no chunk for this long is dropped, with all it held
+IDLE_S = 60.0
+_HEAD_OPTS = dict(raw=False, strict_map_key=True, max_str_len=64, max_bin_len=0,
+                  max_ext_len=0, max_array_len=MAX_ARRAYS, max_map_len=8)
+
+
+def _check_head(raw, narr: int, key) -> tuple[dict, list[int] | None]:
+    """A payload header, decoded within bounds and checked: ``(head, sizes)``
+    with the byte size each array must have (None for an opaque payload)."""
+    where = f"transfer {key[0]}: {key[1]} block {key[2]}"
+    if not isinstance(raw, bytes) or len(raw) > HEAD_BYTES:
+        raise TransferError(f"{where}: payload header missing or over {HEAD_BYTES} bytes")
+    if not 1 <= narr <= MAX_ARRAYS:
+        raise TransferError(f"{where}: {narr} arrays (1 to {MAX_ARRAYS})")
+    try:
+        head = msgpack.unpackb(raw, **_HEAD_OPTS)
+    except Exception as exc:
+        raise TransferError(f"{where}: bad payload header: {str(exc)[:100]}") from None
+    if not isinstance(head, dict):
+        raise TransferError(f"{where}: payload header is not a map")
+    if head.get("raw"):
+        if narr != 1:
+            raise TransferError(f"{where}: an opaque payload is one array, not {narr}")
+        return head, None
+    arrays = head.get("arrays")
+    if not isinstance(arrays, list) or len(arrays) != narr \
+            or not isinstance(head.get("id", 0), int):
+        raise TransferError(f"{where}: payload header does not describe {narr} arrays")
+    sizes = []
+    for a in arrays:
+        try:
+            name, dtype, shape = a
+            dt = np.dtype(dtype)
+            if not (isinstance(name, str) and isinstance(shape, list)
+                    and len(shape) <= MAX_DIMS and dt.kind in "biufc"
+                    and all(type(n) is int and n >= 0 for n in shape)):
+                raise ValueError("bad array description")
+            sizes.append(int(np.prod(shape, dtype=object)) * dt.itemsize)
+        except (TypeError, ValueError) as exc:
+            raise TransferError(f"{where}: payload header: {str(exc)[:100]}") from None
+    return head, sizes
+
+
 @dataclass
 class _Partial:
     head: dict
     narr: int
+    sizes: list[int] | None           # each array's bytes (None: opaque)
     arrays: list = field(default_factory=list)     # finished buffers, in order
     buf: np.ndarray | None = None                  # the array being assembled
     got: int = 0
-    held: int = 0
-    started: float = field(default_factory=time.monotonic)
+    held: int = 0                     # bytes of this payload counted in the budget
 
 
 class Assembler:
     """Receiver side: chunks in, whole verified payloads out.
 
-    ``max_bytes`` bounds what may be held half-received at once (a sender
-    that announces more is refused, not buffered)."""
+    ``max_bytes`` bounds every byte held for payloads not yet handed out
+    (assembled buffers and the frames kept without a copy alike, and, with
+    ``keep=True``, finished payloads waiting for their transfer's
+    ``blk_end``): a sender that would exceed it is refused, not buffered.
+    A transfer that sends nothing for ``idle_s`` is dropped by
+    :meth:`expire`, which the receiver's loop calls, so what a peer leaves
+    half-sent is freed. Headers are decoded within fixed caps and checked
+    against the sizes that arrive."""
 
-    def __init__(self, max_bytes: int = 8 << 30) -> None:
+    def __init__(self, max_bytes: int = 8 << 30, *, keep: bool = False,
+                 idle_s: float = IDLE_S) -> None:
         self.max_bytes = max_bytes
+        self.keep = keep
+        self.idle_s = idle_s
         self.partial: dict[tuple[str, str, int], _Partial] = {}
+        self.done: dict[str, dict[tuple[str, int], "Block | bytes"]] = {}
+        self._done_bytes: dict[str, int] = {}
+        self.touched: dict[str, float] = {}      # transfer -> its last chunk's time
         self.held = 0
 
-    def add(self, msg: M.Message) -> tuple[str, str, int, "Block | bytes"] | None:
+    def _take(self, key, part: _Partial, n: int) -> None:
+        if self.held + n > self.max_bytes:
+            self.forget(key)
+            raise TransferError(f"transfer {key[0]}: {n} more bytes would exceed the "
+                                f"receive limit of {self.max_bytes} bytes")
+        part.held += n
+        self.held += n
+
+    def add(self, msg: M.Message, now: float | None = None
+            ) -> tuple[str, str, int, "Block | bytes"] | None:
         """Take one ``blk`` message; return ``(mid, sec, bid, payload)`` when
         the payload is complete (a Block, or bytes for opaque payloads),
-        else None. Raises :class:`TransferError` for a bad or corrupt chunk
-        (and forgets the payload)."""
+        else None (with ``keep``, a complete payload is held for
+        :meth:`take` and returned too). Raises :class:`TransferError` for a
+        bad, corrupt or over-budget chunk (and forgets the payload)."""
         key = (msg["mid"], msg["sec"], int(msg["bid"]))
         if not msg.frames:
             raise TransferError(f"transfer {key[0]}: chunk without data")
@@ -169,45 +244,70 @@ class Assembler:
             self.forget(key)
             raise TransferError(f"transfer {key[0]}: {key[1]} block {key[2]} arrived corrupt "
                                 f"(chunk digest mismatch)")
+        self.touched[key[0]] = time.monotonic() if now is None else now
         part = self.partial.get(key)
         ai, off, size = int(msg["arr"]), int(msg["off"]), int(msg["size"])
         if part is None:
             if msg.get("head") is None or ai != 0 or off != 0:
                 raise TransferError(f"transfer {key[0]}: {key[1]} block {key[2]} does not "
                                     f"start with its first chunk")
-            try:
-                head = msgpack.unpackb(msg["head"], raw=False)
-            except Exception as exc:
-                raise TransferError(f"transfer {key[0]}: bad payload header: {exc}") from None
-            part = self.partial[key] = _Partial(head, int(msg["narr"]))
+            if self.keep and (key[1], key[2]) in self.done.get(key[0], {}):
+                raise TransferError(f"transfer {key[0]}: {key[1]} block {key[2]} sent twice")
+            head, sizes = _check_head(msg["head"], int(msg["narr"]), key)
+            part = self.partial[key] = _Partial(head, int(msg["narr"]), sizes)
         if ai != len(part.arrays) or off != part.got or off + len(data) > size \
-                or size < 0 or ai >= part.narr:
+                or size < 0 or ai >= part.narr \
+                or (part.sizes is not None and size != part.sizes[ai]):
             self.forget(key)
             raise TransferError(f"transfer {key[0]}: {key[1]} block {key[2]}: chunk "
-                                f"{ai}@{off} out of order or past its size")
+                                f"{ai}@{off} out of order, past its size or not the size "
+                                f"its header gives")
         if off == 0 and len(data) == size:
+            self._take(key, part, size)
             part.arrays.append(data)            # the frame itself: no copy
         else:
             if off == 0:
-                if self.held + size > self.max_bytes:
-                    self.forget(key)
-                    raise TransferError(f"transfer {key[0]}: {size} bytes would exceed the "
-                                        f"receive limit of {self.max_bytes} bytes")
+                self._take(key, part, size)
                 part.buf = np.empty(size, dtype=np.uint8)
-                part.held = size
-                self.held += size
             part.buf[off:off + len(data)] = np.frombuffer(data, dtype=np.uint8)
             part.got = off + len(data)
             if part.got < size:
                 return None
             part.arrays.append(part.buf)
-            self.held -= part.held
-            part.buf, part.held = None, 0
+            part.buf = None
         part.got = 0
         if len(part.arrays) < part.narr:
             return None
         del self.partial[key]
-        return key[0], key[1], key[2], self._build(key, part)
+        try:
+            out = self._build(key, part)
+        finally:
+            self.held -= part.held
+            if not self.keep and not any(k[0] == key[0] for k in self.partial):
+                self.touched.pop(key[0], None)
+        if self.keep:
+            n = len(out) if isinstance(out, (bytes, bytearray)) else out.nbytes
+            self.held += n
+            self._done_bytes[key[0]] = self._done_bytes.get(key[0], 0) + n
+            self.done.setdefault(key[0], {})[(key[1], key[2])] = out
+        return key[0], key[1], key[2], out
+
+    def take(self, mid: str) -> dict[tuple[str, int], "Block | bytes"]:
+        """The finished payloads of transfer ``mid`` (``keep``), handed out:
+        they no longer count against the budget. Drops its partial ones."""
+        got = self.done.pop(mid, {})
+        self.held -= self._done_bytes.pop(mid, 0)
+        self.drop_transfer(mid)
+        return got
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Drop every transfer with no chunk for ``idle_s``: what it held
+        is freed. Returns their ids."""
+        now = time.monotonic() if now is None else now
+        gone = [mid for mid, t in self.touched.items() if now - t > self.idle_s]
+        for mid in gone:
+            self.take(mid)
+        return gone
 
     @staticmethod
     def _build(key, part: _Partial):
@@ -215,11 +315,7 @@ class Assembler:
             buf = part.arrays[0]
             return bytes(buf) if not isinstance(buf, np.ndarray) else buf.tobytes()
         arrays = {}
-        meta = part.head.get("arrays", [])
-        if len(meta) != len(part.arrays):
-            raise TransferError(f"transfer {key[0]}: header names {len(meta)} arrays, "
-                                f"{len(part.arrays)} arrived")
-        for (name, dtype, shape), buf in zip(meta, part.arrays):
+        for (name, dtype, shape), buf in zip(part.head["arrays"], part.arrays):
             try:
                 arr = np.frombuffer(buf, dtype=np.dtype(dtype)).reshape(shape)
             except (TypeError, ValueError) as exc:
@@ -239,6 +335,8 @@ class Assembler:
     def drop_transfer(self, mid: str) -> None:
         for key in [k for k in self.partial if k[0] == mid]:
             self.forget(key)
+        if mid not in self.done:
+            self.touched.pop(mid, None)
 
 
 def receive(sock: zmq.Socket, timeout_s: float, what: str,

@@ -33,6 +33,7 @@ from harmony.comm.zmqutil import bind_random, check_endpoint, make_socket
 from harmony.obs import logs as obs_logs
 from harmony.store import staging
 from harmony.store.lmdb_store import sweep_stale
+from harmony.util import names
 from harmony.worker import jobckpt
 from harmony.worker.dataservice import DataService
 from harmony.worker.netem import NetEm, job_token
@@ -339,7 +340,8 @@ class Daemon:
                              daemon=True).start()
         elif msg.type == "data_gc":
             n = self.data.chunks.remove(msg["name"])
-            shutil.rmtree(os.path.join(self.state_dir, "data", msg["name"]), ignore_errors=True)
+            shutil.rmtree(names.under(os.path.join(self.state_dir, "data"), msg["name"],
+                                      what="data set name"), ignore_errors=True)
             log.info("dropped data set %s (%d chunk(s) here)", msg["name"], n)
         elif msg.type == "ckpt_gc":
             gone = jobckpt.gc(self.state_dir, msg["job"], msg.get("keep"))
@@ -378,7 +380,8 @@ class Daemon:
             self._drop(job)
             self._terminate(old)
             self.retiring.append(old)
-        d = os.path.join(self.state_dir, "jobs", f"{job}.{msg['index']}.{msg['attempt']}")
+        d = names.under(os.path.join(self.state_dir, "jobs"),
+                        f"{names.check(job, 'job id')}.{int(msg['index'])}.{int(msg['attempt'])}")
         try:
             proc, log_path = self._start_executor(msg, d)
         except Exception as exc:

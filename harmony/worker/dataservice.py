@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 import zmq
 
@@ -24,19 +25,30 @@ from harmony.comm import security
 from harmony.comm.zmqutil import bind_random, make_socket
 from harmony.obs import logs as obs_logs
 from harmony.store.checkpoint import CheckpointError, CheckpointStore
+from harmony.store import staging
 from harmony.store.staging import ChunkStore, StagingError
-from harmony.store.transfer import (CHUNK_BYTES, Assembler, Payload, TransferError,
-                                    send_payloads)
+from harmony.store.transfer import (CHUNK_BYTES, HEAD_BYTES, Assembler, Payload,
+                                    TransferError, send_payloads)
+from harmony.util.names import BadName
 from harmony.worker import jobckpt
 
 log = logging.getLogger("harmony.data")
 
-MAX_PENDING_BYTES = 4 << 30    # half-received replicas held at once
+#: every byte held for transfers not yet closed (half-received blocks and the
+#: whole ones waiting for their ``blk_end``), from all peers together; a
+#: transfer idle for IDLE_S is dropped with what it held
+MAX_PENDING_BYTES = 4 << 30
+IDLE_S = 60.0
 #: the largest frame the service reads (ZMQ_MAXMSGSIZE: a larger one
 #: disconnects its sender before it is buffered): a block chunk is at most
 #: CHUNK_BYTES; headers (a chunk's, with its payload's array list; a fetch's
 #: list of wanted blocks) are far below the extra MiB
 MAX_FRAME_BYTES = CHUNK_BYTES + (1 << 20)
+#: what the service decodes: one header of at most 1 MiB (a fetch's list of
+#: wanted blocks, a chunk's payload header) and one chunk
+DATA_LIMITS = M.Limits(max_bytes=MAX_FRAME_BYTES + (1 << 20), max_header=1 << 20,
+                       max_frames=2, max_str=64 * 1024, max_bin=HEAD_BYTES,
+                       max_array=1 << 17, max_map=1024, max_objects=1 << 19)
 
 
 class DataService:
@@ -48,9 +60,9 @@ class DataService:
         self.sock.setsockopt(zmq.SNDTIMEO, 60_000)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.endpoint = bind_random(self.sock, host)
-        self.asm = Assembler(MAX_PENDING_BYTES)
-        self.incoming: dict[str, dict[tuple[str, int], bytes]] = {}
+        self.asm = Assembler(MAX_PENDING_BYTES, keep=True, idle_s=IDLE_S)
         self._stop = threading.Event()
+        self._next_expiry = 0.0
         self._thread = threading.Thread(target=self._run, name="data-service", daemon=True)
         self.served_bytes = 0
         self.received_bytes = 0
@@ -68,6 +80,8 @@ class DataService:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         while not self._stop.is_set():
+            if time.monotonic() >= self._next_expiry:
+                self._expire()
             try:
                 if not poller.poll(200):
                     continue
@@ -85,7 +99,7 @@ class DataService:
                                                         "clients, not this key"))
                 continue
             try:
-                msg = M.decode(frames[1:])
+                msg = M.decode(frames[1:], DATA_LIMITS)
             except M.ProtocolError as exc:
                 self._reply(ident, M.error("bad_message", str(exc)))
                 continue
@@ -97,7 +111,7 @@ class DataService:
                 continue
             try:
                 self._handle(ident, msg)
-            except (CheckpointError, TransferError, StagingError, OSError) as exc:
+            except (CheckpointError, TransferError, StagingError, BadName, OSError) as exc:
                 log.warning("data service: %s failed: %s", msg.type, exc)
                 if msg.type == "blk_end":
                     self._reply(ident, M.encode("blk_done", mid=msg["mid"], ok=False,
@@ -107,6 +121,12 @@ class DataService:
             except Exception as exc:   # never let one request kill the service
                 log.exception("data service: %s failed", msg.type)
                 self._reply(ident, M.error("internal", f"{exc.__class__.__name__}: {exc}"))
+
+    def _expire(self) -> None:
+        self._next_expiry = time.monotonic() + 1.0
+        for mid in self.asm.expire():
+            log.warning("data service: transfer %s sent nothing for %.0fs: dropped with "
+                        "what it held", mid, self.asm.idle_s)
 
     def _reply(self, ident: bytes, payload: bytes) -> None:
         try:
@@ -153,13 +173,15 @@ class DataService:
             mid = msg["mid"]
             try:
                 done = self.asm.add(msg)
+                if done is not None and not isinstance(done[3], bytes):
+                    raise TransferError(f"transfer {mid}: {done[1]} block {done[2]} arrived "
+                                        f"as a block, not as exported bytes")
             except TransferError as exc:
-                self.incoming.pop(mid, None)
+                self.asm.take(mid)
                 return self._reply(ident, M.encode("blk_ack", mid=mid, sec=msg["sec"],
                                                    bid=msg["bid"], ok=False, error=str(exc)))
             if done is not None:
                 _, sec, bid, data = done
-                self.incoming.setdefault(mid, {})[(sec, bid)] = data
                 self.received_bytes += len(data)
                 self._reply(ident, M.encode("blk_ack", mid=mid, sec=sec, bid=bid, ok=True))
         elif msg.type == "data_fetch":
@@ -171,13 +193,12 @@ class DataService:
                                         meta={}))
         elif msg.type == "blk_end":
             mid, meta = msg["mid"], msg["meta"]
-            got = self.incoming.pop(mid, {})
-            self.asm.drop_transfer(mid)
+            got = self.asm.take(mid)
             if len(got) != msg["count"]:
                 raise TransferError(f"transfer {mid}: {len(got)} of {msg['count']} blocks "
                                     f"arrived")
             if meta.get("kind") == "stage":
-                name = str(meta["dataset"])
+                name = staging.check_name(str(meta["dataset"]))
                 for (_, i), data in sorted(got.items()):
                     self.chunks.put(name, i, data)
                 log.info("stored %d chunk(s) of data set %s", len(got), name)

@@ -578,7 +578,8 @@ class Executor:
                     last[0] = time.monotonic()
                     self.send("migrating", bytes_out=int(base[0] + nbytes),
                               blocks_out=int(base[1] + blocks))
-            out = send_payloads(ordered, mid, payloads, throttle=throttle, progress=progress)
+            out = send_payloads(ordered, mid, payloads, throttle=throttle, progress=progress,
+                                tag=self.tag)
             wait_acks(lambda d: socks[d], {(p.dest, p.sec, p.bid) for p in payloads}, mid,
                       self.MOVE_TIMEOUT_S)
         finally:

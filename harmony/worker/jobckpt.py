@@ -40,15 +40,20 @@ from harmony.ps.keymap import block_of
 from harmony.store.blocks import Block, BlockFormatError, export_block, import_block
 from harmony.store.checkpoint import CheckpointError, CheckpointStore
 from harmony.store.transfer import Payload, TransferError, receive, send_payloads, wait_acks
+from harmony.util import names
 
 FETCH_TIMEOUT_S = 120.0
 
 
 def ckpt_root(state_dir: str, job: str) -> str:
-    return os.path.join(state_dir, "ckpt", job)
+    """``STATE/ckpt/JOB``; a job id that is not a plain name (``..``, a
+    path) raises :class:`~harmony.util.names.BadName`."""
+    return names.under(os.path.join(state_dir, "ckpt"), job, what="job id")
 
 
 def part_dir(state_dir: str, job: str, epoch: int, index: int) -> str:
+    if int(epoch) < 0 or int(index) < 0:
+        raise names.BadName(f"checkpoint part e{epoch}-p{index}: negative epoch or index")
     return os.path.join(ckpt_root(state_dir, job), f"e{int(epoch)}-p{int(index)}")
 
 
@@ -72,10 +77,10 @@ def gc(state_dir: str, job: str, keep: int | None) -> list[str]:
         return [root]
     gone = []
     try:
-        names = os.listdir(root)
+        entries = os.listdir(root)
     except FileNotFoundError:
         return gone
-    for name in names:
+    for name in entries:
         ep = parse_part_dir(name)
         if ep is not None and ep[0] < keep:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
