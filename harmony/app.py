@@ -32,9 +32,13 @@ machine's delta is a whole update computed from its own share of the data
 1-machine job matches :func:`run_local` bit for bit.
 
 Divergence: at every epoch end the runtime checks the objective. A
-non-finite value, or one that rose ``--diverge-epochs`` epochs in a row
-(each time by more than ``DIVERGE_RTOL`` of the previous value), fails the
-job (``App.on_divergence = "fail"``, which the bundled apps but LDA choose)
+non-finite value, or one that stayed well above the best value the job has
+reached for ``--diverge-epochs`` epochs in a row, fails the job. "Well
+above" is by more than ``DIVERGE_RTOL`` of the best, or more than
+``DIVERGE_PROGRESS`` (0.1%) of what the job gained from its first epoch to its best,
+whichever is larger, so that SGD noise around a minimum (an NMF job long
+past convergence rises 0.6% over 3 epochs) is never taken for divergence,
+and an objective that climbs away from its best is. That (``App.on_divergence = "fail"``, which the bundled apps but LDA choose)
 or logs a warning (``"warn"``, the default), with a message naming the app's
 step-size option (``App.step_option``). A non-finite objective always fails.
 """
@@ -144,9 +148,12 @@ class Step:
 
 MAX_BLOCKS = 65536
 COMBINES = ("sum", "mean")
-#: a rise of the objective smaller than this fraction of the previous value
-#: is SGD noise, not a step of divergence
-DIVERGE_RTOL = 1e-3
+#: an objective within this fraction of its best so far is noise around a
+#: minimum, not divergence ...
+DIVERGE_RTOL = 0.05
+#: ... nor one within this fraction of the progress made from the first
+#: epoch's objective to the best (where the best is near zero)
+DIVERGE_PROGRESS = 1e-3
 
 log = logging.getLogger("harmony.app")
 
@@ -163,7 +170,8 @@ COMMON_OPTIONS = [
     Option("disk_ratio", str, "auto", "fraction of this job's input blocks kept on disk and "
            "reloaded in the background: 'auto' (hill-climbed against the memory budget) "
            "or a fixed value in [0, 1]"),
-    Option("diverge_epochs", int, 3, "stop the job as diverged when the objective rose this "
+    Option("diverge_epochs", int, 3, "stop the job as diverged when the objective stayed well "
+           "above its best (by 5 percent, or 0.1 percent of the progress made, the larger) this "
            "many epochs in a row (0: never; a non-finite objective always stops it)"),
 ]
 
@@ -423,9 +431,9 @@ class DivergenceWatch:
         if action not in ("fail", "warn"):
             raise AppError(f"app on_divergence must be 'fail' or 'warn', not {action!r}")
         self.step_option, self.action, self.opts = step_option, action, opts
-        self.prev: float | None = None
-        self.rises = 0
-        self.start: float | None = None      # the value before the current run of rises
+        self.first: float | None = None      # the first epoch's objective
+        self.best: float | None = None       # the lowest so far
+        self.above = 0                       # epochs in a row well above the best
         self.warned = False
 
     def _advice(self) -> str:
@@ -443,17 +451,16 @@ class DivergenceWatch:
         if not math.isfinite(obj):
             why = f"objective diverged at epoch {epoch} ({obj})"
         else:
-            prev = self.prev
-            if prev is not None and obj > prev + DIVERGE_RTOL * abs(prev):
-                if self.rises == 0:
-                    self.start = prev
-                self.rises += 1
-            else:
-                self.rises = 0
-            self.prev = obj
-            if k > 0 and self.rises >= k:
-                why = (f"objective diverged: it rose {self.rises} epochs in a row, "
-                       f"{self.start:.6g} -> {obj:.6g} at epoch {epoch}")
+            if self.first is None:
+                self.first = self.best = obj
+            self.best = min(self.best, obj)
+            tol = max(DIVERGE_RTOL * abs(self.best),
+                      DIVERGE_PROGRESS * (self.first - self.best))
+            self.above = self.above + 1 if obj > self.best + tol else 0
+            if k > 0 and self.above >= k:
+                why = (f"objective diverged: it stayed over {self.best + tol:.6g} (its best "
+                       f"{self.best:.6g} + {tol:.3g}) {self.above} epochs in a row, "
+                       f"{obj:.6g} at epoch {epoch}")
         if why is None:
             return
         msg = f"{why}; {self._advice()}"
