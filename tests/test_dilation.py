@@ -110,3 +110,11 @@ def test_nmf_on_a_cluster_at_dilation_4(tmp_path, ratings):
     comp = sum(e["timings"]["comp"] for e in st["epochs"])
     assert comp > 0 and wall >= d * comp
     assert all(e["timings"]["comp"] >= 0.9 * e["timings"]["comp_cpu"] for e in st["epochs"])
+
+
+def test_sim_import_takes_a_dilated_run_as_is_and_refuses_a_mix():
+    from harmony.sim.importer import run_dilation
+    assert run_dilation([{"id": "a"}, {"id": "b", "dilation": 1}]) == 1.0
+    assert run_dilation([{"id": "a", "dilation": 4.0}, {"id": "b", "dilation": 4}]) == 4.0
+    with pytest.raises(ValueError, match="different dilations"):
+        run_dilation([{"id": "a", "dilation": 4.0}, {"id": "b"}])
