@@ -17,6 +17,7 @@ from harmony.client import DEFAULT_KEYS, Client, ClientError, master_address
 from harmony.cluster import (ClusterError, LocalCluster, cluster_down, default_state_dir,
                              read_info)
 from harmony.comm import security
+from harmony import dilation as dil
 from harmony.cruise.plan import MAX_MOVES
 from harmony.master import policy as P
 from harmony.obs import progress
@@ -87,6 +88,7 @@ def master_main(argv: list[str] | None = None) -> int:
     _scheduler_args(s)
     s.add_argument("--heartbeat-timeout", type=float, default=5.0,
                    help="seconds without heartbeat before a worker is declared lost")
+    dil.add_argument(s)
     s.add_argument("--max-jobs-per-machine", type=int, default=0,
                    help="colocate policy: at most this many jobs share a machine "
                         "(default 0: no limit)")
@@ -119,7 +121,7 @@ def master_main(argv: list[str] | None = None) -> int:
                    max_jobs_per_machine=a.max_jobs_per_machine,
                    keys=keys, keep_models=a.keep_models, recover=a.recover,
                    master_file=a.master_file, dashboard_port=a.dashboard_port,
-                   dashboard_host=a.dashboard_host)
+                   dashboard_host=a.dashboard_host, dilation=a.dilation)
     except (StateDirLocked, JobTableError, ValueError, security.SecurityError) as exc:
         return _die(str(exc))
     except Exception as exc:  # e.g. address in use
@@ -152,6 +154,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     s.add_argument("--cpu-speed", type=float, default=1.0,
                    help="emulate a slower machine: its COMPs take 1/F as long as measured "
                         "(0 < F <= 1; the rest is slept, holding the CPU queue)")
+    dil.add_argument(s)     # must be the master's (checked when it registers)
     s.add_argument("--no-preempt", dest="preempt", action="store_false",
                    help="harmony mode: never stop a long COMP while a much shorter one "
                         "runs (the paper's non-preemptive CPU queue)")
@@ -184,7 +187,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         d = Daemon(master_address(master), name, a.host, a.cpus, a.memory, a.state_dir,
                    cpu_set=cpu_set, netem=a.netem, oom_kill=a.oom_kill, store_max=a.store_max,
                    preempt=a.preempt, keys=keys, master_file=a.master_file,
-                   cpu_speed=a.cpu_speed)
+                   cpu_speed=a.cpu_speed, dilation=a.dilation)
     except (ValueError, security.SecurityError) as exc:
         return _die(str(exc))
     d.serve_forever()
@@ -509,7 +512,8 @@ def cmd_cluster(a: argparse.Namespace) -> int:
                           keys=a.keys, insecure=a.insecure,
                           cpu_speed=getattr(a, "cpu_speed", None),
                           cruise=getattr(a, "cruise", False),
-                          max_moves=getattr(a, "max_moves", MAX_MOVES))
+                          max_moves=getattr(a, "max_moves", MAX_MOVES),
+                          dilation=a.dilation)
     except (ClusterError, ValueError) as exc:
         return _die(str(exc), 2)
     try:
@@ -518,8 +522,9 @@ def cmd_cluster(a: argparse.Namespace) -> int:
         return _die(str(exc))
     if cl.port_note:
         print(f"{cl.port_note}: using a free port", flush=True)
-    print(f"local cluster up ({a.mode} mode): master {ep}, {a.machines} machine(s), "
-          f"state in {cl.state_dir}", flush=True)
+    print(f"local cluster up ({a.mode} mode): master {ep}, {a.machines} machine(s)"
+          + (f" at dilation {a.dilation:g}" if a.dilation != 1 else "")
+          + f", state in {cl.state_dir}", flush=True)
     if ep != "tcp://127.0.0.1:5760" or a.state_dir:
         print(f"  export HARMONY_MASTER={ep}" + (
             f"   (or pass --state-dir {a.state_dir} to any harmony command)"
@@ -693,7 +698,8 @@ def cmd_demo(a: argparse.Namespace) -> int:
         print(f"generated {shape['ratings']:,} ratings ({a.users:,} users x {a.items:,} items, "
               f"planted rank 8, noise 0.1) in {data}", flush=True)
         cl = LocalCluster(a.machines, os.path.join(tmp, "cluster"), port=0, mode="harmony",
-                          keys=os.path.join(tmp, "keys"))     # its own key set, not the user's
+                          keys=os.path.join(tmp, "keys"),     # its own key set, not the user's
+                          dilation=a.dilation)
         try:
             ep = cl.start()
             print(f"local cluster up: master {ep}, {a.machines} machines, Harmony scheduler",
@@ -912,6 +918,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--cpu-speed", default=None,
                    help="emulate slower machines: one factor or one per machine, e.g. "
                         "1,1,0.5 (a COMP on a 0.5 machine takes twice as long)")
+    dil.add_argument(s)
     s.add_argument("--net-bandwidth", default=None,
                    help="emulate a NIC of this rate per machine, e.g. 50MB/s or 400Mbit; "
                         "a comma list gives each machine its own (12M,12M,4M)")
@@ -962,6 +969,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--items", type=int, default=2000)
     s.add_argument("--per-user", type=int, default=40)
     s.add_argument("--epochs", type=int, default=10)
+    dil.add_argument(s)
     s = sub.add_parser("data", help="stage input into the cluster; generate data sets")
     dsub = s.add_subparsers(dest="action", required=True)
     g = with_master(dsub.add_parser("put", help="stage a file on the workers (line-aligned "

@@ -13,6 +13,7 @@ import time
 
 import psutil
 
+from harmony import dilation as dil
 from harmony.client import Client, ClientError
 from harmony.comm.security import init_keys
 from harmony.cruise.plan import MAX_MOVES
@@ -123,8 +124,14 @@ class LocalCluster:
                  keys: str | None = None, insecure: bool = False,
                  port_fallback: bool = False, dashboard: bool = True,
                  dashboard_port: int = 0, cpu_speed: str | list[float] | None = None,
-                 cruise: bool = False, max_moves: int = MAX_MOVES) -> None:
+                 cruise: bool = False, max_moves: int = MAX_MOVES,
+                 dilation: float = 1.0) -> None:
         self.cruise = cruise
+        # time dilation: every machine D times slower, times reported undilated
+        try:
+            self.dilation = dil.check(dilation)
+        except dil.DilationError as exc:
+            raise ClusterError(str(exc)) from None
         self.max_moves = max_moves
         if machines < 1:
             raise ClusterError("--machines must be >= 1")
@@ -253,6 +260,7 @@ class LocalCluster:
                               "--max-moves", str(self.max_moves),
                               "--max-jobs-per-machine", str(self.max_jobs_per_machine),
                               "--heartbeat-timeout", str(self.heartbeat_timeout), *sec,
+                              "--dilation", repr(self.dilation),
                               *(["--dashboard-port", str(self.dashboard_port)]
                                 if self.dashboard else [])],
                              "master.log")
@@ -272,7 +280,9 @@ class LocalCluster:
         netem = None
         if self.rate:
             netem = os.path.join(self.state_dir, "netem.bin")
-            NetEm.create(netem, names, self.rate).close()
+            rate = ([dil.link_rate(r, self.dilation) for r in self.rate]
+                    if isinstance(self.rate, list) else dil.link_rate(self.rate, self.dilation))
+            NetEm.create(netem, names, rate).close()
         for i, name in enumerate(names):
             extra = []
             if self.cpu_sets:
@@ -296,7 +306,8 @@ class LocalCluster:
                 ["harmony.worker", "start", "--master", self.endpoint, "--name", name,
                  "--master-file", self.master_file,
                  "--host", self.host, "--state-dir", os.path.join(self.state_dir, "workers", name),
-                 "--log-level", self.log_level, *sec, *extra], f"worker-{name}.log",
+                 "--log-level", self.log_level, "--dilation", repr(self.dilation),
+                 *sec, *extra], f"worker-{name}.log",
                 hide=hide))
         self._write_info()
         with Client(self.endpoint, timeout_s=5, keys=self.keys, insecure=self.insecure) as c:
@@ -321,6 +332,7 @@ class LocalCluster:
                        "pids": [p.pid for p in self.procs],
                        "started": [_start_time(p.pid) for p in self.procs],
                        "machines": self.machines, "mode": self.mode,
+                       "dilation": self.dilation,
                        "dashboard": self.dashboard_url}, fh)
 
     def stop(self, timeout: float = 15.0) -> None:

@@ -114,7 +114,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "cluster": {"workers": list, "master": dict},
     # worker daemon -> master
     "register": {"name": str, "host": str, "cpus": int, "memory": int, "pid": int,
-                 "executors": list, "data_endpoint": (str, _OPT), "revision": (str, _OPT)},
+                 "executors": list, "data_endpoint": (str, _OPT), "revision": (str, _OPT),
+                 "dilation": (_NUM, _OPT)},     # its time dilation (harmony.dilation)
     "registered": {"heartbeat_interval": _NUM},
     "heartbeat": {"name": str, "executors": list, "stats": (dict, _OPT)},
     "hb_ack": {},

@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from harmony import dilation as dil
 from harmony.comm import messages as M
 from harmony.cruise.plan import MAX_MOVES   # a resize's concurrent block moves
 from harmony.master import policy as P
@@ -264,7 +265,10 @@ class MasterCore:
                  revision: str | None = None, state_dir: str = "",
                  now: float = 0.0, liveness_every: float = LIVENESS_EVERY,
                  cruise: bool = False, max_moves: int = MAX_MOVES,
-                 predict_epochs: bool = False) -> None:
+                 predict_epochs: bool = False, dilation: float = 1.0) -> None:
+        # time dilation (harmony.dilation): ``now`` is in undilated seconds
+        # already (the shell's clock); D is what daemons must run at
+        self.dilation = dil.check(dilation)
         # record the policy's prediction of every job's next epoch at each
         # epoch report (the runtime's run record; the simulator skips the cost)
         self.predict_epochs = predict_epochs
@@ -506,6 +510,7 @@ class MasterCore:
         d = job.detail(now=self.now, max_epochs=MAX_STATUS_EPOCHS)
         d.update(self._group_prediction(job))
         d["why"] = self._why(job)
+        d["dilation"] = self.dilation       # its times are undilated seconds
         self._send(ident, _msg("status", job=d))
 
     def _why(self, job: Job) -> str:
@@ -658,11 +663,16 @@ class MasterCore:
               for w in sorted(self.workers.values(), key=lambda w: w.name)]
         self._send(ident, _msg("cluster", workers=ws, master={
             "endpoint": self.endpoint, "pid": self.pid, "bad_messages": self.bad_messages,
-            "mode": self.mode, "revision": self.revision or None}))
+            "mode": self.mode, "revision": self.revision or None, "dilation": self.dilation}))
 
     # -- worker daemons --------------------------------------------------------------
     def _on_register(self, ident: bytes, msg: M.Message) -> None:
         name = msg["name"]
+        if float(msg.get("dilation") or 1.0) != self.dilation:
+            return self._send(ident, _err("bad_dilation", f"this master runs at dilation "
+                                          f"{self.dilation:g}, worker {name} at "
+                                          f"{msg.get('dilation') or 1:g}: start it with "
+                                          f"--dilation {self.dilation:g}"))
         old = self.workers.get(name)
         if old is not None and old.ident != ident:
             self.by_ident.pop(old.ident, None)
@@ -692,6 +702,8 @@ class MasterCore:
                 self._say("stats", "worker %s: heartbeat stats refused (not a map of at most "
                           "%d known numbers)", w.name, M.MAX_STATS_ENTRIES)
             elif "dt" in clean:
+                if self.dilation != 1.0:    # on the master's (undilated) clock
+                    clean["t"] = self.now
                 w.stats.append(clean)
                 self._record("machines", {"machine": w.name, **clean})
         executors = msg["executors"]

@@ -25,6 +25,7 @@ import zmq
 from harmony.comm import messages as M
 from harmony.comm import security
 from harmony.comm.zmqutil import make_socket
+from harmony.dilation import Clock
 from harmony.master import core as C
 from harmony.master.core import (KEEP_MODELS, MasterCore, Reconfig, Run,  # noqa: F401
                                  Worker, balance)
@@ -138,20 +139,24 @@ class Master:
                  keep_models: int | None = None, recover: bool = False,
                  master_file: str | None = None, dashboard_port: int | None = None,
                  dashboard_host: str | None = None, cruise: bool = False,
-                 max_moves: int = C.MAX_MOVES) -> None:
+                 max_moves: int = C.MAX_MOVES, dilation: float = 1.0) -> None:
         # who may send what: with keys, every peer is authenticated (CURVE)
         # and each message type is accepted only from its role (the core's table)
         self.keys = keys
         if keep_models is None:
             keep_models = int(os.environ.get("HARMONY_KEEP_MODELS", KEEP_MODELS))
         self.state_dir = os.path.abspath(state_dir)
+        # the core's clock: undilated seconds (harmony.dilation), so every
+        # time the core measures or waits for is in undilated seconds
+        self.clock = Clock(dilation)
         # the core checks its settings before anything is opened or locked
         self.core = MasterCore(
             heartbeat_timeout=heartbeat_timeout, launch_timeout=launch_timeout, policy=policy,
             mode=mode, max_jobs_per_machine=max_jobs_per_machine, secure=keys is not None,
             keep_models=keep_models, pid=os.getpid(),
             revision=os.environ.get("HARMONY_REVISION") or None, state_dir=self.state_dir,
-            now=time.time(), cruise=cruise, max_moves=max_moves, predict_epochs=True)
+            now=self.clock(), cruise=cruise, max_moves=max_moves, predict_epochs=True,
+            dilation=self.clock.dilation)
         if keys is not None:
             security.use(keys)
         os.makedirs(self.state_dir, exist_ok=True)
@@ -166,7 +171,7 @@ class Master:
         self.db = JobDB(self.state_dir, recover=recover)
         self.core.jobs = {j.id: j for j in self.db.load_all()}
         self.core.datasets = self.db.load_datasets()
-        self._run(self.core.recover(time.time()))
+        self._run(self.core.recover(self.clock()))
         _return_large_buffers()
         self.ctx = zmq.Context()
         self.sock = make_socket(self.ctx, zmq.ROUTER)
@@ -240,8 +245,8 @@ class Master:
                             break
                         self._dispatch(frames)
                 while not self._solved.empty():
-                    self._run(self.core.handle(self._solved.get(), time.time()))
-                self._run(self.core.handle(tick, time.time()))
+                    self._run(self.core.handle(self._solved.get(), self.clock()))
+                self._run(self.core.handle(tick, self.clock()))
                 if self.obs is not None:        # [obs hook] at most once a second
                     self.obs.tick(self)
         finally:
@@ -283,7 +288,7 @@ class Master:
             hasattr(frames[1], "get") else None
         frames = [f.bytes if hasattr(f, "bytes") else f for f in frames]
         ident, body = frames[0], frames[1:]
-        now = time.time()
+        now = self.clock()
         try:
             msg = M.decode(body, M.MASTER_LIMITS)
         except M.ProtocolError as exc:
@@ -309,7 +314,7 @@ class Master:
                         continue
                     last = (cmd.type, cmd.fields, payload)
                 if not self._send(cmd.to, payload) and cmd.fail is not None:
-                    self._run(self.core.handle(cmd.fail, time.time()))
+                    self._run(self.core.handle(cmd.fail, self.clock()))
             elif kind is C.Persist:
                 getattr(self.db, cmd.op)(*cmd.args)
             elif kind is C.Record:
@@ -339,8 +344,8 @@ class Master:
             job.id = f"job-{self.db.next_seq():04d}"
             self.db.save(job, strict=True)
         except TableFull as exc:
-            return self._run(self.core.handle(C.AdmitFailed(cmd.ident, str(exc)), time.time()))
-        self._run(self.core.handle(C.Admitted(cmd.ident, job), time.time()))
+            return self._run(self.core.handle(C.AdmitFailed(cmd.ident, str(exc)), self.clock()))
+        self._run(self.core.handle(C.Admitted(cmd.ident, job), self.clock()))
 
     def _send(self, ident: bytes, payload: bytes) -> bool:
         """Send without ever blocking the master: a peer whose queue is full

@@ -42,6 +42,13 @@ returned among the skipped ones. Profiles are as measured: import a run in
 isolated mode for profiles without co-location effects (in naive mode COMP
 includes time-slicing with co-located jobs; in harmony mode COMP is the
 job's own, as the executors subtract the time a preempted COMP stood).
+
+A run on a dilated cluster (``harmony cluster up --dilation D``) is
+imported as it is: its status records are in undilated seconds already
+(the master's clock and the executors' timings divide by D, see
+``harmony.dilation``) and name their ``dilation``; a simulator run describes
+undilated machines. Records of runs at different dilations are refused
+together (one run at a time).
 """
 from __future__ import annotations
 
@@ -183,11 +190,23 @@ def jobs_from_status(records: Iterable[Mapping[str, Any]],
     return out, skipped
 
 
+def run_dilation(records: Iterable[Mapping[str, Any]]) -> float:
+    """The dilation the records' run had (1 where not recorded); their
+    times are undilated seconds either way. A mix of runs at different
+    dilations is a ValueError."""
+    ds = {float(r.get("dilation") or 1.0) for r in records}
+    if len(ds) > 1:
+        raise ValueError(f"status records of runs at different dilations "
+                         f"({', '.join(f'{d:g}' for d in sorted(ds))}): import one run at a time")
+    return ds.pop() if ds else 1.0
+
+
 def import_run(status_paths: Sequence[str | os.PathLike], jobs_log: str | None = None,
                out: str | None = None) -> tuple[list[TraceJob], list[str]]:
     """``jobs_from_status`` on status files (and a ``jobs.jsonl``); writes the
     trace to ``out`` if given."""
     recs = [r for p in status_paths for r in load_status(p)]
+    run_dilation(recs)
     jobs, skipped = jobs_from_status(recs, load_jobs_log(jobs_log) if jobs_log else None)
     if out:
         save_trace(jobs, out)

@@ -29,6 +29,7 @@ import zmq
 
 from harmony.comm import messages as M
 from harmony.comm import security
+from harmony import dilation as dil
 from harmony.comm.zmqutil import bind_random, check_endpoint, make_socket
 from harmony.obs import logs as obs_logs
 from harmony.store import staging
@@ -111,7 +112,10 @@ class Daemon:
                  netem: str | None = None, oom_kill: bool = False,
                  store_max: int | None = None, preempt: bool = True,
                  keys: security.Keys | None = None, master_file: str | None = None,
-                 cpu_speed: float = 1.0) -> None:
+                 cpu_speed: float = 1.0, dilation: float = 1.0) -> None:
+        # time dilation (harmony.dilation): the master's D, checked when it
+        # registers; the queues' clock runs in undilated seconds
+        self.dilation = dil.check(dilation)
         if not 0 < cpu_speed <= 1:
             raise ValueError(f"--cpu-speed must be in (0, 1], not {cpu_speed}")
         self.cpu_speed = cpu_speed      # emulated: COMPs here take 1/cpu_speed as long
@@ -167,7 +171,7 @@ class Daemon:
         # clock is ours: time.monotonic)
         self.core = DaemonCore(preempt=preempt, memory_budget=int(self.memory),
                                oom_kill=oom_kill)
-        self.clock = time.monotonic
+        self.clock = dil.Clock(self.dilation, time.monotonic)
         self._netem_primary: int | None = None     # the token last set (None: not yet)
         self.xident: dict[str, bytes] = {}           # job -> executor identity
         self.events_path = os.path.join(self.state_dir, "queue-events.jsonl")
@@ -241,7 +245,8 @@ class Daemon:
                                    memory=self.memory, pid=os.getpid(),
                                    executors=sorted(self.execs),
                                    data_endpoint=self.data.endpoint,
-                                   revision=os.environ.get("HARMONY_REVISION") or None)
+                                   revision=os.environ.get("HARMONY_REVISION") or None,
+                                   dilation=self.dilation)
                 if self.memory_set and now - self._mem_at >= MEM_CHECK_S:
                     self._mem_at = now
                     self._check_memory()
@@ -316,7 +321,7 @@ class Daemon:
         self._last_ack = time.time()
         if msg.type == "registered":
             self.registered = True
-            self.hb_interval = float(msg["heartbeat_interval"])
+            self.hb_interval = dil.wall(float(msg["heartbeat_interval"]), self.dilation)
             log.info("registered with master")
         elif msg.type == "hb_ack":
             pass
@@ -405,7 +410,7 @@ class Daemon:
                 "app_source": msg["app_source"], "args": msg["args"],
                 "master": self.master, "host": self.host, "worker": self.name,
                 "daemon": self.xendpoint, "netem": self.netem_path,
-                "cpu_speed": self.cpu_speed,
+                "cpu_speed": self.cpu_speed, "dilation": self.dilation,
                 "resume": msg.get("resume"), "join": bool(msg.get("join")),
                 "datasets": msg.get("datasets"),
                 "keys": self.keys.directory if self.keys is not None else None,
@@ -588,7 +593,8 @@ class Daemon:
                 if act.tell and ident is not None:
                     # before it runs on: it reads this after its COMP, so its
                     # COMP time (its profile) does not count the other's COMP
-                    self._xsend(ident, M.encode("preempted", seq=sub.seq, seconds=act.stood))
+                    stood = dil.wall(act.stood, self.dilation)    # the executor's clock
+                    self._xsend(ident, M.encode("preempted", seq=sub.seq, seconds=stood))
                 self._log_event("resume", sub, "cpu")
                 self._signal(sub.job, signal.SIGCONT)
         if self.netem is not None:
@@ -688,7 +694,8 @@ class Daemon:
         prev, self._stats_prev = self._stats_prev, cur
         if prev is None:
             return {"t": now}
-        dt = max(now - prev["t"], 1e-6)
+        wdt = max(now - prev["t"], 1e-6)   # wall seconds; the rest: undilated
+        dt = dil.undilated(wdt, self.dilation)
         mem = sum(self._exec_memory(self.core.memory_jobs(loaded_only=True)).values())
         out = {"t": now, "dt": dt, "cpu": min(1.0, max(0.0, dcpu) / (dt * self.cpus)),
                "mem": mem / self.memory,
@@ -696,7 +703,7 @@ class Daemon:
                "q_net": min(1.0, (cur["q_net"] - prev["q_net"]) / (2 * dt))}
         if self.netem is not None:
             out["net"] = min(1.0, max(cur["eg"] - prev["eg"], cur["in"] - prev["in"])
-                             / (dt * self.netem.rate_of(self.name)))
+                             / (wdt * self.netem.rate_of(self.name)))
         for r, q in self.core.queue_stats().items():
             out[f"qg_{r}"], out[f"qw_{r}"] = q.granted, q.wait
             out[f"qd_{r}"], out[f"qr_{r}"] = q.done, q.run

@@ -34,6 +34,7 @@ import zmq
 
 from harmony.app import (App, AppError, InputPart, ModelSpec, Step, disk_ratio, load_app,
                          mutable_input, parse_app_args, should_stop)
+from harmony import dilation as dil
 from harmony.comm import messages as M
 from harmony.comm import security
 from harmony.comm.zmqutil import make_socket
@@ -211,6 +212,11 @@ class Executor:
         # and Step.machines; fewer than count once some executors are servers only
         self.workers = self.count
         self.cpu_speed = float(spec.get("cpu_speed") or 1.0)
+        # time dilation (harmony.dilation): subtasks last D times as long,
+        # timeouts too; timings are reported in undilated seconds
+        self.dil = dil.check(spec.get("dilation") or 1.0)
+        self.MOVE_TIMEOUT_S = dil.wall(Executor.MOVE_TIMEOUT_S, self.dil)
+        self.DAEMON_REPLY_S = dil.wall(Executor.DAEMON_REPLY_S, self.dil)
         self.ctx = zmq.Context()
         ident = f"x:{self.job}:{self.index}:{self.attempt}:{os.getpid()}".encode()
         self.ctl = make_socket(self.ctx, zmq.DEALER, identity=ident)
@@ -258,9 +264,10 @@ class Executor:
     def _liveness(self) -> None:
         """While waiting long, ping the master; give up when it is gone."""
         quiet = time.monotonic() - self.last_contact
-        if quiet > MASTER_TIMEOUT_S:
+        ping_after = dil.wall(PING_AFTER_S, self.dil)
+        if quiet > dil.wall(MASTER_TIMEOUT_S, self.dil):
             raise MasterLost(f"no word from the master for {quiet:.0f}s")
-        if quiet > PING_AFTER_S and time.monotonic() - self.last_ping > PING_AFTER_S:
+        if quiet > ping_after and time.monotonic() - self.last_ping > ping_after:
             self.last_ping = time.monotonic()
             self.send("ping")
 
@@ -338,7 +345,8 @@ class Executor:
                                    join=join or None,
                                    # its start-up: seconds since the process began,
                                    # and the CPU seconds they took (imports, input)
-                                   setup_s=max(0.0, time.time() - me.create_time()),
+                                   setup_s=dil.undilated(max(0.0, time.time() - me.create_time()),
+                                                         self.dil),
                                    setup_cpu=sum(me.cpu_times()[:2])))
             if join:
                 table.load(np.zeros(0, np.int64), np.zeros((0, spec.dim), spec.dtype))
@@ -422,7 +430,8 @@ class Executor:
                      restored.fetched_bytes / 2**20)
         self.server.set_layout(owner, self.index, start["peers"])
         self.client = PSClient(self.ctx, start["peers"], owner, spec.dim, spec.dtype,
-                               throttle=self._throttle_fn(self.machines), tag=self.tag)
+                               throttle=self._throttle_fn(self.machines), tag=self.tag,
+                               timeout_s=dil.wall(120.0, self.dil))
         self.client.set_local(self.server)      # this machine's shard: no ZeroMQ round trip
         return restored.epoch if restored else 0
 
@@ -443,7 +452,7 @@ class Executor:
         self._place_input(inp, opts, spec, fixed)
         self.seq = m["seq"]
         self.send("migrated", bytes_out=0, bytes_in=int(self.server.arrived_bytes),
-                  seconds=time.perf_counter() - t0)
+                  seconds=dil.undilated(time.perf_counter() - t0, self.dil))
         self._apply_layout(m, spec.dim, spec.dtype)
         self.wait("reconfigured")
         return m["epoch"] + 1
@@ -457,7 +466,8 @@ class Executor:
         self.server.set_layout(owner, self.index, m["peers"])
         if self.client is None:
             self.client = PSClient(self.ctx, m["peers"], owner, dim, dtype,
-                                   throttle=self._throttle_fn(self.machines), tag=self.tag)
+                                   throttle=self._throttle_fn(self.machines), tag=self.tag,
+                               timeout_s=dil.wall(120.0, self.dil))
             self.client.set_local(self.server)
         else:
             self.client.set_layout(m["peers"], owner)
@@ -516,7 +526,7 @@ class Executor:
         log.info("resize after epoch %d: sent %d block(s) (%.1f MiB), received %d, in %.2fs",
                  epoch, nsent, out / 2**20, m["expect"], time.perf_counter() - t0)
         self.send("migrated", bytes_out=int(out), bytes_in=int(self.server.arrived_bytes),
-                  seconds=time.perf_counter() - t0)
+                  seconds=dil.undilated(time.perf_counter() - t0, self.dil))
         self.server.arrived_bytes = 0
         if me < 0:
             self.wait("leave")
@@ -874,12 +884,14 @@ class Executor:
                 box = {}
 
                 def pull():
-                    t = time.perf_counter()
+                    t, w = time.perf_counter(), self.net_wait
                     # own, aligned memory for the app (a ZeroMQ frame is only
                     # malloc-aligned; measured slower in sparse kernels)
                     rows = np.array(client.pull(keys))
                     rows.flags.writeable = False
                     box["rows"] = rows
+                    # dilated: its own work x D (the link's wait is x D already)
+                    dil.stretch(time.perf_counter() - t - (self.net_wait - w), self.dil)
                     tm["pull"] += time.perf_counter() - t
 
                 def comp():
@@ -888,14 +900,15 @@ class Executor:
                         table.spill()
                     box["deltas"] = _call(group, lambda g: app.compute(g, keys, box["rows"],
                                                                        step))
-                    if self.cpu_speed < 1.0:    # an emulated slower machine
-                        time.sleep((time.perf_counter() - t) * (1.0 / self.cpu_speed - 1.0))
+                    # an emulated slower machine, dilated: x D / cpu_speed
+                    dil.stretch(time.perf_counter() - t, dil.cpu_factor(self.cpu_speed, self.dil))
                     tm["comp"] += time.perf_counter() - t
                     tm["comp_cpu"] += time.thread_time() - c
 
                 def push():
-                    t = time.perf_counter()
+                    t, w = time.perf_counter(), self.net_wait
                     client.push(keys, app.combine_deltas(keys, box["deltas"], self.workers))
+                    dil.stretch(time.perf_counter() - t - (self.net_wait - w), self.dil)
                     tm["push"] += time.perf_counter() - t
 
                 t0 = time.perf_counter()
@@ -940,12 +953,14 @@ class Executor:
             box = {}
 
             def evaluate():
+                t = time.perf_counter()
                 box["sums"] = _plain(_call(blocks, lambda b: app.objective(b, keys,
                                                                            box["rows"])))
                 table.restore()
                 with table.lock:
                     for k, v in _plain(app.model_objective(table.keys, table.rows)).items():
                         box["sums"][k] = box["sums"].get(k, 0.0) + v
+                dil.stretch(time.perf_counter() - t, self.dil)
             try:
                 self._sub("net", lambda: box.__setitem__("rows", np.array(client.pull(keys))))
                 self._sub("cpu", evaluate)
@@ -961,7 +976,8 @@ class Executor:
             tm["alpha"] = inp.alpha            # the disk ratio it ran with
             mem_peak = self.watch.take() if self.watch is not None else own_memory()[1]
             store = self._adapt(inp, tot, mem_peak, len(all_ids) / max(1, len(groups)))
-            self.send("epoch_done", epoch=epoch, sums=sums, timings=tm, store=store)
+            self.send("epoch_done", epoch=epoch, sums=sums,
+                      timings=dil.undilate_timings(tm, self.dil), store=store)
             total = self.wait("epoch_sums")
             metrics = _plain(app.metrics(total["sums"]))
             # the app's own stop rule, or the scheduler ends the job early
