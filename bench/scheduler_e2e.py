@@ -60,11 +60,14 @@ def make_jobs(tmp: str, a: argparse.Namespace) -> list[tuple[str, list[str]]]:
 
 
 def arrivals(n: int, mean_gap: float, seed: int) -> list[float]:
+    """Poisson arrival times (undilated seconds); a mean gap of 0: all at once."""
+    if mean_gap < 0:
+        raise SystemExit(f"--mean-gap must be >= 0, not {mean_gap}")
     rng = random.Random(seed)
     t, out = 0.0, []
     for _ in range(n):
         out.append(t)
-        t += rng.expovariate(1.0 / mean_gap)
+        t += rng.expovariate(1.0 / mean_gap) if mean_gap > 0 else 0.0
     return out
 
 
@@ -78,14 +81,14 @@ def run_mode(spec: str, jobs, times, tmp: str, a) -> dict:
     if mode == "harmony-util":        # the Harmony scheduler with the paper's U objective
         mode, policy = "harmony", "harmony-util"
     with LocalCluster(a.machines, sd, port=0, mode=mode, cpus_per_machine=1, policy=policy,
-                      net_bandwidth=a.bandwidth,
+                      net_bandwidth=a.bandwidth, dilation=a.dilation,
                       memory_per_machine=getattr(a, "memory_per_machine", None)) as cl, \
             Client(cl.endpoint, keys=cl.keys) as c:
         ids: dict[str, str] = {}
         t0 = time.time()
         pending = list(zip(times, jobs))
         while True:
-            now = time.time() - t0
+            now = (time.time() - t0) / a.dilation      # undilated, as the master's clock
             while pending and pending[0][0] <= now:
                 _, (name, args) = pending.pop(0)
                 ids[c.submit("nmf.py", src, args, machines=dop, name=name)] = name
@@ -304,7 +307,10 @@ def main() -> None:
                          "larger than that, DoP 1 spills to disk (the 'large' workload)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds of every mode, in a rotated order each round; medians")
-    ap.add_argument("--timeout", type=float, default=1200)
+    ap.add_argument("--timeout", type=float, default=1200, help="undilated seconds per run")
+    ap.add_argument("--dilation", type=float, default=1.0,
+                    help="time dilation D of the local clusters (every figure is in "
+                         "undilated seconds; --bandwidth is the undilated link)")
     ap.add_argument("--keep", default=None, help="keep the clusters' state dirs here")
     ap.add_argument("--out", default=None, help="write every run's figures here (JSON)")
     a = ap.parse_args()

@@ -75,6 +75,8 @@ def main() -> None:
     ap.add_argument("--keep", default=None, help="keep the clusters' state dirs here")
     ap.add_argument("--save", default=None, help="write the runtime's results (JSON) here")
     ap.add_argument("--load", default=None, help="skip the runtime: use a --save file")
+    ap.add_argument("--dilation", type=float, default=1.0,
+                    help="time dilation of the runtime's clusters (figures undilated)")
     a = ap.parse_args()
     logging.getLogger("harmony.master").setLevel(logging.WARNING)
     if a.load:
