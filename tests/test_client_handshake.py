@@ -16,6 +16,7 @@ import time
 import pytest
 import zmq
 
+from harmony.client import Client, ClientError
 from harmony.comm import security
 from harmony.comm.zmqutil import make_socket
 
@@ -69,3 +70,31 @@ def test_a_send_after_a_refused_handshake_times_out(master, tmp_path):
     finally:
         sock.close(linger=0)
         ctx.term()
+
+
+def test_a_refused_key_is_named(master, tmp_path):
+    endpoint, d = master
+    with Client(endpoint, timeout_s=1, keys=stranger(tmp_path, d)) as c:
+        for _ in range(2):      # and again on the fresh socket after the first error
+            with pytest.raises(ClientError, match="refused this key") as err:
+                c.jobs()
+            assert err.value.code == "refused"
+
+
+def test_a_refused_key_is_named_when_refused_before_the_first_send(master, tmp_path):
+    endpoint, d = master
+    with Client(endpoint, timeout_s=1, keys=stranger(tmp_path, d)) as c:
+        wait_peerless(c.sock)
+        with pytest.raises(ClientError, match="refused this key"):
+            c.jobs()
+
+
+def test_a_client_without_keys_gets_an_error_not_a_hang(master):
+    endpoint, _ = master
+    with Client(endpoint, timeout_s=1, insecure=True) as c:
+        wait_peerless(c.sock)
+        with pytest.raises(ClientError, match="did not complete the handshake within 1 s") \
+                as err:
+            c.jobs()
+        assert err.value.code == "unreachable"
+        assert "has no key" in str(err.value)
