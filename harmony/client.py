@@ -10,7 +10,9 @@ import zmq
 
 from harmony.comm import messages as M
 from harmony.comm import security
-from harmony.comm.zmqutil import DEFAULT_MASTER, check_endpoint, make_socket
+from harmony.comm.handshake import Watch
+from harmony.comm.zmqutil import (DEFAULT_MASTER, NoHandshake, check_endpoint, make_socket,
+                                  send)
 from harmony.store import staging
 
 
@@ -56,15 +58,30 @@ class Client:
         self.timeout_ms = int(timeout_s * 1000)
         try:
             # insecure: plain text, for a master started with --insecure
-            self.keys = None if insecure or os.environ.get("HARMONY_INSECURE") == "1" \
-                else client_keys(keys)
+            self.insecure = insecure or os.environ.get("HARMONY_INSECURE") == "1"
+            self.keys = None if self.insecure else client_keys(keys)
         except security.SecurityError as exc:
             raise ClientError(str(exc), "keys") from None
         self.ctx = zmq.Context()
-        self.sock = make_socket(self.ctx, zmq.DEALER, keys=self.keys)
+        self._connect()
+
+    def _connect(self) -> None:
+        # send and receive time out: a master that refused the handshake
+        # leaves the socket no peer, and a send would otherwise block forever
+        self.sock = make_socket(self.ctx, zmq.DEALER, keys=self.keys,
+                                timeout_s=self.timeout_ms / 1000)
+        self.watch = Watch(self.sock)
         self.sock.connect(self.master)
 
+    def _reconnect(self) -> None:
+        """A fresh socket: never read a late reply as the answer to the next
+        request."""
+        self.watch.close()
+        self.sock.close(linger=0)
+        self._connect()
+
     def close(self) -> None:
+        self.watch.close()
         self.sock.close(linger=0)
         self.ctx.term()
 
@@ -75,23 +92,42 @@ class Client:
         self.close()
 
     def request(self, mtype: str, expect: str, **fields: Any) -> M.Message:
-        self.sock.send(M.encode(mtype, **fields))
+        try:
+            send(self.sock, M.encode(mtype, **fields), "master", self.master)
+        except NoHandshake as exc:
+            raise self._no_answer(str(exc)) from None
         if not self.sock.poll(self.timeout_ms):
-            # a fresh socket: never read a late reply as the answer to the next request
-            self.sock.close(linger=0)
-            self.sock = make_socket(self.ctx, zmq.DEALER, keys=self.keys)
-            self.sock.connect(self.master)
-            hint = (" (is it running?)" if self.keys is not None else
-                    " (is it running? no key set found: a master with keys ignores "
-                    "unauthenticated clients; pass --keys DIR or set HARMONY_KEYS)")
-            raise ClientError(f"no answer from the master at {self.master} within "
-                              f"{self.timeout_ms / 1000:.0f}s{hint}", "unreachable")
+            raise self._no_answer(f"no answer from the master at {self.master} within "
+                                  f"{self.timeout_ms / 1000:.0f}s (is it running?)")
         msg = M.decode(self.sock.recv_multipart())
         if msg.type == "error":
             raise ClientError(msg["message"], msg["code"])
         if msg.type != expect:
             raise ClientError(f"unexpected reply {msg.type!r} to {mtype!r}")
         return msg
+
+    def _no_answer(self, why: str) -> ClientError:
+        """The error for a request that got no answer (``why``), told more
+        exactly where the handshake says more; the socket is replaced."""
+        self.watch.update()
+        refused, mismatch = self.watch.refused, self.watch.mismatch
+        self._reconnect()
+        if refused and self.keys is not None:
+            pub = os.path.join(self.keys.directory, f"{self.keys.role}s",
+                               f"{self.keys.name}.key")
+            return ClientError(f"the master at {self.master} refused this key (not in its "
+                               f"key set): {self.keys.role} key {self.keys.name!r} ({pub}); "
+                               f"use a key of the master's key set (--keys DIR or "
+                               f"HARMONY_KEYS)", "refused")
+        if self.keys is None and self.insecure:
+            why += ("; this client has no key (--insecure or HARMONY_INSECURE=1): a master "
+                    "with keys ignores it")
+        elif self.keys is None:
+            why += ("; no key set found: a master with keys ignores unauthenticated clients; "
+                    "pass --keys DIR or set HARMONY_KEYS")
+        elif mismatch:
+            why += "; the master uses no keys: connect with --insecure (HARMONY_INSECURE=1)"
+        return ClientError(why, "unreachable")
 
     def submit(self, app_name: str, app_source: str, args: list[str], machines: int = 1,
                name: str | None = None, group: str | None = None,

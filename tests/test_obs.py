@@ -148,7 +148,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (Debian: apt-get "
-                                              "install chromium); CI has only Python")
+                                              "install chromium; .ci/run installs it as root)")
 def test_dashboard_renders_in_chromium(obs_cluster, tmp_path):
     _, dash, long, short = obs_cluster
     url = f"{dash['url']}?token={dash['token']}"

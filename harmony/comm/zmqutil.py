@@ -7,12 +7,31 @@ from harmony.comm import security
 
 DEFAULT_MASTER = "tcp://127.0.0.1:5760"
 
+# Send and receive timeout of every socket but a ROUTER (those are client
+# sides: DEALERs that connect). A DEALER whose peer refused its handshake
+# (an unknown key, no key for a CURVE server) has no peer left, and a send
+# on it would block forever; with SNDTIMEO it raises zmq.Again, which
+# :func:`send` turns into :class:`NoHandshake`.
+SOCKET_TIMEOUT_S = 60.0
+
+
+class NoHandshake(zmq.Again):
+    """A send timed out: the peer never completed the handshake (or, on a
+    long-lived socket, stopped reading)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.strerror = message     # Again.__init__ ignores a message
+        self.args = (message,)
+
 
 def make_socket(ctx: zmq.Context, kind: int, identity: bytes | None = None,
-                keys: "security.Keys | None" = None) -> zmq.Socket:
+                keys: "security.Keys | None" = None,
+                timeout_s: float | None = SOCKET_TIMEOUT_S) -> zmq.Socket:
     """A socket with Harmony's options; with keys (``keys``, or the
     process's, :func:`harmony.comm.security.use`) a ROUTER is a CURVE server
-    behind the ZAP handler and any other kind a CURVE client."""
+    behind the ZAP handler and any other kind a CURVE client. Any kind but a
+    ROUTER gets send and receive timeouts of ``timeout_s`` (None: none)."""
     sock = ctx.socket(kind)
     security.secure_socket(ctx, sock, kind, keys)
     sock.setsockopt(zmq.LINGER, 0)
@@ -21,9 +40,34 @@ def make_socket(ctx: zmq.Context, kind: int, identity: bytes | None = None,
     if kind == zmq.ROUTER:
         # a send to a vanished peer raises EHOSTUNREACH instead of vanishing
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    elif timeout_s is not None:
+        sock.setsockopt(zmq.SNDTIMEO, max(1, int(timeout_s * 1000)))
+        sock.setsockopt(zmq.RCVTIMEO, max(1, int(timeout_s * 1000)))
     # TCP-level liveness on top of application heartbeats
     sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
     return sock
+
+
+def handshake_hint(peer: str, endpoint: str, timeout_s: float) -> str:
+    """What a send that timed out on a client socket means."""
+    return (f"the {peer} at {endpoint} did not complete the handshake within "
+            f"{timeout_s:.0f} s: is it running, and does it accept this key?")
+
+
+def send(sock: zmq.Socket, frames: "bytes | list", peer: str = "peer",
+         endpoint: str | None = None) -> None:
+    """Send one message (a payload or a list of frames) on a client socket
+    within its SNDTIMEO; a timeout raises :class:`NoHandshake` that names
+    the ``peer`` (e.g. "master", "holder") and its endpoint."""
+    try:
+        if isinstance(frames, (bytes, bytearray, memoryview)):
+            sock.send(frames)
+        else:
+            sock.send_multipart(frames, copy=False)
+    except zmq.Again:
+        ms = sock.getsockopt(zmq.SNDTIMEO)
+        ep = endpoint or sock.getsockopt_string(zmq.LAST_ENDPOINT) or "?"
+        raise NoHandshake(handshake_hint(peer, ep, max(ms, 0) / 1000)) from None
 
 
 def bind_random(sock: zmq.Socket, host: str) -> str:

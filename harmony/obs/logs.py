@@ -26,7 +26,7 @@ from typing import Any
 import zmq
 
 from harmony.comm import messages as M
-from harmony.comm.zmqutil import make_socket
+from harmony.comm.zmqutil import NoHandshake, make_socket, send
 from harmony.util import names
 
 KEEP_BYTES = int(float(os.environ.get("HARMONY_LOG_KEEP_MB", 256)) * 2**20)
@@ -140,10 +140,14 @@ def fetch(ctx: zmq.Context, endpoint: str, job: str, offset: int = 0,
           which: int | None = None, keys=None, timeout_s: float = 10.0) -> dict[str, Any]:
     """Ask one worker's data service for a job's log (a client's side)."""
     sock = make_socket(ctx, zmq.DEALER, identity=f"logs-{uuid.uuid4().hex[:12]}".encode(),
-                       keys=keys)
+                       keys=keys, timeout_s=timeout_s)
     try:
         sock.connect(endpoint)
-        sock.send(M.encode("log_read", job=job, offset=offset, attempt=which))
+        try:
+            send(sock, M.encode("log_read", job=job, offset=offset, attempt=which),
+                 "data service", endpoint)
+        except NoHandshake as exc:
+            raise TimeoutError(str(exc)) from None
         if not sock.poll(int(timeout_s * 1000)):
             raise TimeoutError(f"no answer from {endpoint} within {timeout_s:.0f}s")
         msg = M.decode(sock.recv_multipart())

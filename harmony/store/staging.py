@@ -19,7 +19,7 @@ from typing import Iterator
 import zmq
 
 from harmony.comm import messages as M
-from harmony.comm.zmqutil import make_socket
+from harmony.comm.zmqutil import NoHandshake, make_socket, send
 from harmony.store.lmdb_store import LmdbEnv
 from harmony.store.transfer import Payload, TransferError, receive, send_payloads, wait_acks
 from harmony.util import names
@@ -118,19 +118,20 @@ def push_chunks(ctx: zmq.Context, endpoint: str, name: str,
     """Send chunks of data set ``name`` to one holder's data service, which
     stores them and acknowledges each after checking its digest."""
     mid = f"stage:{name}:{uuid.uuid4().hex[:8]}"
-    sock = make_socket(ctx, zmq.DEALER, keys=keys)
-    sock.setsockopt(zmq.SNDTIMEO, int(TIMEOUT_S * 1000))
+    sock = make_socket(ctx, zmq.DEALER, keys=keys, timeout_s=TIMEOUT_S)
     try:
         sock.connect(endpoint)
         send_payloads([sock], mid, [Payload("data", i, d) for i, d in chunks])
         wait_acks(lambda d: sock, {(0, "data", i) for i, _ in chunks}, mid, TIMEOUT_S)
-        sock.send(M.encode("blk_end", mid=mid, count=len(chunks),
-                           meta={"kind": "stage", "dataset": name}))
+        send(sock, M.encode("blk_end", mid=mid, count=len(chunks),
+                            meta={"kind": "stage", "dataset": name}), "holder", endpoint)
         if not sock.poll(int(TIMEOUT_S * 1000)):
             raise StagingError(f"holder {endpoint} did not confirm data set {name!r}")
         msg = M.decode(sock.recv_multipart())
         if msg.type != "blk_done" or not msg["ok"]:
             raise StagingError(f"holder {endpoint}: {msg.get('error') or msg.type}")
+    except (TransferError, NoHandshake) as exc:
+        raise StagingError(f"data set {name!r} to {endpoint}: {exc}") from None
     finally:
         sock.close(linger=0)
 
@@ -140,10 +141,11 @@ def fetch_chunks(ctx: zmq.Context, endpoint: str, name: str, want: dict[int, byt
     """Chunks ``want`` (index -> SHA-256) of ``name`` from one holder,
     each checked against its digest."""
     mid = f"getdata:{name}:{uuid.uuid4().hex[:8]}"
-    sock = make_socket(ctx, zmq.DEALER)
+    sock = make_socket(ctx, zmq.DEALER, timeout_s=timeout_s)
     try:
         sock.connect(endpoint)
-        sock.send(M.encode("data_fetch", mid=mid, name=name, chunks=sorted(want)))
+        send(sock, M.encode("data_fetch", mid=mid, name=name, chunks=sorted(want)), "holder",
+             endpoint)
         got = {}
         for _, i, data in receive(sock, timeout_s, f"holder {endpoint} (data set {name!r})",
                                   StagingError):

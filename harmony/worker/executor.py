@@ -570,8 +570,7 @@ class Executor:
         socks = {}
         try:
             for d in sorted({p.dest for p in payloads}):
-                sk = make_socket(self.ctx, zmq.DEALER)
-                sk.setsockopt(zmq.SNDTIMEO, int(self.MOVE_TIMEOUT_S * 1000))
+                sk = make_socket(self.ctx, zmq.DEALER, timeout_s=self.MOVE_TIMEOUT_S)
                 sk.connect(peers[d])
                 socks[d] = sk
             throttle = None

@@ -35,7 +35,7 @@ import numpy as np
 import zmq
 
 from harmony.comm import messages as M
-from harmony.comm.zmqutil import make_socket
+from harmony.comm.zmqutil import make_socket, send
 from harmony.ps.keymap import block_of
 from harmony.store.blocks import Block, BlockFormatError, export_block, import_block
 from harmony.store.checkpoint import CheckpointError, CheckpointStore
@@ -141,16 +141,16 @@ def replicate(ctx: zmq.Context, endpoint: str, job: str, index: int, epoch: int,
     """Stream a part to another machine's data service, which writes it;
     check that its manifest matches ours. Returns the bytes sent."""
     mid = f"rep:{job}:{epoch}:{index}:{uuid.uuid4().hex[:8]}"
-    sock = make_socket(ctx, zmq.DEALER)
-    sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))
+    sock = make_socket(ctx, zmq.DEALER, timeout_s=timeout_s)
     try:
         sock.connect(endpoint)
         for p in payloads:
             p.dest = 0
         sent = send_payloads([sock], mid, payloads, throttle=throttle)
         wait_acks(lambda d: sock, {(0, p.sec, p.bid) for p in payloads}, mid, timeout_s)
-        sock.send(M.encode("blk_end", mid=mid, count=len(payloads), meta={
-            "job": job, "index": index, "epoch": epoch, "iteration": iteration}))
+        send(sock, M.encode("blk_end", mid=mid, count=len(payloads), meta={
+            "job": job, "index": index, "epoch": epoch, "iteration": iteration}),
+             "holder", endpoint)
         if not sock.poll(int(timeout_s * 1000)):
             raise TransferError(f"replica of part {index} at {endpoint}: no answer")
         msg = M.decode(sock.recv_multipart())
@@ -173,12 +173,12 @@ def fetch_part(ctx: zmq.Context, endpoint: str, job: str, epoch: int, index: int
     checkpoint after ``epoch``, and the blocks ``want(sec, bid)`` selects,
     each checked against the manifest's SHA-256. ``keys``: CurveZMQ keys
     (default: the process's)."""
-    sock = make_socket(ctx, zmq.DEALER, keys=keys)
+    sock = make_socket(ctx, zmq.DEALER, keys=keys, timeout_s=timeout_s)
     try:
         sock.connect(endpoint)
 
         def ask(payload: bytes) -> M.Message:
-            sock.send(payload)
+            send(sock, payload, "holder", endpoint)
             if not sock.poll(int(timeout_s * 1000)):
                 raise TransferError(f"holder {endpoint} does not answer")
             msg = M.decode(sock.recv_multipart(copy=False))
@@ -189,8 +189,8 @@ def fetch_part(ctx: zmq.Context, endpoint: str, job: str, epoch: int, index: int
         shas = {(e[0], int(e[1])): bytes(e[3]) for e in man["entries"]}
         chosen = [[s, b] for (s, b) in shas if want(s, b)]
         mid = f"get:{job}:{epoch}:{index}:{uuid.uuid4().hex[:8]}"
-        sock.send(M.encode("ckpt_fetch", mid=mid, job=job, epoch=epoch, index=index,
-                           want=chosen))
+        send(sock, M.encode("ckpt_fetch", mid=mid, job=job, epoch=epoch, index=index,
+                            want=chosen), "holder", endpoint)
         got: dict[tuple[str, int], Block] = {}
         for sec, bid, data in receive(sock, timeout_s, f"holder {endpoint} (part {index})",
                                       CheckpointError):
