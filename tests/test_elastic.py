@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import zmq
 
-from harmony.client import Client
+from harmony.client import Client, ClientError
 from harmony.cluster import LocalCluster, isolation_unavailable
 from harmony.ps.client import PSClient
 from harmony.ps.keymap import block_of
@@ -281,7 +281,12 @@ def test_staged_input_is_read_by_machines_that_cannot_see_the_file(fleet):
         assert ls["ratings"]["chunks"] == info["chunks"] and len(ls["ratings"]["holders"]) == 3
         job = c.submit("nmf.py", NMF_APP.read_text(), ["--input", "harmony://ratings", *args],
                        machines=1)
+        # a job that reads the data set holds it: removing it is refused, not
+        # left to fail the job at its next resume
+        with pytest.raises(ClientError, match=f"read by job.*{job}"):
+            c.data_rm("ratings")
         st = wait_state(c, job, ("failed", "finished"))
+        assert "ratings" in {d["name"] for d in c.data_list()}
     assert st["state"] == "finished", st["error"]
     ref = run_local(load_app(NMF_APP.read_text(), "nmf.py"), ["--input", path, *args])
     assert [e["metrics"]["objective"] for e in st["epochs"]] == \

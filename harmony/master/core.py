@@ -1215,9 +1215,17 @@ class MasterCore:
         self._persist("save_dataset", rec)
 
     def _on_data_rm(self, ident: bytes, msg: M.Message) -> None:
-        rec = self.datasets.pop(msg["name"], None)
-        if rec is None:
+        if msg["name"] not in self.datasets:
             return self._send(ident, _err("unknown_data", f"no data set {msg['name']!r}"))
+        readers = sorted(j.id for j in self.jobs.values() if not j.state.terminal
+                         and msg["name"] in staging.refs(j.args))
+        if readers:
+            # a paused or requeued job reads its input again when it resumes
+            return self._send(ident, _err("in_use", (
+                f"data set {msg['name']!r} is read by job(s) {', '.join(readers[:10])}"
+                f"{' and more' if len(readers) > 10 else ''}: cancel them or wait until "
+                f"they end, then remove it")))
+        rec = self.datasets.pop(msg["name"])
         self._persist("drop_dataset", rec["name"])
         gc = _msg("data_gc", name=rec["name"])
         for w in self.workers.values():
