@@ -255,17 +255,20 @@ def cmd_submit(a: argparse.Namespace, app_args: list[str]) -> int:
             rc = follow(c, job, max_epochs=opts.max_epochs, target=opts.target_objective,
                         json_lines=a.json)
             if rc == 0 and a.save_model:
-                return save_model(c, job, a.save_model, fresh=False)
+                # the caller's own code: the app it just submitted
+                return save_model(c, job, a.save_model, fresh=False, trust_app=True)
             return rc
     return 0
 
 
 def save_model(c: Client, job: str, out: str, fresh: bool | None = None,
-               inputs: bool = True, wait_s: float = 3600.0) -> int:
+               inputs: bool = True, wait_s: float = 3600.0, app_file: str | None = None,
+               trust_app: bool = False) -> int:
     """Fetch a job's model, export it with its app, write ``out``."""
     from harmony.export import ExportError, describe, export_arrays, write
     try:
-        model = c.model(job, fresh=fresh, inputs=inputs, wait_s=wait_s)
+        model = c.model(job, fresh=fresh, inputs=inputs, wait_s=wait_s, app_file=app_file,
+                        trust_app=trust_app)
         arrays = export_arrays(model)
         fmt = write(out, model, arrays)
     except ExportError as exc:
@@ -283,7 +286,8 @@ def save_model(c: Client, job: str, out: str, fresh: bool | None = None,
 def cmd_model(a: argparse.Namespace) -> int:
     with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
         return save_model(c, a.job, a.out, fresh=False if a.latest else None,
-                          inputs=a.inputs, wait_s=a.timeout)
+                          inputs=a.inputs, wait_s=a.timeout, app_file=a.app,
+                          trust_app=a.trust_app)
 
 
 def _dur(s: float) -> str:
@@ -311,12 +315,14 @@ def cmd_jobs(a: argparse.Namespace) -> int:
     return 0
 
 
-def top_words_lines(c: Client, job: str) -> list[str]:
+def top_words_lines(c: Client, job: str, app_file: str | None = None,
+                    trust_app: bool = False) -> list[str]:
     """The top words per topic of a job's latest checkpoint (an app whose
     export has ``top_words`` or ``top_word_ids``, i.e. LDA)."""
     from harmony.export import ExportError, export_arrays
     try:
-        model = c.model(job, fresh=False, inputs=False)
+        model = c.model(job, fresh=False, inputs=False, app_file=app_file,
+                        trust_app=trust_app)
         arrays = export_arrays(model)
     except ExportError as exc:
         raise ClientError(str(exc)) from None
@@ -336,7 +342,7 @@ def top_words_lines(c: Client, job: str) -> list[str]:
 def cmd_status(a: argparse.Namespace) -> int:
     with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
         st = c.status(a.job)
-        tops = top_words_lines(c, a.job) if a.top_words else []
+        tops = top_words_lines(c, a.job, a.app, a.trust_app) if a.top_words else []
     if a.json:
         if a.top_words:
             st["top_words"] = tops[1:]
@@ -682,6 +688,16 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
+def _trust_args(p: argparse.ArgumentParser) -> None:
+    """Whose app code an export may run here (harmony.export.vouch)."""
+    p.add_argument("--app", default=None, metavar="FILE",
+                   help="your copy of the job's app (must match the job's source): its "
+                        "export runs here. A bundled app needs none")
+    p.add_argument("--trust-app", action="store_true",
+                   help="run the job's own app code in this process to export (whoever "
+                        "submitted the job wrote it)")
+
+
 def _repo_app(name: str) -> str:
     path = Path(__file__).resolve().parent.parent / "apps" / name
     if not path.exists():
@@ -866,6 +882,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--top-words", action="store_true",
                    help="LDA: the top words per topic of the job's latest checkpoint "
                         "(fetched from the workers and exported here)")
+    _trust_args(s)
     s = sub.add_parser("model", help="export a job's model")
     msub = s.add_subparsers(dest="action", required=True)
     g = with_master(msub.add_parser(
@@ -881,6 +898,7 @@ def main(argv: list[str] | None = None) -> int:
                         "on a running job means fetching its whole input")
     g.add_argument("--timeout", type=float, default=3600.0, metavar="S",
                    help="wait at most S seconds for a running job's snapshot (default 3600)")
+    _trust_args(g)
     s = with_master(sub.add_parser("cancel", help="cancel a job"))
     s.add_argument("job")
     s = with_master(sub.add_parser("pause", help="pause a job at its next epoch end "

@@ -210,13 +210,17 @@ class Client:
                                       fresh=fresh or None))
 
     def model(self, job: str, fresh: bool | None = None, inputs: bool = True,
-              wait_s: float = 3600.0, poll_s: float = 0.2):
+              wait_s: float = 3600.0, poll_s: float = 0.2, app_file: str | None = None,
+              trust_app: bool = False):
         """Fetch ``job``'s model (:class:`harmony.export.Model`): a finished
         job's final checkpoint; a paused one's pause checkpoint; a running
         one's ``fresh`` snapshot (default for a running job: it checkpoints
         at its next epoch end, and this waits up to ``wait_s`` for it), or
         with ``fresh=False`` its latest complete checkpoint. ``inputs``:
-        also the input blocks, for an app that exports input state."""
+        also the input blocks, for an app that exports input state. The
+        job's app code runs here only as :func:`harmony.export.vouch`
+        allows: a bundled app, the caller's ``app_file`` (the same code), or
+        ``trust_app``."""
         from harmony import export as X
         src = self.model_source(job, fresh=fresh is not False)
         if src.pending and fresh is not False:
@@ -234,6 +238,10 @@ class Client:
                         f"(without --latest)" if src.state in X.ACTIVE else "")
                 raise ClientError(f"{job} has no checkpoint yet (it is {src.state}){hint}",
                                   "no_checkpoint")
+            try:
+                src = X.vouch(src, app_file, trust_app)
+            except X.ExportError as exc:
+                raise ClientError(str(exc), "untrusted_app") from None
             try:
                 cls, _ = X.app_of(src)
                 return X.fetch(self.ctx, src, inputs=inputs and X.wants_inputs(cls),

@@ -18,16 +18,25 @@ The model is read from the job's checkpoint, shared-nothing, over ZeroMQ:
    from the job's options with :func:`harmony.app.load_app`; the arrays are
    written as NPZ (or the app's text form).
 
+Whose code runs: the export runs the app's code in the caller's process,
+and the app came from whoever submitted the job. So it runs only when the
+caller vouches for it (:func:`vouch`): the job's source is byte for byte a
+bundled app of this installation (``apps/``), or the caller's own copy given
+with ``--app FILE`` (compared with the job's), or ``--trust-app`` says to run
+the job's own code. Otherwise the export is refused, naming those options.
+
 The app's export meta (``App.export_meta``: what only the input knows, e.g.
 MLR's class labels) travels in each part as one extra model-section block
 with id ``model_blocks``, outside the model's block range.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -41,6 +50,9 @@ from harmony.store.transfer import TransferError
 from harmony.worker.jobckpt import fetch_part
 
 ACTIVE = ("running", "profiling")
+#: the bundled apps of a source checkout (an app whose source is one of these
+#: byte for byte is this installation's own code)
+BUNDLED = Path(__file__).resolve().parent.parent / "apps"
 RESERVED = {"harmony_info", "file", "allow_pickle"}     # not array names in an NPZ (np.savez)
 
 
@@ -60,6 +72,7 @@ class Source:
     app_name: str
     app_source: str
     args: list
+    trusted: bool = False       # the caller vouched for the app's code (vouch)
 
     @classmethod
     def of(cls, msg: M.Message) -> "Source":
@@ -80,8 +93,47 @@ class Model:
     nbytes: int = 0
 
 
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def vouch(src: Source, app_file: str | None = None, trust: bool = False) -> Source:
+    """``src`` marked trusted if its app code may run in this process: it is
+    a bundled app byte for byte, or the same as the caller's ``app_file``,
+    or ``trust`` says so. Raises :class:`ExportError` saying how otherwise."""
+    if app_file is not None:
+        try:
+            mine = Path(app_file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ExportError(f"--app {app_file}: {exc}") from None
+        if mine != src.app_source:
+            raise ExportError(
+                f"--app {app_file} is not the app {src.job} ran ({src.app_name}: sha256 "
+                f"{_sha(src.app_source)}, yours {_sha(mine)}); its model may not fit your "
+                f"copy. Pass the file the job was submitted with, or --trust-app to run "
+                f"the job's own code")
+        return replace(src, trusted=True)
+    bundled = BUNDLED / os.path.basename(src.app_name)
+    try:
+        if bundled.is_file() and bundled.read_text() == src.app_source:
+            return replace(src, trusted=True)
+    except (OSError, UnicodeDecodeError):
+        pass
+    if trust:
+        return replace(src, trusted=True)
+    raise ExportError(
+        f"{src.job}'s app {src.app_name} is not a bundled app of this installation, and "
+        f"exporting runs its code in this process (whoever submitted the job wrote it). "
+        f"Pass --app FILE with your copy of it (it must match the job's source), or "
+        f"--trust-app to run the job's own code")
+
+
 def app_of(src: Source) -> tuple[type[App], App]:
-    """The job's app class and an instance built from its options (no input read)."""
+    """The job's app class and an instance built from its options (no input
+    read); only for a source the caller vouched for (:func:`vouch`)."""
+    if not src.trusted:
+        raise ExportError(f"{src.job}'s app {src.app_name}: its code was not vouched for "
+                          f"(harmony.export.vouch)")
     try:
         cls = load_app(src.app_source, src.app_name)
         return cls, cls(parse_app_args(cls, list(src.args)))

@@ -249,17 +249,48 @@ def test_app_without_export_and_a_failing_export(client, tmp_path):
     job = client.submit("plain.py", plain, ["--max-epochs", "3"], machines=1)
     assert wait_state(client, job, ("finished", "failed"))["state"] == "finished"
     with pytest.raises(ClientError, match=r"\(plain.py\) exports no top words"):
-        top_words_lines(client, job)
-    got = export_arrays(client.model(job))
+        top_words_lines(client, job, trust_app=True)
+    got = export_arrays(client.model(job, trust_app=True))
     assert set(got) == {"keys", "rows"} and got["rows"].shape == (20, 1)
     assert np.array_equal(got["keys"], np.arange(20))
     broken = plain + "\n    def export(self, keys, rows, meta):\n        return {'w': rows[9999]}\n"
     job = client.submit("broken.py", broken, ["--max-epochs", "2"], machines=1)
     assert wait_state(client, job, ("finished", "failed"))["state"] == "finished"
     with pytest.raises(ExportError, match=r"app minimal: export failed: IndexError"):
-        export_arrays(client.model(job))
+        export_arrays(client.model(job, trust_app=True))
     with pytest.raises(ClientError, match="no job 'job-9999'"):
         client.model("job-9999")
+
+
+def test_an_export_runs_no_code_the_caller_did_not_vouch_for(client, tmp_path):
+    """Whoever submits a job writes its app; exporting runs the app's code in
+    the exporter's process. A job whose app is not a bundled one is exported
+    only with the caller's own copy (--app, the same source) or --trust-app:
+    otherwise refused, and its code never runs here."""
+    marker = tmp_path / "ran-in-the-exporter"
+    src = (f"import os\nif os.getpid() == {os.getpid()}:\n    open({str(marker)!r}, 'w')\n"
+           + _src("minimal"))
+    job = client.submit("evil.py", src, ["--max-epochs", "2"], machines=1)
+    assert wait_state(client, job, ("finished", "failed"))["state"] == "finished"
+    with pytest.raises(ClientError, match=r"not a bundled app.*--app FILE.*--trust-app"):
+        client.model(job)
+    with pytest.raises(ClientError, match="exports no top words|not a bundled app"):
+        top_words_lines(client, job)
+    other = tmp_path / "evil.py"
+    other.write_text(_src("minimal"))
+    with pytest.raises(ClientError, match=r"--app .* is not the app job-\d+ ran"):
+        client.model(job, app_file=str(other))
+    r = run_cli("model", "get", job, "--out", str(tmp_path / "m.npz"), "--master",
+                client.master)
+    assert r.returncode == 1 and "--trust-app" in r.stderr, r.stderr
+    assert not marker.exists() and not (tmp_path / "m.npz").exists()
+    other.write_text(src)                      # the caller's own copy: it vouches
+    assert "w" in export_arrays(client.model(job, app_file=str(other)))
+    assert marker.exists()
+    # a bundled app's source needs no vouching
+    job = client.submit("minimal.py", _src("minimal"), ["--max-epochs", "2"], machines=1)
+    assert wait_state(client, job, ("finished", "failed"))["state"] == "finished"
+    assert "w" in export_arrays(client.model(job))
 
 
 def test_only_the_most_recent_finished_jobs_keep_their_model(tmp_path):
@@ -267,7 +298,7 @@ def test_only_the_most_recent_finished_jobs_keep_their_model(tmp_path):
     import zmq
 
     from harmony.comm import messages as M
-    from harmony.export import Source, fetch
+    from harmony.export import Source, fetch, vouch
     from harmony.master.jobs import Job, JobState
     from harmony.master.core import MasterCore
     m = MasterCore(keep_models=1)
@@ -295,7 +326,7 @@ def test_only_the_most_recent_finished_jobs_keep_their_model(tmp_path):
         try:
             with pytest.raises(ExportError, match="could not be read from any holder: no "
                                                   "holder alive"):
-                fetch(ctx, src)
+                fetch(ctx, vouch(src))      # a bundled app: vouched for
         finally:
             ctx.term()
     finally:
