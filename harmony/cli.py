@@ -375,6 +375,8 @@ def cmd_status(a: argparse.Namespace) -> int:
               f"{', '.join(ck.get('holders', []))}"
               + (f"  (the model: 'harmony model get {st['id']} --out FILE')"
                  if ck.get("final") else ""))
+    if st.get("ckpt_skipped"):
+        print(f"warning    {st['ckpt_skipped']}")
     if st.get("why"):
         print(f"why        {st['why']}")
     lay = st.get("layout")

@@ -170,7 +170,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                     "replica": (str, _OPT), "bytes": (int, _OPT)},
     # a periodic checkpoint part is written here and on ``replica`` (verified)
     "ckpt_part": {"job": str, "index": int, "epoch": int, "version": int,
-                  "replica": (str, _OPT), "bytes": int},
+                  "replica": (str, _OPT), "bytes": int,
+                  # the part could not be written or replicated: the checkpoint
+                  # is skipped (the job goes on from its last complete one)
+                  "error": (str, _OPT)},
     # the job's final checkpoint part (at its stop epoch, for the model
     # export), or why it could not be written
     "ckpt_final": {"job": str, "index": int, "epoch": int, "version": (int, _OPT),
@@ -188,12 +191,15 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     # master -> job executor
     # replicas: per executor index, [machine, data endpoint] of its checkpoint replica
     "job_start": {"peers": list, "owner": list, "model_blocks": int, "mode": str,
-                  "machines": list, "replicas": (list, _OPT)},
+                  "machines": list, "replicas": (list, _OPT),
+                  # per index: more holders to try, in order, when the replica
+                  # machine cannot take the part (its disk is full, it is gone)
+                  "replica_alts": (list, _OPT)},
     # live resize: the new layout; index -1 leaves. sends: [[sec, block, new index]];
     # paced: the executor sends them only as the master's ``move`` commands say
     "migrate": {"index": int, "count": int, "peers": list, "owner": list, "machines": list,
                 "sends": list, "expect": int, "seq": int, "epoch": int,
-                "replicas": (list, _OPT), "mode": (str, _OPT),
+                "replicas": (list, _OPT), "replica_alts": (list, _OPT), "mode": (str, _OPT),
                 "workers": (int, _OPT),        # executors holding input (default: count)
                 "paced": (bool, _OPT)},
     # one move of a paced resize's plan (sends as in migrate); op -1: no more

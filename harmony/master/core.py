@@ -1247,6 +1247,19 @@ class MasterCore:
             parts.append({"index": part["index"], "epoch": part["epoch"], "sources": srcs})
         return {"epoch": job.resume["epoch"], "parts": parts}
 
+    def _replica_alts(self, machines: list[str], replicas: list) -> list:
+        """Per executor, up to 2 more live machines to replicate its part on
+        when its replica machine cannot take it (fewest parts placed first)."""
+        placed = self._placed()
+        live = sorted((len(placed.get(w.name, ())), w.name) for w in self.workers.values()
+                      if w.alive and w.data_endpoint)
+        out = []
+        for name, rep in zip(machines, replicas):
+            skip = {name, rep[0] if rep else None}
+            out.append([[m, self.workers[m].data_endpoint] for _, m in live
+                        if m not in skip][:2])
+        return out
+
     def _replicas(self, machines: list[str]) -> list:
         """Where each executor's checkpoint part is replicated: the next
         machine of the job, or, for a job on one machine, another live one
@@ -1435,12 +1448,13 @@ class MasterCore:
         run.started = True
         run.last_ckpt = (job.resume["epoch"] if job.resume else 0, self.now)
         replicas = self._replicas(job.workers)
+        alts = self._replica_alts(job.workers, replicas)
         self._may_hold_parts(job.id, [r[0] for r in replicas if r])
         for i in sorted(run.idents):
             self._send(run.idents[i], _msg(
                 "job_start", peers=peers, owner=owner, model_blocks=nblocks,
                 mode="queued" if self.queued else "free", machines=list(job.workers),
-                replicas=replicas))
+                replicas=replicas, replica_alts=alts))
 
     def _on_barrier(self, ident: bytes, msg: M.Message) -> None:
         jr = self._exec_run(ident, msg)
@@ -1625,14 +1639,31 @@ class MasterCore:
         if run.ckpt_epoch != msg["epoch"]:
             return
         i = msg["index"]
-        run.ckpt_parts[i] = (job.workers[i], msg.get("replica"), msg["bytes"])
+        if not 0 <= i < len(job.workers):
+            return
+        run.ckpt_parts[i] = (job.workers[i], msg.get("replica"), msg["bytes"], msg.get("error"))
         self._may_hold_parts(job.id, run.ckpt_parts[i][:2])
         if len(run.ckpt_parts) < len(job.workers):
             return
         ep, parts = run.ckpt_epoch, run.ckpt_parts
         run.ckpt_epoch, run.ckpt_parts = None, {}
         run.last_ckpt = (ep + 1, self.now)
-        self._checkpointed(job, ep, parts)
+        errors = [f"part {k} on {p[0]}: {p[3]}" for k, p in sorted(parts.items()) if p[3]]
+        if errors:
+            # degrade, not fail: the job goes on and resumes, if it must,
+            # from its last complete checkpoint; the next one is tried as due
+            why = "; ".join(errors)
+            last = job.checkpoint.get("epoch") if job.checkpoint else None
+            note = (f"checkpoint after epoch {ep + 1} skipped ({why}); "
+                    + (f"the last complete one is after epoch {last + 1}"
+                       if last is not None else "no complete checkpoint yet"))
+            job.ckpt_skipped = note
+            job.events.append([self.now, job.state.value, note[:2000]])
+            self._persist("save", job)
+            self._dirty = True
+            return self._say(f"ckpt:{job.id}", "%s: %s", job.id, note)
+        job.ckpt_skipped = None
+        self._checkpointed(job, ep, {k: p[:3] for k, p in parts.items()})
         log.info("%s: checkpoint after epoch %d complete (%d part(s), %d replica(s))", job.id,
                  ep, len(parts), job.checkpoint["replicas"])
 
@@ -1769,6 +1800,7 @@ class MasterCore:
         self._may_hold_parts(job.id, [r[0] for r in replicas if r])
         common = dict(count=len(to), peers=peers, owner=model_owner, machines=list(to),
                       seq=seq, epoch=epoch, replicas=replicas, workers=workers,
+                      replica_alts=self._replica_alts(to, replicas),
                       mode="queued" if self.queued else "free")
         for i in range(len(old)):
             rc.sends[run.idents[i]] = sends[i]

@@ -104,6 +104,7 @@ class Job:
     ckpt_every: int = 10               # periodic checkpoint every N epochs (0: never)
     ckpt_seconds: float = 300.0        # ... or once this many seconds passed (0: never)
     checkpoint: dict[str, Any] | None = None   # the last complete one: epoch, time, replicas
+    ckpt_skipped: str | None = None    # why the latest checkpoint was skipped (None: it was not)
     move: dict[str, Any] | None = None         # a resize in progress
     # its roles when not even: workers, servers, blocks of each (core._layout_summary)
     layout: dict[str, Any] | None = None
@@ -211,7 +212,7 @@ class Job:
                   "store": self.store, "setups": self.setups,
                   "epochs_total": len(self.epochs), "reason": self.reason,
                   "checkpoint": dict(self.checkpoint, age=now - self.checkpoint["time"])
-                  if self.checkpoint else None,
+                  if self.checkpoint else None, "ckpt_skipped": self.ckpt_skipped,
                   "move": self.move, "layout": self.layout, "cruise": self.cruise,
                   "events": self.events, "state_time": st,
                   "elapsed": ((self.ended or now) - self.started) if self.started else 0.0})
@@ -253,7 +254,7 @@ _RECORD_TYPES: dict[str, Any] = {
     "workers": list, "attempt": int, "failures": int, "launches": int, "epochs": list,
     "error": str, "events": list, "state_time": dict, "entered": (int, float), "group": str,
     "reason": str, "profile": dict, "resume": dict, "ckpt_every": int,
-    "ckpt_seconds": (int, float), "checkpoint": dict, "move": dict, "layout": dict, "held": bool,
+    "ckpt_seconds": (int, float), "checkpoint": dict, "ckpt_skipped": str, "move": dict, "layout": dict, "held": bool,
     "cruise": dict,
     "sched_group": str, "predicted": (int, float), "store": dict,
     "deadline": (int, float), "utility": str}

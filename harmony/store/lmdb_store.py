@@ -49,7 +49,11 @@ LMDB handled as a database
   room left. The failed transaction is aborted by LMDB, so what was committed
   before stays readable.
 * ``writemap`` stays off: with a writable map a full disk becomes a SIGBUS
-  that kills the process instead of an error.
+  that kills the process instead of an error. LMDB's lock file is a shared
+  writable map all the same: a new one is allocated on disk
+  (``posix_fallocate``) before LMDB maps it, so that a full disk is a
+  :class:`StoreFullError` at open, not a SIGBUS at the first transaction
+  (a daemon writing a checkpoint replica on a full disk died of it).
 * Every stored block carries a CRC-32 trailer, checked on every read; a bad
   or missing block raises :class:`BlockLoadError` naming the block. The CRC
   is zlib's CRC-32 computed by ISA-L (the ``isal`` package: carry-less
@@ -468,6 +472,35 @@ def _mapping_of(addr: int) -> tuple[int, int]:
     raise StoreError(f"address {addr:#x} is in no mapping of this process")
 
 
+#: what a lock file is allocated with (LMDB's for its 126 default reader
+#: slots is 8 KiB; it grows a file only when it is smaller than it needs)
+LOCK_FILE_BYTES = 64 << 10
+
+
+def _allocate_lock_file(path: str, job: str) -> None:
+    """Give a new env's ``lock.mdb`` its disk blocks before LMDB maps it
+    (shared and writable: a page that cannot be allocated is a SIGBUS)."""
+    lock = os.path.join(path, "lock.mdb")
+    if os.path.exists(lock):
+        return
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise StoreError(f"cannot create {lock} (job {job}): {exc}") from exc
+    try:
+        os.posix_fallocate(fd, 0, LOCK_FILE_BYTES)
+    except OSError as exc:
+        os.close(fd)
+        os.unlink(lock)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise StoreFullError(path, job, LOCK_FILE_BYTES, 0,
+                                 f"no room for the lock file: {exc.strerror}") from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise StoreError(f"cannot allocate {lock} (job {job}): {exc}") from exc
+        return          # a file system without fallocate: LMDB's own ftruncate
+    os.close(fd)
+
+
 class LmdbEnv:
     """One LMDB environment with map growth, a hard cap and clear errors.
 
@@ -482,6 +515,7 @@ class LmdbEnv:
         self.path, self.job, self.sync = path, job, sync
         self.max_map_size = max_map_size
         os.makedirs(path, exist_ok=True)
+        _allocate_lock_file(path, job)
         try:
             self.env = lmdb.open(path, map_size=map_size, subdir=True, max_dbs=max_dbs,
                                  sync=sync, metasync=sync, writemap=False, meminit=False,

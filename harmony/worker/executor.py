@@ -69,6 +69,9 @@ log = logging.getLogger("harmony.executor")
 #: of it (ahead in one run), with no out-of-memory kill (README, Block store)
 THRESHOLDS = Thresholds(target=0.80, spill=0.90, pause=0.94, terminate=0.97)
 
+#: what a periodic checkpoint may fail with and be skipped for (a full or
+#: broken disk here, or no machine that takes the replica)
+CKPT_ERRORS = (StoreError, CheckpointError, TransferError, OSError)
 PING_AFTER_S = 10.0       # ping the master after this long without a word
 MASTER_TIMEOUT_S = 60.0   # and give up after this long
 
@@ -233,6 +236,7 @@ class Executor:
         self.net_wait = 0.0   # seconds spent in emulated transfers
         self.machines: list[str] = []          # the job's machines, by executor index
         self.replicas: list | None = None      # per index: [machine, data endpoint]
+        self.replica_alts: list | None = None  # per index: more holders to try, in order
         self.tag = ""
         self.stood = 0.0      # seconds its COMPs stood stopped (CPU preemption)
         self._held: list[M.Message] = []   # daemon messages read early
@@ -411,6 +415,7 @@ class Executor:
         self.queued = start["mode"] == "queued"
         self.machines = list(start["machines"])
         self.replicas = start.get("replicas")
+        self.replica_alts = start.get("replica_alts")
         owner = np.asarray(start["owner"], dtype=np.int64)
         all_keys = np.arange(spec.num_keys, dtype=np.int64)
         mine = all_keys[owner[block_of(all_keys, start["model_blocks"])] == self.index]
@@ -462,6 +467,7 @@ class Executor:
         self.workers = m.get("workers") or self.count
         self.machines = list(m["machines"])
         self.replicas = m.get("replicas")
+        self.replica_alts = m.get("replica_alts")
         owner = np.asarray(m["owner"], dtype=np.int64)
         self.server.set_layout(owner, self.index, m["peers"])
         if self.client is None:
@@ -990,16 +996,26 @@ class Executor:
             if stop:
                 self._final_checkpoint(app, inp, table, epoch, len(groups))
                 return
-            if total.get("checkpoint") or total.get("pause"):
+            if total.get("checkpoint") and not total.get("pause"):
+                # a periodic checkpoint degrades: one that cannot be written
+                # (a full disk) or replicated is skipped and the job goes on
+                try:
+                    version, replica, nbytes, secs = self._checkpoint(inp, table, epoch,
+                                                                      len(groups), app)
+                except CKPT_ERRORS as exc:
+                    log.warning("checkpoint after epoch %d skipped: %s", epoch, exc)
+                    self.send("ckpt_part", epoch=epoch, version=0, bytes=0,
+                              error=f"{exc.__class__.__name__}: {str(exc)[:1000]}")
+                else:
+                    self.send("ckpt_part", epoch=epoch, version=version, replica=replica,
+                              bytes=nbytes)
+            elif total.get("pause"):
                 version, replica, nbytes, secs = self._checkpoint(inp, table, epoch,
                                                                   len(groups), app)
-                if total.get("pause"):
-                    self.ctl.send(M.encode("exec_paused", job=self.job, index=self.index,
-                                           attempt=self.attempt, epoch=epoch, version=version,
-                                           replica=replica, bytes=nbytes))
-                    raise Paused(f"checkpoint v{version} after epoch {epoch} in {secs:.2f}s")
-                self.send("ckpt_part", epoch=epoch, version=version, replica=replica,
-                          bytes=nbytes)
+                self.ctl.send(M.encode("exec_paused", job=self.job, index=self.index,
+                                       attempt=self.attempt, epoch=epoch, version=version,
+                                       replica=replica, bytes=nbytes))
+                raise Paused(f"checkpoint v{version} after epoch {epoch} in {secs:.2f}s")
             if total.get("reconfig"):
                 self._reconfigure(opts, inp, table, epoch)
                 groups, all_ids, keys_cache = inp.groups, inp.ids(), {}
@@ -1037,19 +1053,38 @@ class Executor:
         replica = self.replicas[self.index] if self.replicas and \
             self.index < len(self.replicas) and self.replicas[self.index] else None
         if replica:
-            name, endpoint = replica
-            throttle = None
-            if self.netem is not None:
-                me, token = self.spec["worker"], job_token(self.job)
-
-                def throttle(_dest, n):
-                    self.net_wait += self.netem.transfer(me, name, n, token)
-            jobckpt.replicate(self.ctx, endpoint, self.job, self.index, epoch, iters - 1,
-                              payloads, digest, throttle=throttle)
+            alts = self.replica_alts[self.index] if self.replica_alts and \
+                self.index < len(self.replica_alts) else []
+            replica = self._replicate(epoch, iters, payloads, digest,
+                                      [replica] + [a for a in alts if a])
         secs = time.perf_counter() - t0
         log.info("checkpoint after epoch %d: %.1f MiB here%s in %.2fs", epoch, nbytes / 2**20,
                  f" and on {replica[0]}" if replica else "", secs)
         return version, replica[0] if replica else None, nbytes, secs
+
+    def _replicate(self, epoch: int, iters: int, payloads: list[Payload], digest: bytes,
+                   holders: list) -> list:
+        """Replicate the part on the first of ``holders`` ([machine, data
+        endpoint]) that takes it (one whose disk is full, or that is gone,
+        is passed over for the next); returns that holder. Raises the
+        errors of all when none does."""
+        errors = []
+        for name, endpoint in holders:
+            throttle = None
+            if self.netem is not None:
+                me, token = self.spec["worker"], job_token(self.job)
+
+                def throttle(_dest, n, name=name):
+                    self.net_wait += self.netem.transfer(me, name, n, token)
+            try:
+                jobckpt.replicate(self.ctx, endpoint, self.job, self.index, epoch, iters - 1,
+                                  payloads, digest, throttle=throttle,
+                                  timeout_s=jobckpt.FETCH_TIMEOUT_S * self.dil)
+                return [name, endpoint]
+            except (TransferError, M.ProtocolError, zmq.ZMQError) as exc:
+                log.warning("replica of part %d on %s failed: %s", self.index, name, exc)
+                errors.append(f"{name}: {exc}")
+        raise TransferError("no machine took the replica: " + "; ".join(errors))
 
     def _meta_payload(self, app: App) -> list[Payload]:
         """The app's export meta (``App.export_meta``, e.g. MLR's class

@@ -1,0 +1,99 @@
+"""A checkpoint that cannot be written or replicated degrades instead of
+failing the job: a replica goes to another holder when its machine's disk
+is full, a part that cannot be written here skips that checkpoint (the job
+goes on from its last complete one, and `harmony status` says why), and the
+next one is complete again once there is room. Every worker's disk is a
+small tmpfs of its own (root needed to mount them)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from harmony.client import Client
+from harmony.cluster import LocalCluster
+from apps_for_tests import TOY_APP
+from conftest import wait_state
+from test_hardening import fill_disk
+
+LONG = ["--max-epochs", "100000", "--sleep", "0.05"]
+
+
+@pytest.fixture
+def disks(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("full disks are emulated with small tmpfs mounts, which need root")
+    out = []
+    try:
+        for name in ("m0", "m1", "m2"):
+            d = tmp_path / "disks" / name
+            d.mkdir(parents=True)
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", f"harmony-{name}",
+                                str(d)], capture_output=True, text=True)
+            if r.returncode != 0:
+                pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+            out.append(d)
+        yield out
+    finally:
+        for d in out:
+            subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def _until(c: Client, job: str, ok, what: str, timeout: float = 90.0) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        st = c.status(job)
+        if ok(st):
+            return st
+        assert st["state"] == "running", (what, st["state"], st.get("error"))
+        assert time.time() < deadline, f"{what}: {st.get('checkpoint')} {st.get('ckpt_skipped')}"
+        time.sleep(0.1)
+
+
+def test_full_disks_skip_or_move_checkpoints_and_never_fail_the_job(disks, tmp_path):
+    root = tmp_path / "c"
+    (root / "workers").mkdir(parents=True)
+    for d in disks:
+        os.symlink(d, root / "workers" / d.name)
+    cl = LocalCluster(3, str(root), port=0, policy="least-loaded")
+    cl.start()
+    fillers = []
+    try:
+        with Client(cl.endpoint) as c:
+            job = c.submit("toy.py", TOY_APP, LONG, 1, checkpoint_every=1,
+                           checkpoint_seconds=0)
+            wait_state(c, job, ("running",))
+            st = _until(c, job, lambda s: s.get("checkpoint"), "a first checkpoint")
+            here, replica = st["checkpoint"]["holders"]
+            third = ({"m0", "m1", "m2"} - {here, replica}).pop()
+            # 1. the replica's machine is full: the replica goes to the third one
+            fillers.append(fill_disk(next(d for d in disks if d.name == replica)))
+            ep = st["checkpoint"]["epoch"]
+            st = _until(c, job, lambda s: s["checkpoint"]["epoch"] > ep + 1,
+                        "checkpoints with the replica machine full")
+            assert st["checkpoint"]["holders"] == [here, third], st["checkpoint"]
+            assert not st.get("ckpt_skipped")
+            # 2. its own machine is full too: checkpoints are skipped, the job runs on
+            fillers.append(fill_disk(next(d for d in disks if d.name == here)))
+            st = _until(c, job, lambda s: s.get("ckpt_skipped"), "a skipped checkpoint")
+            last = st["checkpoint"]["epoch"]
+            assert f"the last complete one is after epoch {last + 1}" in st["ckpt_skipped"]
+            assert "part 0 on " + here in st["ckpt_skipped"], st["ckpt_skipped"]
+            n = st["epochs_total"]
+            st = _until(c, job, lambda s: s["epochs_total"] >= n + 5, "epochs after the skip")
+            assert st["failures"] == 0 and st["checkpoint"]["epoch"] == last
+            assert any("skipped" in e[2] for e in st["events"])
+            # 3. room again: the next checkpoint is complete, the warning gone
+            for f in fillers:
+                os.unlink(f)
+            fillers = []
+            st = _until(c, job, lambda s: s["checkpoint"]["epoch"] > last
+                        and not s.get("ckpt_skipped"), "a complete checkpoint again")
+            assert st["failures"] == 0 and st["attempt"] == 1
+            c.cancel(job)
+    finally:
+        for f in fillers:
+            os.unlink(f)
+        cl.stop()
