@@ -401,11 +401,197 @@ def _dealer(endpoint: str, keys: security.Keys) -> zmq.Socket:
 _CTX = zmq.Context.instance()
 
 
+# -- every message type at every socket, from every role: a table ------------------------------
+#: Who may send each message type to each socket: (master, a daemon's executor
+#: socket, a daemon's data service, a PS shard). C client, R reader, W worker
+#: keys; O only the executors of the daemon's own machine (its worker key); T
+#: nobody without the job attempt's secret (the shard's tag); - nobody. A
+#: message type without a row fails ``test_every_message_type_has_a_rule``.
+RULES = {
+    'abort': ('-', '-', '-', '-'),
+    'ack': ('-', '-', '-', '-'),
+    'alpha_state': ('-', 'O', '-', '-'),
+    'at_boundary': ('W', '-', '-', '-'),
+    'barrier': ('W', '-', '-', '-'),
+    'blk': ('-', '-', 'WC', 'T'),
+    'blk_ack': ('-', '-', '-', '-'),
+    'blk_done': ('-', '-', '-', '-'),
+    'blk_end': ('-', '-', 'WC', '-'),
+    'cancel': ('C', '-', '-', '-'),
+    'ckpt_fetch': ('-', '-', 'WC', '-'),
+    'ckpt_final': ('W', '-', '-', '-'),
+    'ckpt_gc': ('-', '-', '-', '-'),
+    'ckpt_manifest': ('-', '-', 'WC', '-'),
+    'ckpt_part': ('W', '-', '-', '-'),
+    'cluster': ('-', '-', '-', '-'),
+    'cluster_info': ('CR', '-', '-', '-'),
+    'dashboard': ('-', '-', '-', '-'),
+    'dashboard_info': ('CR', '-', '-', '-'),
+    'data_commit': ('C', '-', '-', '-'),
+    'data_copied': ('W', '-', '-', '-'),
+    'data_copy': ('-', '-', '-', '-'),
+    'data_fetch': ('-', '-', 'WC', '-'),
+    'data_gc': ('-', '-', '-', '-'),
+    'data_list': ('CR', '-', '-', '-'),
+    'data_placement': ('-', '-', '-', '-'),
+    'data_plan': ('C', '-', '-', '-'),
+    'data_rm': ('C', '-', '-', '-'),
+    'datasets': ('-', '-', '-', '-'),
+    'enqueue': ('-', '-', '-', '-'),
+    'epoch_done': ('W', '-', '-', '-'),
+    'epoch_report': ('W', '-', '-', '-'),
+    'epoch_sums': ('-', '-', '-', '-'),
+    'error': ('-', '-', '-', '-'),
+    'exec_exited': ('W', '-', '-', '-'),
+    'exec_failed': ('W', '-', '-', '-'),
+    'exec_finished': ('W', '-', '-', '-'),
+    'exec_paused': ('W', '-', '-', '-'),
+    'exec_ready': ('W', '-', '-', '-'),
+    'grant': ('-', '-', '-', '-'),
+    'hb_ack': ('-', '-', '-', '-'),
+    'heartbeat': ('W', '-', '-', '-'),
+    'hello': ('-', 'O', '-', '-'),
+    'job_start': ('-', '-', '-', '-'),
+    'job_status': ('CR', '-', '-', '-'),
+    'jobs': ('-', '-', '-', '-'),
+    'kill': ('-', '-', '-', '-'),
+    'launch': ('-', '-', '-', '-'),
+    'leave': ('-', '-', '-', '-'),
+    'list_jobs': ('CR', '-', '-', '-'),
+    'log_data': ('-', '-', '-', '-'),
+    'log_places': ('-', '-', '-', '-'),
+    'log_read': ('-', '-', 'CR', '-'),
+    'log_sources': ('CR', '-', '-', '-'),
+    'manifest': ('-', '-', '-', '-'),
+    'mem_query': ('-', 'O', '-', '-'),
+    'mem_state': ('-', '-', '-', '-'),
+    'migrate': ('-', '-', '-', '-'),
+    'migrated': ('W', '-', '-', '-'),
+    'migrating': ('W', '-', '-', '-'),
+    'model_parts': ('C', '-', '-', '-'),
+    'model_source': ('-', '-', '-', '-'),
+    'move': ('-', '-', '-', '-'),
+    'moved': ('W', '-', '-', '-'),
+    'ok': ('-', '-', '-', '-'),
+    'pause': ('C', '-', '-', '-'),
+    'ping': ('W', '-', '-', '-'),
+    'pong': ('-', '-', '-', '-'),
+    'preempted': ('-', '-', '-', '-'),
+    'ps_error': ('-', '-', '-', '-'),
+    'ps_moved': ('-', '-', '-', '-'),
+    'pull': ('-', '-', '-', 'T'),
+    'push': ('-', '-', '-', 'T'),
+    'reconfigured': ('-', '-', '-', '-'),
+    'register': ('W', '-', '-', '-'),
+    'registered': ('-', '-', '-', '-'),
+    'release': ('-', '-', '-', '-'),
+    'resize': ('C', '-', '-', '-'),
+    'resume': ('C', '-', '-', '-'),
+    'rows': ('-', '-', '-', '-'),
+    'status': ('-', '-', '-', '-'),
+    'sub_done': ('-', 'O', '-', '-'),
+    'submit': ('C', '-', '-', '-'),
+    'submitted': ('-', '-', '-', '-'),
+    'sync': ('W', '-', '-', '-'),
+}
+SOCKETS = ("master", "daemon", "data", "shard")
+ROLE_OF = {"C": "client", "R": "reader", "W": "worker"}
+#: what a refusal looks like, per socket: an error (forbidden, unexpected, a
+#: bad message), a shard's ps_error or refused block, or no answer at all
+REFUSED = {"error", "ps_error", "blk_ack", "blk_done", "abort", None}
+
+
+def test_every_message_type_has_a_rule():
+    assert set(RULES) == set(M.SCHEMAS), (
+        f"message types without a rule: {sorted(set(M.SCHEMAS) - set(RULES))}; "
+        f"rules for no type: {sorted(set(RULES) - set(M.SCHEMAS))}")
+    assert all(len(r) == len(SOCKETS) for r in RULES.values())
+
+
+def _minimal(mtype: str) -> bytes:
+    """The smallest message of ``mtype`` its schema accepts (fake ids)."""
+    fill = {str: "job-9999", int: 0, float: 0.0, bool: False, bytes: b"", list: [], dict: {}}
+    fields = {}
+    for name, spec in M.SCHEMAS[mtype].items():
+        if isinstance(spec, tuple) and len(spec) == 2 and not isinstance(spec[1], type):
+            continue                                  # optional
+        typ = spec[0] if isinstance(spec, tuple) else spec
+        fields[name] = fill[typ]
+    return M.encode(mtype, **fields)
+
+
+def _refused(endpoint: str, keys, types: list[str], silent: bool = False,
+             wait_ms: int = 2000) -> list[str]:
+    """Send each message of ``types`` on one connection, one at a time; the
+    types whose answer was not a refusal. ``silent``: a socket that ignores
+    every one of them: all are sent, and any answer is a failure."""
+    s = _dealer(endpoint, keys)
+    bad = []
+    try:
+        if silent:
+            for t in types:
+                try:
+                    s.send(_minimal(t))
+                except zmq.Again:
+                    return []
+            while s.poll(1000):
+                bad.append(f"an answer: {M.decode(s.recv_multipart()).fields}")
+            return bad
+        for t in types:
+            try:
+                s.send(_minimal(t))
+            except zmq.Again:
+                return []                     # the handshake failed: nothing was read
+            r = M.decode(s.recv_multipart()) if s.poll(wait_ms) else None
+            if r is not None and (r.type not in REFUSED or r.get("ok")):
+                bad.append(f"{t} -> {r.type}")
+    finally:
+        s.close(0)
+    return bad
+
+
+def probe_every_message_type_from_every_role(cl):
+    """Every message type at every socket (the master, both daemons'
+    executor sockets and data services, both PS shards) from a client, a
+    reader and a worker key (m1's: at m0's daemon it is another machine's):
+    refused wherever RULES does not allow that role; no process grows by
+    100 MiB."""
+    c, job = cl.attack["client"], cl.attack["job"]
+    data = dict(c.log_sources(job))                       # machine -> data endpoint
+    daemons = {p.pid: p.args for p in cl.procs[1:]}
+    daemon_eps = {pid: ep for pid, ep in _listening(cl) if pid in daemons
+                  and ep not in data.values()}
+    shards = _executors(cl)
+    procs = [p.pid for p in cl.procs] + [pid for pid, _ in shards]
+    rss0 = {pid: _rss(pid) for pid in procs}
+    keys = {"client": _keys(cl, "client", "admin"), "reader": _keys(cl, "reader", "reader"),
+            "worker": _keys(cl, "worker", "m1")}
+    targets = [("master", cl.endpoint)] + [("data", ep) for ep in data.values()] + \
+        [("shard", ep) for _, ep in shards] + [("daemon", ep) for ep in daemon_eps.values()]
+    m1_daemon = next(ep for pid, ep in daemon_eps.items() if "m1" in daemons[pid])
+    assert len(targets) == 1 + 2 + 2 + 2, targets
+    bad = []
+    for sock, ep in targets:
+        col = SOCKETS.index(sock)
+        for role, k in keys.items():
+            own = sock == "daemon" and role == "worker" and ep == m1_daemon
+            deny = [t for t, r in RULES.items()
+                    if not any(ROLE_OF.get(x) == role or (own and x == "O") for x in r[col])]
+            # a daemon hears only its own machine's executors: m1's key at m0's
+            # daemon (and any client or reader key) gets no answer at all
+            silent = sock == "daemon" and not own
+            bad += [f"{sock} {ep} {role}: {b}" for b in _refused(ep, k, deny, silent)]
+    assert not bad, bad
+    for pid in procs:
+        assert _rss(pid) - rss0[pid] < 100 * MiB, f"{pid} grew {(_rss(pid) - rss0[pid]) / MiB:.0f} MiB"
+
+
 PROBES = [probe_stranger_keys_at_the_master, probe_plain_text_at_the_master,
           probe_reader_and_worker_keys_beyond_their_role, probe_forged_executor_messages,
           probe_every_listening_socket, probe_wrong_shard_tag_from_a_cluster_key,
           probe_heartbeat_bombs, probe_submit_bombs, probe_flood,
-          probe_moved_blocks_from_any_key, probe_data_service_bombs_and_paths]
+          probe_moved_blocks_from_any_key, probe_data_service_bombs_and_paths,
+          probe_every_message_type_from_every_role]
 
 
 @pytest.mark.parametrize("probe", PROBES, ids=[p.__name__[6:] for p in PROBES])
