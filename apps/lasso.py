@@ -87,7 +87,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from harmony.app import App, AppError, InputPart, ModelSpec, Option, Step
-from harmony.formats.libsvm import LIBSVM_OPTIONS, read_libsvm_blocks
+from harmony.formats.libsvm import LIBSVM_OPTIONS, check_model_bytes, read_libsvm_blocks
 from harmony.store.blocks import Block
 
 E, X, V, G = 0, 1, 2, 3        # columns within a slot
@@ -183,6 +183,9 @@ class Lasso(App):
             part, o.input, test_path=o.test, holdout=0.0 if o.test else o.holdout, seed=o.seed,
             index_base=o.index_base, num_features=o.num_features, dtype=np.float64,
             sample_nnz=o.lipschitz_sample_nnz)
+        # the model (model_spec: two slots of float64 per key, + 2 keys)
+        # refused up front if it cannot fit, before anything of its width
+        check_model_bytes(info, part, 2 * SLOT * 8, extra_keys=2)
         self.F = info.num_features
         self.base = info.index_base
         self.n_train, self.n_test = info.n_train, info.n_test

@@ -76,7 +76,8 @@ import scipy.sparse as sp
 
 from harmony.app import App, AppError, InputError, InputPart, ModelSpec, Option, Step
 from harmony.ps.keymap import mix64
-from harmony.formats.libsvm import LIBSVM_OPTIONS, read_libsvm_blocks, take_rows
+from harmony.formats.libsvm import (LIBSVM_OPTIONS, check_model_bytes, read_libsvm_blocks,
+                                    take_rows)
 from harmony.store.blocks import Block
 
 EVAL_ROWS = 8192       # samples per vectorized slice in objective()
@@ -199,6 +200,9 @@ class MLR(App):
             index_base=o.index_base, num_features=o.num_features, dtype=np.float32,
             collect_labels=True, check_labels=_check_int_labels,
             sample_nnz=LR_SAMPLE_NNZ if auto else 0)
+        # the model (+ bias row, float32 per class) refused up front if it
+        # cannot fit, before anything of its width is allocated
+        check_model_bytes(info, part, max(len(info.labels), 1) * 4, extra_keys=1)
         # (compute splits the global batch over step.machines: combine = "mean")
         if auto:
             self.curvature = batch_curvature(info.sample, info.num_features, o.batch_size,

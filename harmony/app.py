@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import numpy as np
+import psutil
 
 from harmony.formats.pieces import PieceBuffer
 from harmony.ps.keymap import block_of
@@ -92,6 +93,10 @@ class ModelSpec:
     dtype: str = "float32"
 
 
+#: the share of a machine's memory budget that a model may take
+MODEL_SHARE = 0.5
+
+
 @dataclass(frozen=True)
 class InputPart:
     """Which input blocks this machine owns: block ``b`` goes to machine
@@ -108,6 +113,23 @@ class InputPart:
     #: disk): see :meth:`pieces`
     memory_limit: int | None = None
     scratch_dir: str | None = None
+    #: this machine's memory budget (``harmony-worker --memory``; None: the
+    #: host's physical memory): a model planned from the input beyond
+    #: MODEL_SHARE of it is refused before it is allocated
+    #: (:func:`harmony.formats.libsvm.check_model_bytes`)
+    machine_memory: int | None = None
+
+    def memory_budget(self) -> int:
+        """This machine's memory budget in bytes."""
+        if self.machine_memory is not None:
+            return int(self.machine_memory)
+        return int(psutil.virtual_memory().total)
+
+    def model_budget(self) -> int:
+        """The most bytes a model planned from the input may take here (its
+        rows and keys): MODEL_SHARE of the memory budget, the rest being for
+        the input, the app's temporaries and the machine's other jobs."""
+        return int(self.memory_budget() * MODEL_SHARE)
 
     def chunk_bytes(self, default: int) -> int:
         """Bytes of input a reader parses at a time: ``default``, or less

@@ -322,6 +322,35 @@ class DataInfo:
     sample: tuple | None            # (indptr, indices, data) of sampled training rows
     sample_rows: int
     sample_fraction: float          # 1.0: the sample is all training rows
+    #: where the largest feature index is: (file, line, index as written)
+    widest: tuple[str, int, int] | None = None
+
+
+def check_model_bytes(info: DataInfo, part: InputPart, row_bytes: int, extra_keys: int = 0,
+                      what: str = "model") -> int:
+    """Refuse, before anything of its width is allocated, a model of
+    ``info.num_features + extra_keys`` rows of ``row_bytes`` each (and an
+    int64 key per row) beyond what a model may take on this machine
+    (:meth:`InputPart.model_budget`): an :class:`InputError` naming the file,
+    the line and the feature index that planned it (or ``--num-features``).
+    Returns the planned bytes."""
+    rows = info.num_features + extra_keys
+    planned = rows * (row_bytes + 8)
+    budget = part.model_budget()
+    if planned <= budget:
+        return planned
+    size = (f"a {what} of {rows} rows x {row_bytes} bytes ({_gib(planned)} with its keys), "
+            f"more than the {_gib(budget)} a model may take on this machine (memory budget "
+            f"of {_gib(part.memory_budget())})")
+    if info.widest is not None and info.widest[2] - info.index_base + 1 >= info.num_features:
+        path, line, index = info.widest
+        raise InputError(path, line, f"feature index {index} plans {size}; is the index "
+                         f"right?")
+    raise InputError("--num-features", None, f"{info.num_features} features plan {size}")
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
 class _Pieces:
@@ -397,6 +426,7 @@ def _read_blocks(part: InputPart, path: str, per_block: PieceBuffer, *, test_pat
                  check_labels, sample_nnz, chunk_bytes):
     label_set = np.zeros(0)
     min_idx, max_idx = None, -1
+    widest: tuple[str, int, int] | None = None
     n_train = n_test = nnz_train = 0
     s_pieces: list[tuple[np.ndarray, _Pieces]] = []   # (hash values, rows)
     s_thr, s_nnz = 1.0, 0
@@ -419,7 +449,12 @@ def _read_blocks(part: InputPart, path: str, per_block: PieceBuffer, *, test_pat
                                                       side="right") - 1),
                                   "feature index 0 in a 1-based file (use --index-base 0)")
                 min_idx = lo if min_idx is None else min(min_idx, lo)
-                max_idx = max(max_idx, int(c.indices.max()))
+                hi = int(c.indices.max())
+                if hi > max_idx:
+                    max_idx = hi
+                    row = int(np.searchsorted(c.indptr, int(np.argmax(c.indices)),
+                                              side="right") - 1)
+                    widest = (fpath, int(c.lines[row]), hi)
             rows = np.arange(c.first_row, c.first_row + n, dtype=np.int64)
             if is_test_file:
                 test = np.ones(n, dtype=bool)
@@ -496,7 +531,8 @@ def _read_blocks(part: InputPart, path: str, per_block: PieceBuffer, *, test_pat
         sample, s_rows = (sptr, sidx, sval), len(sptr) - 1
     info = DataInfo(num_features=need, index_base=base, n_train=n_train, n_test=n_test,
                     nnz_train=nnz_train, labels=label_set if collect_labels else None,
-                    sample=sample, sample_rows=s_rows, sample_fraction=s_thr)
+                    sample=sample, sample_rows=s_rows, sample_fraction=s_thr,
+                    widest=widest)
 
     def blocks() -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         try:

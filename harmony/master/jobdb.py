@@ -30,7 +30,6 @@ import logging
 import os
 import shutil
 import signal
-import struct
 import time
 from typing import Any, Callable
 
@@ -38,6 +37,7 @@ import lmdb
 import msgpack
 
 from harmony.master.jobs import Job, JobState
+from harmony.store import lmdbcheck
 
 log = logging.getLogger("harmony.master")
 
@@ -46,15 +46,6 @@ BACKUP_EVERY = 50   # state changes between two backups of the table
 BACKUP_MIN_S = 30.0  # ... and at least this many seconds
 MAX_DBS = 8
 
-# LMDB's file format (lmdb.h / mdb.c, data version 1): pages 0 and 1 are meta
-# pages; a page starts with a 16-byte header (pgno u64, pad u16, flags u16,
-# lower/upper u16); the meta follows it: magic u32, version u32, address
-# u64, mapsize u64, two 48-byte MDB_db records (the first one's leading u32
-# is the page size), last page number u64, transaction id u64.
-_PAGE_HDR = 16
-_P_META = 0x08
-_MAGIC = 0xBEEFC0DE
-_DATA_VERSION = 1
 
 
 class JobTableError(RuntimeError):
@@ -67,45 +58,12 @@ class TableFull(RuntimeError):
 
 
 def check_lmdb_file(path: str) -> dict[str, int]:
-    """Check an LMDB data file against its meta pages without mapping it;
-    returns ``{"size", "psize", "last_pg", "txnid", "mapsize"}`` of the
-    newer meta page. Raises :class:`JobTableError` (the reason only)."""
+    """:func:`harmony.store.lmdbcheck.check_lmdb_file`, raising
+    :class:`JobTableError` (the reason only)."""
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as fh:
-            head = fh.read(2 * 65536)
-    except OSError as exc:
-        raise JobTableError(f"cannot read it: {exc.strerror or exc}") from None
-    if size == 0:
-        raise JobTableError("it is empty (0 bytes)")
-    if len(head) < _PAGE_HDR + 48:
-        raise JobTableError(f"it is {size} bytes, shorter than an LMDB meta page")
-    psize = struct.unpack_from("<I", head, _PAGE_HDR + 24)[0]
-    if psize < 512 or psize > 65536 or psize & (psize - 1):
-        raise JobTableError(f"its first meta page is damaged (page size {psize})")
-    if size < 2 * psize:
-        raise JobTableError(f"it is {size} bytes, shorter than its two meta pages "
-                            f"({2 * psize} bytes)")
-    metas = []
-    for i in (0, 1):
-        off = i * psize
-        pgno, _, flags = struct.unpack_from("<QHH", head, off)
-        magic, version, _, mapsize = struct.unpack_from("<IIQQ", head, off + _PAGE_HDR)
-        last_pg, txnid = struct.unpack_from("<QQ", head, off + _PAGE_HDR + 120)
-        if pgno != i or not flags & _P_META or magic != _MAGIC:
-            raise JobTableError(f"meta page {i} is damaged (not an LMDB meta page)")
-        if version != _DATA_VERSION:
-            raise JobTableError(f"meta page {i} has LMDB data version {version}, "
-                                f"expected {_DATA_VERSION}")
-        metas.append({"psize": psize, "last_pg": last_pg, "txnid": txnid, "mapsize": mapsize})
-    meta = max(metas, key=lambda m: m["txnid"])
-    need = (meta["last_pg"] + 1) * psize
-    if meta["last_pg"] < 1:
-        raise JobTableError(f"its meta page is damaged (last page {meta['last_pg']})")
-    if size < need:
-        raise JobTableError(f"it is truncated: {size} bytes, but its meta page names "
-                            f"{meta['last_pg'] + 1} pages of {psize} bytes ({need} bytes)")
-    return {"size": size, **meta}
+        return lmdbcheck.check_lmdb_file(path)
+    except lmdbcheck.LmdbFileError as exc:
+        raise JobTableError(str(exc)) from None
 
 
 def probe_table(path: str, subdir: bool = True) -> tuple[str | None, bool]:

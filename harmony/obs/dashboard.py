@@ -17,7 +17,10 @@ label and the client's key name under the cluster's secret key, which the
 master hands only to an authenticated client or reader key
 (``harmony dashboard``); as ``?token=``, an ``Authorization: Bearer``
 header, or the cookie the page sets. A key removed from the set loses its
-token with it.
+token with it. Before any token is looked at, the server caps its
+connections and gives each request a few seconds for its head
+(:mod:`harmony.obs.httpserver`): half-open connections cannot hold the
+master's threads and file descriptors.
 """
 from __future__ import annotations
 
@@ -28,12 +31,12 @@ import logging
 import os
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from harmony.obs import metrics as OM
+from harmony.obs.httpserver import BoundedHandler, BoundedHTTPServer
 from harmony.obs.snapshot import build_snapshot
 
 log = logging.getLogger("harmony.obs")
@@ -63,8 +66,9 @@ class ObsServer:
 
         class Handler(_Handler):
             server_obs = obs
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        # bounded: a connection cap and a deadline for the request head, both
+        # before the token check (harmony.obs.httpserver)
+        self.httpd = BoundedHTTPServer((host, port), Handler)
         self.host, self.port = host, self.httpd.server_address[1]
         shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self.url = f"http://{'[' + shown + ']' if ':' in shown else shown}:{self.port}/"
@@ -142,7 +146,7 @@ class ObsServer:
         return False
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedHandler):
     server_obs: ObsServer
     protocol_version = "HTTP/1.1"
 

@@ -98,6 +98,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 import lmdb
 import numpy as np
 
+from harmony.store import lmdbcheck
 from harmony.store.blocks import _MAGIC, Block, BlockFormatError, pack_header, parse_header
 from harmony.util import names
 
@@ -136,6 +137,16 @@ class StoreFullError(StoreError):
 
 class StoreBusyError(StoreError):
     """Another live process owns the job directory."""
+
+
+class DamagedStoreError(StoreError):
+    """An env's data file failed its check before LMDB mapped it (opening it
+    would have killed the process with SIGBUS). ``data_path``: the file;
+    ``reason``: what is wrong with it."""
+
+    def __init__(self, data_path: str, job: str, reason: str) -> None:
+        super().__init__(f"the LMDB file {data_path} (job {job}) is damaged: {reason}")
+        self.data_path, self.job, self.reason = data_path, job, reason
 
 
 class BlockLoadError(StoreError):
@@ -515,6 +526,13 @@ class LmdbEnv:
         self.path, self.job, self.sync = path, job, sync
         self.max_map_size = max_map_size
         os.makedirs(path, exist_ok=True)
+        data_path = os.path.join(path, "data.mdb")
+        if os.path.exists(data_path) and os.path.getsize(data_path) > 0:
+            # checked before LMDB maps it (no SIGBUS); an empty file is a new env
+            try:
+                lmdbcheck.check_lmdb_file(data_path)
+            except lmdbcheck.LmdbFileError as exc:
+                raise DamagedStoreError(data_path, job, str(exc)) from None
         _allocate_lock_file(path, job)
         try:
             self.env = lmdb.open(path, map_size=map_size, subdir=True, max_dbs=max_dbs,

@@ -12,6 +12,7 @@ numbers, so parse errors still name the file and the line.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import uuid
 from typing import Iterator
@@ -20,9 +21,12 @@ import zmq
 
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import NoHandshake, make_socket, send
-from harmony.store.lmdb_store import LmdbEnv
+from harmony.store import lmdbcheck
+from harmony.store.lmdb_store import DamagedStoreError, LmdbEnv
 from harmony.store.transfer import Payload, TransferError, receive, send_payloads, wait_acks
 from harmony.util import names
+
+log = logging.getLogger("harmony.store.staging")
 
 URL = "harmony://"
 CHUNK_BYTES = 4 << 20
@@ -76,11 +80,28 @@ def split_lines(path: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int
 
 
 class ChunkStore:
-    """A worker's staged chunks, in one LMDB env on its own disk."""
+    """A worker's staged chunks, in one LMDB env on its own disk.
+
+    A damaged env (its file fails :func:`harmony.store.lmdbcheck.check_lmdb_file`)
+    is renamed ``staged.damaged`` (kept, never deleted) and the store starts
+    empty, with an error logged: every chunk has a replica on another holder,
+    which readers then use, and the machine keeps its other roles; refusing to
+    start would take the whole machine (and the replicas it holds) away.
+    ``damaged``: that error, or None.
+    """
 
     def __init__(self, state_dir: str) -> None:
-        self.env = LmdbEnv(os.path.join(state_dir, "staged"), job="staged", sync=True,
-                           map_size=1 << 30)
+        path = os.path.join(state_dir, "staged")
+        self.damaged: str | None = None
+        try:
+            self.env = LmdbEnv(path, job="staged", sync=True, map_size=1 << 30)
+        except DamagedStoreError as exc:
+            aside = lmdbcheck.set_aside(path)
+            self.damaged = (f"staged data store: {exc}; moved it to {aside} and started "
+                            f"with an empty store (its chunks are read from their other "
+                            f"holders)")
+            log.error("%s", self.damaged)
+            self.env = LmdbEnv(path, job="staged", sync=True, map_size=1 << 30)
         self.db = self.env.db("chunks")
 
     @staticmethod

@@ -25,6 +25,7 @@ from harmony.comm import security
 from harmony.comm.zmqutil import bind_random, make_socket
 from harmony.obs import logs as obs_logs
 from harmony.store.checkpoint import CheckpointError, CheckpointStore
+from harmony.store.lmdb_store import StoreError
 from harmony.store import staging
 from harmony.store.staging import ChunkStore, StagingError
 from harmony.store.transfer import (CHUNK_BYTES, HEAD_BYTES, Assembler, Payload,
@@ -111,7 +112,8 @@ class DataService:
                 continue
             try:
                 self._handle(ident, msg)
-            except (CheckpointError, TransferError, StagingError, BadName, OSError) as exc:
+            except (CheckpointError, TransferError, StagingError, StoreError, BadName,
+                    OSError) as exc:     # StoreError: e.g. a damaged checkpoint part
                 log.warning("data service: %s failed: %s", msg.type, exc)
                 if msg.type == "blk_end":
                     self._reply(ident, M.encode("blk_done", mid=msg["mid"], ok=False,

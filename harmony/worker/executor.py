@@ -319,7 +319,8 @@ class Executor:
             part = InputPart(self.index, self.count, opts.blocks,
                              owned=frozenset() if join else None,
                              memory_limit=limits["memory_limit"] if opts.spill else None,
-                             scratch_dir=self.storage.parse_path)
+                             scratch_dir=self.storage.parse_path,
+                             machine_memory=self.mem.budget)
             inp.ingest(app.read_input(part), **limits)
             inp.set_groups(opts.iters_per_epoch)
             trim_heap()
