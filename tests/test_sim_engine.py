@@ -187,3 +187,19 @@ def test_a_wall_limit_stops_the_run_and_reports_what_is_unfinished():
                  wall_limit=0.0)
     assert r.meta["unfinished"] and r.meta["events"] >= 5000
     assert r.meta["sim_time"] > 0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["isolated", "naive", "harmony", "match", "slaq"])
+def test_arrivals_past_2_to_the_24_seconds_finish_as_at_zero(mode):
+    """Past 2**24 s (about 4,660 h) 1e-9 s of work left is below the clock's
+    resolution: a task was never counted done and the same event fired at
+    the same instant forever (traces that span months hung every policy)."""
+    def trace(base):
+        return [TraceJob(id=f"t{i}", arrival=base + 5.0 * i, app="lda", iterations=20,
+                         cpu_s=0.37, bytes=1.3e6, ref_dop=1, machines=1) for i in range(4)]
+    far = simulate(trace(float(2 ** 25)), 2, mode, bandwidth=1e7)
+    near = simulate(trace(0.0), 2, mode, bandwidth=1e7)
+    assert not far.meta["unfinished"]
+    assert [round(j.jct, 3) for j in far.jobs] == pytest.approx(
+        [round(j.jct, 3) for j in near.jobs], abs=2e-3)

@@ -214,7 +214,11 @@ class _Res:
         now = self.sim.now
         self._advance(now)
         running = self.running
-        done = [k for k, r in running.items() if r[1] > 0 and r[0] <= 1e-9]
+        # done: no work left to speak of, or so little that the clock cannot
+        # tell its end from now (past 2**24 s, 1e-9 s is below a double's
+        # resolution: the same event fired at the same instant forever)
+        done = [k for k, r in running.items()
+                if r[1] > 0 and (r[0] <= 1e-9 or now + r[0] / r[1] <= now)]
         cbs = [running.pop(k)[2] for k in done]
         self._reschedule(now)
         for cb in cbs:
