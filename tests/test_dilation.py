@@ -118,3 +118,25 @@ def test_sim_import_takes_a_dilated_run_as_is_and_refuses_a_mix():
     assert run_dilation([{"id": "a", "dilation": 4.0}, {"id": "b", "dilation": 4}]) == 4.0
     with pytest.raises(ValueError, match="different dilations"):
         run_dilation([{"id": "a", "dilation": 4.0}, {"id": "b"}])
+
+
+def test_a_restarted_master_keeps_its_dilated_timeline(tmp_path):
+    """The dilated clock's anchor is kept in the state dir: a master
+    restarted on it goes on with the same timeline, so the times of jobs it
+    persisted before (submitted, started) stay comparable with its clock."""
+    from harmony.master.server import Master
+    m = Master(str(tmp_path / "m"), port=0, dilation=4)
+    anchor, t0 = m.clock.anchor, m.clock()
+    m.close()
+    time.sleep(0.2)
+    m = Master(str(tmp_path / "m"), port=0, dilation=4)
+    try:
+        assert m.clock.anchor == anchor
+        assert 0 <= m.clock() - t0 < 60
+    finally:
+        m.close()
+    m = Master(str(tmp_path / "m"), port=0, dilation=2)      # another D: a new timeline
+    try:
+        assert m.clock.anchor != anchor
+    finally:
+        m.close()

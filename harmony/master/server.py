@@ -52,6 +52,31 @@ def _return_large_buffers(threshold: int = 256 << 10) -> None:
         pass
 
 
+CLOCK_FILE = "clock.json"
+
+
+def _clock_anchor(state_dir: str, dilation: float) -> float | None:
+    """The dilated clock's anchor a master on ``state_dir`` used before
+    (None: none, another dilation, or an unreadable file)."""
+    try:
+        with open(os.path.join(state_dir, CLOCK_FILE)) as fh:
+            rec = json.load(fh)
+        if float(rec["dilation"]) == float(dilation):
+            return float(rec["anchor"])
+        log.warning("the state dir's jobs ran at dilation %s, this master at %s: job times "
+                    "before the restart are on another timeline", rec["dilation"], dilation)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _save_clock_anchor(state_dir: str, clock: Clock) -> None:
+    try:
+        with open(os.path.join(state_dir, CLOCK_FILE), "w") as fh:
+            json.dump({"dilation": clock.dilation, "anchor": clock.anchor}, fh)
+    except OSError as exc:       # a full disk: a restart then starts a new timeline
+        log.warning("cannot save the dilated clock's anchor: %s", exc)
+
 class RotatingLog:
     """An append-only JSON-lines file rotated by size: PATH, then PATH.1 ..
     PATH.KEEP, the oldest dropped. A write never raises: a line that cannot
@@ -147,8 +172,11 @@ class Master:
             keep_models = int(os.environ.get("HARMONY_KEEP_MODELS", KEEP_MODELS))
         self.state_dir = os.path.abspath(state_dir)
         # the core's clock: undilated seconds (harmony.dilation), so every
-        # time the core measures or waits for is in undilated seconds
-        self.clock = Clock(dilation)
+        # time the core measures or waits for is in undilated seconds; its
+        # anchor is kept in the state dir, so a restarted master goes on
+        # with the same timeline (job times persisted before stay right)
+        anchor = _clock_anchor(self.state_dir, dilation)
+        self.clock = Clock(dilation, anchor=anchor)
         # the core checks its settings before anything is opened or locked
         self.core = MasterCore(
             heartbeat_timeout=heartbeat_timeout, launch_timeout=launch_timeout, policy=policy,
@@ -166,6 +194,8 @@ class Master:
         except OSError:
             self._lock_fh.close()
             raise StateDirLocked(f"another master is running on state dir {self.state_dir}")
+        if anchor is None and self.clock.dilation != 1.0:
+            _save_clock_anchor(self.state_dir, self.clock)
         # checked before use: a damaged table refuses the start (JobTableError)
         # unless ``recover`` restores its last good copy
         self.db = JobDB(self.state_dir, recover=recover)
