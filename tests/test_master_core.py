@@ -769,3 +769,32 @@ def test_status_says_why_a_new_job_waits_under_the_harmony_scheduler():
     assert "no room to profile it beside them" in _why(c, b)
     d = c.submit()
     assert _why(c, d) == f"waits behind {b} (first come, first served) to be profiled"
+
+
+def test_a_data_set_record_is_checked_before_it_enters_the_catalog():
+    """A raw data_commit (any client key): no name that is not a plain
+    name, no silent replacement of an entry, no holder the master does not
+    know, chunks numbered 0..n-1 with a SHA-256 each."""
+    cl = Cluster(2)
+
+    def commit(name, chunks):
+        n = len(cl.sent)
+        cl.msg(b"client", "data_commit", name=name, filename="f.txt", size=10, chunks=chunks)
+        (reply,) = cl.to(b"client", since=n)
+        return reply
+
+    good = [{"i": 0, "sha": b"s" * 32, "size": 10, "first_line": 1, "holders": ["m0", "m1"]}]
+    for name in ("..", "../x", "/etc", ".x"):
+        r = commit(name, good)
+        assert r.type == "error" and "bad data set name" in r.fields["message"], r
+    r = commit("d", [dict(good[0], holders=["m0", "m7"])])
+    assert r.type == "error" and "unknown holder(s) ['m7']" in r.fields["message"], r
+    r = commit("d", [dict(good[0], i=3)])
+    assert r.type == "error" and "numbered" in r.fields["message"], r
+    r = commit("d", [dict(good[0], sha=b"x")])
+    assert r.type == "error" and "SHA-256" in r.fields["message"], r
+    assert not cl.core.datasets
+    assert commit("d", good).type == "ok" and cl.core.datasets["d"]["chunks"][0]["size"] == 10
+    r = commit("d", [dict(good[0], size=99)])
+    assert r.type == "error" and r.fields["code"] == "exists", r
+    assert cl.core.datasets["d"]["chunks"][0]["size"] == 10

@@ -1155,6 +1155,18 @@ class MasterCore:
                        "holders": [str(h) for h in c["holders"]]} for c in msg["chunks"]]
         except (staging.StagingError, KeyError, TypeError, ValueError) as exc:
             return self._send(ident, _err("bad_request", f"bad data set record: {exc}"))
+        if name in self.datasets:      # as data_plan: never a silent replacement
+            return self._send(ident, _err("exists", f"data set {name!r} exists; 'harmony "
+                                                       f"data rm {name}' first"))
+        unknown = sorted({h for c in chunks for h in c["holders"]} - set(self.workers))
+        why = (f"unknown holder(s) {unknown[:5]}" if unknown else
+               "chunks are not numbered 0..n-1" if [c["i"] for c in chunks] !=
+               list(range(len(chunks))) else
+               "a chunk without a holder, a SHA-256 or a size" if any(
+                   not c["holders"] or len(c["sha"]) != 32 or c["size"] < 0 for c in chunks)
+               else "")
+        if why:
+            return self._send(ident, _err("bad_request", f"bad data set record: {why}"))
         rec = {"name": name, "filename": msg["filename"].replace("\\", "/").rsplit("/", 1)[-1],
                "size": msg["size"], "chunks": chunks, "created": self.now}
         self.datasets[name] = rec
