@@ -231,7 +231,19 @@ def write(path: str, model: Model, arrays: dict[str, np.ndarray]) -> str:
     string naming the job, app, options and epoch), or with a ``.txt``
     path the app's text form (``App.export_text``). Atomic (a temporary
     file renamed). Returns the format written."""
+    if os.path.isdir(path):
+        raise ExportError(f"--out {path} is a directory: name the file to write")
     tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        fmt = _write_tmp(tmp, path, model, arrays)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):      # a failed write (a full disk, a directory) leaves none
+            os.unlink(tmp)
+    return fmt
+
+
+def _write_tmp(tmp: str, path: str, model: Model, arrays: dict[str, np.ndarray]) -> str:
     if path.endswith(".txt"):
         _, app = app_of(model.source)
         try:
@@ -248,7 +260,6 @@ def write(path: str, model: Model, arrays: dict[str, np.ndarray]) -> str:
         with open(tmp, "wb") as fh:     # a file object: np.savez adds no .npz suffix
             np.savez(fh, harmony_info=np.array(json.dumps(provenance(model))), **arrays)
         fmt = "npz"
-    os.replace(tmp, path)
     return fmt
 
 

@@ -231,6 +231,12 @@ def test_cli_model_get_submit_save_model_and_top_words(cluster, app_data, tmp_pa
     assert "checkpoint final, after epoch 3" in r.stdout
     assert "top words after epoch 3 (final checkpoint):" in r.stdout
     assert "  " + lines[0] in r.stdout
+    # a directory as --out: a clear error, and no temporary file left in it
+    d = tmp_path / "outdir"
+    d.mkdir()
+    r = run_cli("model", "get", job, "--out", str(d), "--master", ep)
+    assert r.returncode == 1 and "is a directory" in r.stderr, r.stderr
+    assert not list(tmp_path.glob("outdir*.tmp*")) and not list(d.iterdir())
     r = run_cli("model", "get", "job-9999", "--out", str(tmp_path / "x.npz"), "--master", ep)
     assert r.returncode == 1 and "no job 'job-9999'" in r.stderr
     # a failed job keeps no checkpoint (a docword file is no ratings file)
