@@ -173,6 +173,7 @@ def main() -> None:
 
                     def watch(cl):
                         meter = CpuMeter([p.pid for p in cl.procs])
+                        meter.reset()
 
                         def done():
                             cpu, host = meter.read()
