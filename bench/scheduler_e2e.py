@@ -71,27 +71,43 @@ def arrivals(n: int, mean_gap: float, seed: int) -> list[float]:
     return out
 
 
-def run_mode(spec: str, jobs, times, tmp: str, a) -> dict:
-    """``spec`` is MODE or MODE:DOP (the machines each job asks for)."""
+def run_mode(spec: str, jobs, times, tmp: str, a, setup: dict | None = None,
+             watch=None) -> dict:
+    """``spec`` is MODE or MODE:DOP (the machines each job asks for).
+
+    ``jobs``: (name, args) NMF jobs, or (name, args, app, machines) for
+    another app of ``apps/`` and the machines that job asks for.
+    ``setup`` (other benches): ``mode`` and ``policy`` in place of the
+    spec's, ``cluster`` (more ``LocalCluster`` keywords). ``watch(cl)``, if
+    given, is called once the cluster is up and returns a function called
+    when every job is done; what that returns is ``res["watch"]``."""
     mode, _, dop = spec.partition(":")
     dop = int(dop or a.dop)
-    src = (ROOT / "apps" / "nmf.py").read_text()
     sd = os.path.join(tmp, spec.replace(":", "-"))
     policy = None
     if mode == "harmony-util":        # the Harmony scheduler with the paper's U objective
         mode, policy = "harmony", "harmony-util"
+    setup = setup or {}
+    mode, policy = setup.get("mode", mode), setup.get("policy", policy)
+    srcs: dict[str, str] = {}
     with LocalCluster(a.machines, sd, port=0, mode=mode, cpus_per_machine=1, policy=policy,
                       net_bandwidth=a.bandwidth, dilation=a.dilation,
-                      memory_per_machine=getattr(a, "memory_per_machine", None)) as cl, \
+                      memory_per_machine=getattr(a, "memory_per_machine", None),
+                      **setup.get("cluster", {})) as cl, \
             Client(cl.endpoint, keys=cl.keys) as c:
+        done = watch(cl) if watch else None
         ids: dict[str, str] = {}
         t0 = time.time()
         pending = list(zip(times, jobs))
         while True:
             now = (time.time() - t0) / a.dilation      # undilated, as the master's clock
             while pending and pending[0][0] <= now:
-                _, (name, args) = pending.pop(0)
-                ids[c.submit("nmf.py", src, args, machines=dop, name=name)] = name
+                _, (name, args, *more) = pending.pop(0)
+                app = more[0] if more else "nmf"
+                if app not in srcs:
+                    srcs[app] = (ROOT / "apps" / f"{app}.py").read_text()
+                ids[c.submit(f"{app}.py", srcs[app], args,
+                             machines=more[1] if len(more) > 1 else dop, name=name)] = name
             sts = {j: c.status(j) for j in ids}
             if not pending and all(s["state"] in ("finished", "failed", "cancelled")
                                    for s in sts.values()):
@@ -100,6 +116,7 @@ def run_mode(spec: str, jobs, times, tmp: str, a) -> dict:
                 raise SystemExit(f"{mode}: not done after {a.timeout}s: "
                                  f"{ {ids[j]: s['state'] for j, s in sts.items()} }")
             time.sleep(0.2)
+        watched = done() if done else None
     bad = [f"{ids[j]}: {s['error']}" for j, s in sts.items() if s["state"] != "finished"]
     if bad:
         raise SystemExit(f"{mode}: jobs failed: {bad}")
@@ -115,6 +132,8 @@ def run_mode(spec: str, jobs, times, tmp: str, a) -> dict:
     res["fresh"] = fresh_samples(os.path.join(sd, "master", "metrics"))
     res["statuses"] = list(sts.values())         # for bench/sim_fidelity.py
     res["metrics_dir"] = os.path.join(sd, "master", "metrics")
+    if watched is not None:
+        res["watch"] = watched
     return res
 
 
