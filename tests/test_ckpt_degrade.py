@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 
 import pytest
@@ -16,7 +17,6 @@ from harmony.client import Client
 from harmony.cluster import LocalCluster
 from apps_for_tests import TOY_APP
 from conftest import wait_state
-from test_hardening import fill_disk
 
 LONG = ["--max-epochs", "100000", "--sleep", "0.05"]
 
@@ -39,6 +39,37 @@ def disks(tmp_path):
     finally:
         for d in out:
             subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+class Full:
+    """Keep a file system full: what a deleted file frees (old checkpoint
+    parts are dropped as new ones complete) is taken again at once."""
+
+    def __init__(self, d) -> None:
+        self.path = os.path.join(str(d), "filler")
+        self._stop = threading.Event()
+        self._fh = open(self.path, "ab", buffering=0)
+        self._fill()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _fill(self) -> None:
+        for size in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    self._fh.write(b"\0" * size)
+            except OSError:
+                pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self._fill()
+
+    def release(self) -> None:
+        self._stop.set()
+        self._t.join()
+        self._fh.close()
+        os.unlink(self.path)
 
 
 def _until(c: Client, job: str, ok, what: str, timeout: float = 90.0) -> dict:
@@ -69,14 +100,14 @@ def test_full_disks_skip_or_move_checkpoints_and_never_fail_the_job(disks, tmp_p
             here, replica = st["checkpoint"]["holders"]
             third = ({"m0", "m1", "m2"} - {here, replica}).pop()
             # 1. the replica's machine is full: the replica goes to the third one
-            fillers.append(fill_disk(next(d for d in disks if d.name == replica)))
+            fillers.append(Full(next(d for d in disks if d.name == replica)))
             ep = c.status(job)["checkpoint"]["epoch"]     # one under way may predate the fill
             st = _until(c, job, lambda s: s["checkpoint"]["epoch"] > ep + 1,
                         "checkpoints with the replica machine full")
             assert st["checkpoint"]["holders"] == [here, third], st["checkpoint"]
             assert not st.get("ckpt_skipped")
             # 2. its own machine is full too: checkpoints are skipped, the job runs on
-            fillers.append(fill_disk(next(d for d in disks if d.name == here)))
+            fillers.append(Full(next(d for d in disks if d.name == here)))
             st = _until(c, job, lambda s: s.get("ckpt_skipped"), "a skipped checkpoint")
             last = st["checkpoint"]["epoch"]
             assert f"the last complete one is after epoch {last + 1}" in st["ckpt_skipped"]
@@ -87,7 +118,7 @@ def test_full_disks_skip_or_move_checkpoints_and_never_fail_the_job(disks, tmp_p
             assert any("skipped" in e[2] for e in st["events"])
             # 3. room again: the next checkpoint is complete, the warning gone
             for f in fillers:
-                os.unlink(f)
+                f.release()
             fillers = []
             st = _until(c, job, lambda s: s["checkpoint"]["epoch"] > last
                         and not s.get("ckpt_skipped"), "a complete checkpoint again")
@@ -95,5 +126,5 @@ def test_full_disks_skip_or_move_checkpoints_and_never_fail_the_job(disks, tmp_p
             c.cancel(job)
     finally:
         for f in fillers:
-            os.unlink(f)
+            f.release()
         cl.stop()
