@@ -12,7 +12,8 @@ from harmony.master.policy import ClusterView, JobView, WorkerView
 from harmony.master.slaq_policy import slaq, slaq_maxmin
 from harmony.sched.model import Profile
 from harmony.sim.run import setup, simulate
-from harmony.sim.trace import LossCurve, TraceJob
+from harmony.policies.curves import LossCurve
+from harmony.sim.trace import TraceJob
 
 
 def workers(*loads):

@@ -45,6 +45,7 @@ from harmony.comm import messages as M
 from harmony.cruise.plan import MAX_MOVES   # a resize's concurrent block moves
 from harmony.master import policy as P
 from harmony.master.jobs import MAX_ATTEMPTS, SETUPS_KEPT, Job, JobState
+from harmony.policies.curves import Utility
 from harmony.store import staging
 
 log = logging.getLogger("harmony.master")
@@ -474,7 +475,6 @@ class MasterCore:
         if deadline is not None and not (math.isfinite(deadline) and deadline > 0):
             return self._send(ident, _err("bad_request", "a deadline must be > 0 seconds"))
         if utility:
-            from harmony.sim.trace import Utility
             try:
                 utility = Utility.parse(utility).spec()
             except ValueError as exc:

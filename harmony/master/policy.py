@@ -43,7 +43,7 @@ class JobView:
     # epochs that reported an objective, oldest first
     progress: tuple[tuple[float, float], ...] = ()
     deadline: float | None = None      # absolute time (the view's clock), if it has one
-    utility: str = ""                  # harmony.sim.trace.Utility spec, if it has one
+    utility: str = ""                  # harmony.policies.curves.Utility spec, if it has one
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from harmony.cruise.plan import MAX_MOVES
 from harmony.master import policy as P
 from harmony.sim.engine import Contention, Outcome, SimJob, Simulator
 from harmony.sim.report import JobResult, SimDecision, SimResult, UtilSample
-from harmony.sim.trace import TraceJob, Utility, iteration_profile
+from harmony.policies.curves import Utility
+from harmony.sim.trace import TraceJob, iteration_profile
 
 #: at most this many simulated epochs per job after its profiling epochs: a
 #: simulated epoch is one simulated iteration of k real ones (k x the COMP
