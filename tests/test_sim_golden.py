@@ -27,7 +27,7 @@ MACHINES, GRAIN, SEED = 40, 20, 3
 
 
 def setups() -> list[str]:
-    from harmony.master.policy import MODES, POLICIES
+    from harmony.policies.registry import MODES, POLICIES
     return sorted(set(POLICIES) | set(MODES))
 
 

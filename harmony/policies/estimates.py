@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import statistics
 
-from harmony.master.policy import ClusterView, JobView
+from harmony.policies.view import ClusterView, JobView
 from harmony.policies.curves import slaq_fit
 from harmony.sched.model import Profile, job_iter_time, t_cpu_at, t_net_at
 

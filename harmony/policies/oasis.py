@@ -12,7 +12,7 @@ prices of what it took. Here:
 * **Time slots** of ``SLOT`` seconds, ``HORIZON`` of them from now. The
   prices of a slot come from what the view's active jobs hold in it: each
   running job keeps its machines until its estimated end
-  (``harmony.master.estimates``), and the jobs admitted earlier in the same
+  (``harmony.policies.estimates``), and the jobs admitted earlier in the same
   decision add theirs. The policy keeps no state between decisions, so this
   projection is OASiS's committed-resources record g(t), rebuilt each time.
 * **Resources**: two per machine, its CPU and its link, capacity 1 each. A
@@ -65,8 +65,8 @@ import math
 
 import numpy as np
 
-from harmony.master.estimates import Estimator
-from harmony.master.policy import ClusterView, Decision, JobView
+from harmony.policies.estimates import Estimator
+from harmony.policies.view import ClusterView, Decision, JobView
 from harmony.policies.curves import Utility
 
 SLOT = 300.0          # s per time slot

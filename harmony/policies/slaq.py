@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import heapq
 
-from harmony.master.policy import ClusterView, Decision, JobView
+from harmony.policies.view import ClusterView, Decision, JobView
 from harmony.policies.curves import slaq_fit
 from harmony.sched.model import Profile, job_iter_time
 
