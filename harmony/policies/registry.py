@@ -5,7 +5,7 @@ Each entry is a factory of a :class:`~harmony.policies.base.Policy`
 (a class, or a function of no arguments): every master core calls
 :func:`make` once and keeps the object, so a policy's state lives as long
 as that core. Adding a policy is one module in this package and one line
-here.
+here (docs/policies.md).
 """
 from __future__ import annotations
 
