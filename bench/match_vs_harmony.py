@@ -2,7 +2,7 @@
 (``harmony``) on the same inputs (issue #15 item 4).
 
 Both policies are the master's own pure functions
-(``harmony.master.policy.POLICIES``), called on the same
+(``harmony.policies.registry``), called on the same
 :class:`ClusterView`: ``n`` jobs waiting with their profiles already
 measured (``harmony.sched.synthetic.random_profiles``: profiled at DoP 16,
 COMM growing with DoP, ``Profile.remote`` = f x Tnet with f uniform in
@@ -41,8 +41,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harmony.master.policy import (POLICIES, ClusterView, Decision, JobView,  # noqa: E402
-                                   WorkerView)
+from harmony.policies.registry import make  # noqa: E402
+from harmony.policies.view import ClusterView, Decision, JobView, WorkerView  # noqa: E402
 from harmony.sched.model import Profile, cluster_util, group_iter_time, job_iter_time, \
     score  # noqa: E402
 from harmony.sched.synthetic import random_profiles  # noqa: E402
@@ -101,7 +101,7 @@ def u_of(groups: dict[str, tuple[list[str], tuple[str, ...]]], profiles: dict[st
 
 def _decide(name: str, view: ClusterView, conn: Any) -> None:
     t = time.perf_counter()
-    dec = POLICIES[name](view)
+    dec = make(name).decide(view)
     conn.send((time.perf_counter() - t, dec))
 
 
@@ -145,7 +145,7 @@ def first_decision(n: int, machines: int, seed: int, remote: tuple[float, float]
 def replay(name: str, ps: list[Profile], iters: dict[str, float], machines: int,
            max_wall: float) -> dict[str, Any]:
     """Replay ``name``'s decisions under the model (module docstring, (2))."""
-    policy: Callable[[ClusterView], Decision] = POLICIES[name]
+    policy: Callable[[ClusterView], Decision] = make(name).decide
     profiles = {p.id: p for p in ps}
     left = dict(iters)
     running: dict[str, tuple[str, tuple[str, ...]]] = {}   # job -> (group, machines)

@@ -2,8 +2,8 @@
 decision is the one recorded.
 
 The corpus is a pickled list of (view, decision, seconds): the
-``harmony.master.policy.ClusterView`` the simulator gave
-``harmony.master.harmony_policy.harmony``, the ``Decision`` it returned and
+``harmony.policies.view.ClusterView`` the simulator gave
+``harmony.policies.harmony.harmony``, the ``Decision`` it returned and
 how long the call took. It is generated data, not kept in the repository;
 ``--record`` regenerates it by simulating the paper workload
 (``harmony.sim.workload.generate("paper", seed=s)``, 100 machines, the
@@ -32,8 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import harmony.master.harmony_policy as HP  # noqa: E402
-from harmony.master.policy import Decision  # noqa: E402
+import harmony.policies.harmony as HP  # noqa: E402
+from harmony.policies import registry as R  # noqa: E402
+from harmony.policies.view import Decision  # noqa: E402
 
 DEFAULT = "/work/sched_views.pkl"
 SEEDS = (1, 2)
@@ -50,9 +51,11 @@ def record(path: str, seeds=SEEDS, machines: int = 100) -> None:
         dec = inner(view)
         calls.append((view, dec, time.perf_counter() - t))
         return dec
-    # harmony.master.policy._harmony looks the function up on its module at
-    # every call, so patching the module attribute reaches the simulator
-    HP.harmony = logged
+    # every master core makes its policy from the registry's factory, so
+    # replacing the factory reaches the simulator
+    saved = R.POLICIES["harmony"]
+    R.POLICIES["harmony"] = R.fn("harmony", logged, preempts=True, queued=True,
+                                 predict=HP.predict_jobs)
     try:
         for s in seeds:
             t = time.perf_counter()
@@ -62,7 +65,7 @@ def record(path: str, seeds=SEEDS, machines: int = 100) -> None:
             print(f"seed {s}: {len(calls) - n} calls, {time.perf_counter() - t:.1f} s",
                   file=sys.stderr)
     finally:
-        HP.harmony = inner
+        R.POLICIES["harmony"] = saved
     with open(path, "wb") as f:
         pickle.dump(calls, f)
     print(f"recorded {len(calls)} calls to {path}", file=sys.stderr)

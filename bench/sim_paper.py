@@ -58,18 +58,22 @@ def run(trace, machines, name, **kw):
 def speed(runs, limit):
     """Time each (label, trace, machines, setup) run: the simulator's own
     speed, with the seconds spent in the policy (every policy wrapped)."""
-    from harmony.master import policy as P
+    from harmony.policies import registry as R
+    from harmony.policies.base import FunctionPolicy
     spent = [0.0, 0]
-    for name, f in list(P.POLICIES.items()):
-        def timed(view, f=f):
-            t = time.perf_counter()
-            try:
-                return f(view)
-            finally:
-                spent[0] += time.perf_counter() - t
-                spent[1] += 1
-        timed.__dict__.update(f.__dict__)      # preempts, queued
-        P.POLICIES[name] = timed
+    for name, make in list(R.POLICIES.items()):
+        def timed_make(make=make) -> FunctionPolicy:
+            p = make()
+
+            def timed(view):
+                t = time.perf_counter()
+                try:
+                    return p.decide(view)
+                finally:
+                    spent[0] += time.perf_counter() - t
+                    spent[1] += 1
+            return FunctionPolicy(p.name, timed, p.preempts, p.queued, p.predict)
+        R.POLICIES[name] = timed_make
     print(f"{'run':28s} {'wall s':>7} {'CPU s':>7} {'events':>9} {'events/s':>9} "
           f"{'decisions':>9} {'dec/s':>6} {'calls':>6} {'policy s':>8} {'done':>9} {'sim h':>6}")
     for label, trace, machines, name in runs:

@@ -8,7 +8,7 @@ and the per-iteration profiles of ``bench/scheduler_e2e.py``'s two NMF kinds.
    from ``harmony.datagen``, one iteration per epoch, and the objective after
    every epoch is normalized by the first one and fitted with SLAQ's
    sublinear model ``1/(a k^2 + b k + c) + d`` and its linear model
-   ``mu^(k-b) + c`` (``harmony.sim.trace.fit_curve``, epochs 2.. , equal
+   ``mu^(k-b) + c`` (``harmony.policies.curves.fit_curve``, epochs 2.. , equal
    weights), keeping the better fit (the smaller largest relative error).
    Also reported: the epoch by which the objective came within 1% of its
    final value ("converged").
@@ -41,7 +41,7 @@ from harmony.datagen.lasso import gen_lasso  # noqa: E402
 from harmony.datagen.lda import gen_lda  # noqa: E402
 from harmony.datagen.mlr import gen_mlr  # noqa: E402
 from harmony.datagen.nmf import gen_nmf  # noqa: E402
-from harmony.sim.trace import fit_curve  # noqa: E402
+from harmony.policies.curves import fit_curve  # noqa: E402
 
 
 def app_cls(name: str):

@@ -19,7 +19,7 @@ from harmony.cluster import (ClusterError, LocalCluster, cluster_down, default_s
 from harmony.comm import security
 from harmony import dilation as dil
 from harmony.cruise.plan import MAX_MOVES
-from harmony.master import policy as P
+from harmony.policies import registry as PR
 from harmony.obs import progress
 from harmony.store import staging
 
@@ -83,7 +83,7 @@ def master_main(argv: list[str] | None = None) -> int:
                    help="isolated: disjoint machines per job; naive: shared machines, no "
                         "coordination; harmony (default): shared machines, subtask queues + "
                         "synchronizer, and the Harmony scheduler")
-    s.add_argument("--policy", default=None, choices=sorted(P.POLICIES),
+    s.add_argument("--policy", default=None, choices=sorted(PR.POLICIES),
                    help="placement policy (default: the mode's: harmony, colocate or isolated)")
     _scheduler_args(s)
     s.add_argument("--heartbeat-timeout", type=float, default=5.0,
@@ -930,7 +930,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--detach", action="store_true", help="return once the cluster is ready")
     s.add_argument("--mode", default="harmony", choices=["isolated", "naive", "harmony"],
                    help="execution mode of the master (see harmony-master start --help)")
-    s.add_argument("--policy", default=None, choices=sorted(P.POLICIES),
+    s.add_argument("--policy", default=None, choices=sorted(PR.POLICIES),
                    help="placement policy (default: the mode's)")
     _scheduler_args(s)
     s.add_argument("--cpus-per-machine", type=int, default=None,

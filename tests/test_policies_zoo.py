@@ -1,18 +1,19 @@
 """The comparison policies (muri, slaq) as pure functions on hand-made views,
-and each end to end in the simulator (harmony.master.muri_policy,
-harmony.master.slaq_policy)."""
+and each end to end in the simulator (harmony.policies.muri,
+harmony.policies.slaq, ...)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from harmony.master import policy as P
-from harmony.master.muri_policy import MIN_EFF, efficiency, match, muri
-from harmony.master.policy import ClusterView, JobView, WorkerView
-from harmony.master.slaq_policy import slaq, slaq_maxmin
+from harmony.policies import registry as P
+from harmony.policies.muri import MIN_EFF, efficiency, match, muri
+from harmony.policies.slaq import slaq, slaq_maxmin
+from harmony.policies.view import ClusterView, JobView, WorkerView
 from harmony.sched.model import Profile
 from harmony.sim.run import setup, simulate
-from harmony.sim.trace import LossCurve, TraceJob
+from harmony.policies.curves import LossCurve
+from harmony.sim.trace import TraceJob
 
 
 def workers(*loads):
@@ -175,7 +176,7 @@ def small_trace():
 @pytest.mark.parametrize("name", ["muri", "slaq", "slaq-maxmin", "oasis", "mlfs", "mlfs-c"])
 def test_policies_run_end_to_end_in_the_simulator(name):
     assert name in P.POLICIES
-    assert getattr(P.POLICIES[name], "preempts", False) == (name != "oasis")   # oasis: start-only
+    assert P.make(name).preempts == (name != "oasis")   # oasis: start-only
     res = simulate(small_trace(), 4, name, grain=10)
     assert not res.meta["unfinished"]
     assert all(j.end == j.end for j in res.jobs)       # every job finished (no NaN)
@@ -188,9 +189,9 @@ def test_policies_run_end_to_end_in_the_simulator(name):
 
 # ---------------------------------------------------------------- oasis
 
-from harmony.master import oasis_policy as O  # noqa: E402
-from harmony.master.mlfs_policy import mlfs, mlfs_c, ml_term, priorities  # noqa: E402
-from harmony.master.estimates import Estimator, shares  # noqa: E402
+from harmony.policies import oasis as O  # noqa: E402
+from harmony.policies.estimates import Estimator, shares  # noqa: E402
+from harmony.policies.mlfs import mlfs, mlfs_c, ml_term, priorities  # noqa: E402
 
 
 def test_oasis_admits_on_the_cheapest_machines_and_reports_ps_equal_to_workers():

@@ -1,5 +1,6 @@
 """The placement policies as pure functions (cluster view in, decision out)."""
-from harmony.master.policy import ClusterView, JobView, WorkerView, isolated, least_loaded
+from harmony.policies.simple import isolated, least_loaded
+from harmony.policies.view import ClusterView, JobView, WorkerView
 
 
 def machines(*loads, groups=None):
@@ -43,7 +44,7 @@ def test_isolated_gives_each_job_free_machines():
 
 
 def test_match_is_the_muri_style_policy_and_muri_its_alias():
-    from harmony.master import policy as P
+    from harmony.policies import registry as P
     from harmony.sim.run import setup
     assert P.POLICIES["match"] is P.POLICIES["muri"]
     assert setup("match") == ("match", "harmony")      # its pairs need the subtask queues

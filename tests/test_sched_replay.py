@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from harmony.master.harmony_policy import harmony
-from harmony.master.policy import ClusterView, JobView, WorkerView
+from harmony.policies.harmony import harmony
+from harmony.policies.view import ClusterView, JobView, WorkerView
 from harmony.sched.model import Profile, group_iter_time, job_iter_time
 from harmony.sched.replay import Shape, iteration_times, predict
 

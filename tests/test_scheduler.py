@@ -10,8 +10,8 @@ import pytest
 
 from harmony.client import Client
 from harmony.cluster import LocalCluster
-from harmony.master.harmony_policy import harmony
-from harmony.master.policy import ClusterView, JobView, WorkerView
+from harmony.policies.harmony import harmony
+from harmony.policies.view import ClusterView, JobView, WorkerView
 from apps_for_tests import TOY_APP
 from conftest import ISOLATE, wait_state
 

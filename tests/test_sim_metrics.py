@@ -10,7 +10,7 @@ import pytest
 from harmony.sim import report
 from harmony.sim.report import JobResult, SimResult
 from harmony.sim.run import default_utility, simulate
-from harmony.sim.trace import Utility
+from harmony.policies.curves import Utility
 from test_policies_zoo import small_trace
 
 

@@ -13,9 +13,9 @@ import pytest
 from harmony.master.jobs import Job, JobState
 from harmony.sched.model import t_cpu_at, t_net_at
 from harmony.sim import contention, importer, report, workload
-from harmony.sim.trace import (COLUMNS, LossCurve, TraceError, TraceJob, Utility, fit_curve,
-                               iteration_profile, load_trace, parse_trace, save_trace,
-                               sched_profile)
+from harmony.policies.curves import LossCurve, Utility, fit_curve
+from harmony.sim.trace import (COLUMNS, TraceError, TraceJob, iteration_profile, load_trace,
+                               parse_trace, save_trace, sched_profile)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -43,8 +43,10 @@ from typing import Any
 from harmony import dilation as dil
 from harmony.comm import messages as M
 from harmony.cruise.plan import MAX_MOVES   # a resize's concurrent block moves
-from harmony.master import policy as P
 from harmony.master.jobs import MAX_ATTEMPTS, SETUPS_KEPT, Job, JobState
+from harmony.policies import registry as R
+from harmony.policies import view as P
+from harmony.policies.curves import Utility
 from harmony.store import staging
 
 log = logging.getLogger("harmony.master")
@@ -278,21 +280,21 @@ class MasterCore:
             raise ValueError("--max-moves must be >= 0 (0: no limit)")
         # a resize's block moves in flight at once, over the whole job (0: all)
         self.max_moves = max_moves
-        if mode not in P.MODES:
-            raise ValueError(f"unknown mode {mode!r}; choose from {sorted(P.MODES)}")
+        if mode not in R.MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose from {sorted(R.MODES)}")
         if max_jobs_per_machine < 0:
             raise ValueError("--max-jobs-per-machine must be >= 0 (0: no limit)")
         if keep_models < 0:
             raise ValueError("--keep-models must be >= 0")
-        policy = policy or P.MODES[mode][0]
-        if policy not in P.POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; choose from {sorted(P.POLICIES)}")
+        policy = policy or R.MODES[mode][0]
+        if policy not in R.POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {sorted(R.POLICIES)}")
         self.mode = mode
         self.max_jobs = max_jobs_per_machine
         self.keep_models = keep_models
-        self.queued = P.MODES[mode][1]
+        self.queued = R.MODES[mode][1]
         self.policy_name = policy
-        self.policy = P.POLICIES[policy]
+        self.policy = R.make(policy)
         self.secure = secure            # peers are authenticated: check roles
         self.heartbeat_timeout = heartbeat_timeout
         self.launch_timeout = launch_timeout
@@ -474,7 +476,6 @@ class MasterCore:
         if deadline is not None and not (math.isfinite(deadline) and deadline > 0):
             return self._send(ident, _err("bad_request", "a deadline must be > 0 seconds"))
         if utility:
-            from harmony.sim.trace import Utility
             try:
                 utility = Utility.parse(utility).spec()
             except ValueError as exc:
@@ -818,14 +819,14 @@ class MasterCore:
                 del self.mem_wait[jid]
             elif j.state == JobState.PAUSED:
                 j.reason = "paused: a machine ran out of memory; waits for a job to end"
-        if getattr(self.policy, "preempts", False) and (
+        if self.policy.preempts and (
                 not live or any(r.pausing or r.reconfig for r in self.runs.values())):
             return      # _schedule_full's rule, before the queue is sorted for nothing
         waiting = sorted((j for j in self.jobs.values()
                           if j.id not in self.mem_wait and (j.state == JobState.WAITING or (
                               j.state in (JobState.PAUSED, JobState.PROFILED) and not j.held))),
                          key=lambda j: (j.submitted, j.id))
-        if getattr(self.policy, "preempts", False):
+        if self.policy.preempts:
             return self._schedule_full(live, waiting)
         # a start-only policy (least-loaded, isolated): it only starts waiting jobs
         self._ended = []
@@ -837,7 +838,7 @@ class MasterCore:
         waiting = [j for j in waiting if j.machines <= len(live)] + \
             [j for j in waiting if j.machines > len(live)]
         view = self._view(live, waiting)
-        dec = self.policy(view)
+        dec = self.policy.decide(view)
         start = dec.start
         load = {w.name: w.jobs for w in view.workers}
         for machines in start.values():
@@ -979,7 +980,7 @@ class MasterCore:
         is still in flight, then the whole decision is applied."""
         if not live or any(r.pausing or r.reconfig for r in self.runs.values()):
             return
-        dec = self.policy(self._view(live, waiting))
+        dec = self.policy.decide(self._view(live, waiting))
         self._ended = []
         for job in waiting:
             if job.state == JobState.WAITING:
@@ -1024,7 +1025,7 @@ class MasterCore:
         iteration: training, and the whole epoch over its iterations) from the
         profiles as they are now, beside the jobs that share its machines;
         none while one of them has no profile yet."""
-        predict = getattr(self.policy, "predict", None)
+        predict = self.policy.predict
         if predict is None:
             return
         mine = set(job.workers)

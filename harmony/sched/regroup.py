@@ -49,7 +49,7 @@ class Bound:
     candidate is one run of Algorithm 1, whose cost does not shrink with
     the pool, so on hundreds of groups and a long queue the unbounded chain
     (``_chain_sizes``: 16 candidates at 316 groups) made every completion
-    cost seconds (``harmony.master.harmony_policy.LARGE``)."""
+    cost seconds (``harmony.policies.harmony.LARGE``)."""
     groups: int = 4
     waiting: int = 32
 

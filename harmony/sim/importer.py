@@ -60,7 +60,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from harmony.sim.trace import APPS, LossCurve, TraceJob, save_trace
+from harmony.policies.curves import LossCurve
+from harmony.sim.trace import APPS, TraceJob, save_trace
 
 MIB = 2 ** 20
 

@@ -41,7 +41,7 @@ class JobResult:
     after each epoch as (time, loss) pairs; ``loss_range``, (initial, final)
     loss of its curve (the loss before any iteration and after all the
     iterations it was submitted with), which normalizes ``loss`` to 1 ..
-    0; ``utility``, a :class:`harmony.sim.trace.Utility` spec of its JCT."""
+    0; ``utility``, a :class:`harmony.policies.curves.Utility` spec of its JCT."""
     id: str
     app: str
     arrival: float
@@ -190,7 +190,7 @@ def avg_norm_loss(result: SimResult) -> float:
 def total_utility(result: SimResult) -> float:
     """OASiS's objective: the sum over finished jobs of their utility of
     their JCT (``JobResult.utility``; nan: no job has one)."""
-    from harmony.sim.trace import Utility
+    from harmony.policies.curves import Utility
 
     vals = [Utility.parse(j.utility).value(j.jct) for j in result.jobs
             if j.utility and j.end == j.end]

@@ -16,10 +16,12 @@ import random
 from typing import Callable
 
 from harmony.cruise.plan import MAX_MOVES
-from harmony.master import policy as P
+from harmony.policies import registry as R
+from harmony.policies.view import PROFILE_SAMPLES
 from harmony.sim.engine import Contention, Outcome, SimJob, Simulator
 from harmony.sim.report import JobResult, SimDecision, SimResult, UtilSample
-from harmony.sim.trace import TraceJob, Utility, iteration_profile
+from harmony.policies.curves import Utility
+from harmony.sim.trace import TraceJob, iteration_profile
 
 #: at most this many simulated epochs per job after its profiling epochs: a
 #: simulated epoch is one simulated iteration of k real ones (k x the COMP
@@ -32,23 +34,23 @@ GRAIN = 200
 #: epochs that run at the trace's own epoch length first (one simulated
 #: iteration of iters_per_epoch real ones each): the scheduler profiles a
 #: job on its first PROFILE_SAMPLES epochs
-FINE_EPOCHS = P.PROFILE_SAMPLES + 1
+FINE_EPOCHS = PROFILE_SAMPLES + 1
 
 
 def setup(name: str) -> tuple[str, str]:
     """(policy, mode) of a setup name (see the module docstring)."""
     policy, _, mode = name.partition("@")
     if not mode:
-        if policy in P.MODES:
-            return P.MODES[policy][0], policy
-        mode = "harmony" if getattr(P.POLICIES.get(policy), "queued", False) else "naive"
-    if policy in P.MODES and policy not in P.POLICIES:
-        policy = P.MODES[policy][0]
-    if policy not in P.POLICIES:
+        if policy in R.MODES:
+            return R.MODES[policy][0], policy
+        mode = "harmony" if policy in R.POLICIES and R.make(policy).queued else "naive"
+    if policy in R.MODES and policy not in R.POLICIES:
+        policy = R.MODES[policy][0]
+    if policy not in R.POLICIES:
         raise ValueError(f"unknown policy {policy!r}: choose from "
-                         f"{', '.join(sorted(set(P.POLICIES) | set(P.MODES)))}")
-    if mode not in P.MODES:
-        raise ValueError(f"unknown mode {mode!r}: choose from {', '.join(sorted(P.MODES))}")
+                         f"{', '.join(sorted(set(R.POLICIES) | set(R.MODES)))}")
+    if mode not in R.MODES:
+        raise ValueError(f"unknown mode {mode!r}: choose from {', '.join(sorted(R.MODES))}")
     return policy, mode
 
 
@@ -138,7 +140,7 @@ def default_utility(tj: TraceJob, bandwidth: float, machines: int | None = None)
     ``DEFAULT_TARGET`` x its run time alone, g2 = 4 / g3), its run time
     alone here the trace's own: iterations x (COMP + COMM) at its requested
     machines (at most ``machines``) plus an evaluation per epoch."""
-    from harmony.master.oasis_policy import DEFAULT_TARGET
+    from harmony.policies.oasis import DEFAULT_TARGET
     m = tj.machines if machines is None else max(1, min(tj.machines, machines))
     t_cpu, t_net = iteration_profile(tj, m, bandwidth)
     alone = tj.iterations * (t_cpu + t_net) + tj.epochs * tj.eval_s / m

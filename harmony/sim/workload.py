@@ -70,7 +70,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from harmony.sim.trace import LossCurve, TraceJob, save_trace
+from harmony.policies.curves import LossCurve
+from harmony.sim.trace import TraceJob, save_trace
 
 GB = 1e9
 

@@ -18,7 +18,7 @@ told none of it at submission (a job stops by its app's own rule), so:
   Shares on a machine add up: two jobs fit on it while each sum stays
   under the policy's capacity (OASiS 1, MLFS 0.9).
 * **Remaining iterations**: SLAQ's loss-curve fit on the job's (iterations,
-  objective) points (``harmony.master.slaq_policy._fit``), run until the
+  objective) points (``harmony.policies.curves.slaq_fit``), run until the
   fitted curve has made ``CONVERGED`` of its reducible loss (max objective
   in view less the fitted floor); the same rule the paper workload's jobs
   stop by (``harmony.sim.workload.CONVERGED``), which is an assumption
@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import statistics
 
-from harmony.master.policy import ClusterView, JobView
+from harmony.policies.view import ClusterView, JobView
+from harmony.policies.curves import slaq_fit
 from harmony.sched.model import Profile, job_iter_time, t_cpu_at, t_net_at
 
 #: a job's share of a machine's (CPU, link) without a profile of its own
@@ -89,8 +90,7 @@ class Estimator:
             return self._iters[j.id]
         out = None
         if j.id in self.profiles and len(j.progress) >= MIN_POINTS:
-            from harmony.master.slaq_policy import _fit
-            fit = _fit(j.progress)
+            fit = slaq_fit(j.progress)
             if fit is not None:
                 curve, _, norm = fit
                 k = j.progress[-1][0]
@@ -117,8 +117,7 @@ class Estimator:
         (0: converged, 1: nothing made yet); None without a fit."""
         if len(j.progress) < MIN_POINTS:
             return None
-        from harmony.master.slaq_policy import _fit
-        fit = _fit(j.progress)
+        fit = slaq_fit(j.progress)
         if fit is None:
             return None
         curve, _, norm = fit

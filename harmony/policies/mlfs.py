@@ -16,7 +16,7 @@ CoNEXT'20). The heuristic MLF-H and its load control MLF-C; the RL variant
   removes). I = 1 (nothing measured yet) gives 0 (REFERENCE.md's Decision).
   P_C = g_d / (deadline - now) + g_r / remaining + g_w x waiting time, with
   g_d = g_r = 0.3, g_w = 0.35; no deadline: 0; a passed deadline: as if 1 s
-  away; remaining: ``harmony.master.estimates`` (its fitted loss curve, or
+  away; remaining: ``harmony.policies.estimates`` (its fitted loss curve, or
   a default). **Normalization** (REFERENCE.md's Decision): P_ML and P_C are
   each min-max normalized to [0, 1] across the jobs prioritized together
   (all equal: 0). Our choice beyond it: P_C's three parts are normalized
@@ -60,8 +60,8 @@ from __future__ import annotations
 
 import math
 
-from harmony.master.estimates import Estimator
-from harmony.master.policy import ClusterView, Decision, JobView
+from harmony.policies.estimates import Estimator
+from harmony.policies.view import ClusterView, Decision, JobView
 
 ALPHA = 0.3           # weight of P_ML
 GAMMA_D = 0.3         # P_C: deadline

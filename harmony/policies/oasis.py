@@ -12,7 +12,7 @@ prices of what it took. Here:
 * **Time slots** of ``SLOT`` seconds, ``HORIZON`` of them from now. The
   prices of a slot come from what the view's active jobs hold in it: each
   running job keeps its machines until its estimated end
-  (``harmony.master.estimates``), and the jobs admitted earlier in the same
+  (``harmony.policies.estimates``), and the jobs admitted earlier in the same
   decision add theirs. The policy keeps no state between decisions, so this
   projection is OASiS's committed-resources record g(t), rebuilt each time.
 * **Resources**: two per machine, its CPU and its link, capacity 1 each. A
@@ -43,7 +43,7 @@ prices of what it took. Here:
   the machines are the w cheapest feasible ones over those slots (COST_t's
   greedy), and the payoff is f(JCT) - cost.
 * **Utility**: the job's own (``JobView.utility``, a
-  ``harmony.sim.trace.Utility``: ``const`` or OASiS's sigmoid
+  ``harmony.policies.curves.Utility``: ``const`` or OASiS's sigmoid
   g1 / (1 + exp(g2 (t - g3))) of the JCT). A job without one gets a
   time-sensitive sigmoid: g1 = 1, g3 = ``DEFAULT_TARGET`` x its estimated
   run time alone at its requested machines (from its arrival), g2 = 4 / g3.
@@ -65,8 +65,9 @@ import math
 
 import numpy as np
 
-from harmony.master.estimates import Estimator
-from harmony.master.policy import ClusterView, Decision, JobView
+from harmony.policies.estimates import Estimator
+from harmony.policies.view import ClusterView, Decision, JobView
+from harmony.policies.curves import Utility
 
 SLOT = 300.0          # s per time slot
 HORIZON = 288         # slots ahead (24 h)
@@ -77,7 +78,6 @@ CAP = 1.0             # capacity of each resource of a machine
 
 def utility_fn(j: JobView, est_jct: float):
     """The job's utility of its JCT (seconds)."""
-    from harmony.sim.trace import Utility
     if j.utility:
         u = Utility.parse(j.utility)
         return u.value

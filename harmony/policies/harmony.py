@@ -26,8 +26,8 @@ checkpoint if it has one); a profiling job that stays put keeps running.
 """
 from __future__ import annotations
 
-from harmony.master.policy import (MIN_GAIN, PROFILE_SAMPLES, ClusterView, Decision,
-                                   JobView)
+from harmony.policies.base import MIN_GAIN
+from harmony.policies.view import PROFILE_SAMPLES, ClusterView, Decision, JobView
 from harmony.sched.model import Profile, group_iter_time, group_util, score
 from harmony.sched.regroup import (Bound, Current, RunningGroup, on_arrival, on_completion,
                                    regroup, utilization)

@@ -52,7 +52,8 @@ Pure: a :class:`ClusterView` in, a :class:`Decision` out.
 """
 from __future__ import annotations
 
-from harmony.master.policy import MIN_GAIN, ClusterView, Decision, JobView
+from harmony.policies.base import MIN_GAIN
+from harmony.policies.view import ClusterView, Decision, JobView
 from harmony.sched.model import Profile, group_iter_time, t_cpu_at, t_net_at
 from harmony.sched.throughput import best_dop
 

@@ -10,8 +10,8 @@ marginal gains). Here:
   each, using all its cores), so the unit is a whole machine and machines
   are never shared between jobs (SLAQ is an isolated scheduler). A job gets
   at most the machines it asked for (its requested DoP is its cap).
-* **Loss curve**: ``harmony.sim.trace.fit_curve`` on the job's (iterations
-  done, objective) points, both of SLAQ's forms (sublinear
+* **Loss curve**: ``harmony.policies.curves.slaq_fit`` (``fit_curve``) on the
+  job's (iterations done, objective) points, both of SLAQ's forms (sublinear
   1/(a k^2 + b k + c) + d and linear mu^(k-b) + c), the one with the smaller
   weighted residual chosen per job. An objective that grows (e.g. a
   log-likelihood) is negated first. Fewer than ``MIN_POINTS`` points or no
@@ -45,46 +45,15 @@ memoized on their inputs).
 from __future__ import annotations
 
 import heapq
-import math
-from functools import lru_cache
 
-from harmony.master.policy import ClusterView, Decision, JobView
+from harmony.policies.view import ClusterView, Decision, JobView
+from harmony.policies.curves import slaq_fit
 from harmony.sched.model import Profile, job_iter_time
 
 HORIZON = 600.0     # s: the gain of an allocation is the loss drop over this time
 MIN_POINTS = 3      # objective points before a curve is fitted
 STICKY = 0.10       # a running job's gains up to its current machines weigh this much more
 NEW = 1.0           # a new job's gain for its first machine (the normalized maximum)
-
-
-@lru_cache(maxsize=8192)
-def _fit(points: tuple[tuple[float, float], ...]):
-    """The better of the two SLAQ fits (weighted residual), its sign, and the
-    normalizer; None when the points cannot be fitted."""
-    import numpy as np
-
-    from harmony.sim.trace import fit_curve
-    ks = [k for k, _ in points]
-    ys = [y for _, y in points]
-    sign = -1.0 if ys[-1] > ys[0] else 1.0
-    ys = [sign * y for y in ys]
-    if max(ys) - min(ys) <= 1e-12 * max(1.0, abs(ys[0])):
-        return None
-    w = 0.9 ** np.arange(len(ks) - 1, -1, -1)
-    best = None
-    for kind in ("sublinear", "linear"):
-        try:
-            c = fit_curve(ks, ys, kind)
-        except Exception:       # noqa: BLE001 - a failed fit is no fit
-            continue
-        r = float(np.sum(w * (np.array([c.loss(k) for k in ks]) - ys) ** 2))
-        if math.isfinite(r) and (best is None or r < best[0]):
-            best = (r, c)
-    if best is None:
-        return None
-    curve = best[1]
-    norm = max(ys) - min(curve.floor, min(ys))
-    return curve, sign, norm if norm > 0 else None
 
 
 def _profile(j: JobView) -> Profile:
@@ -98,7 +67,7 @@ class _Job:
         self.view, self.cap = j, cap
         self.fit = None
         if j.profile is not None and len(j.progress) >= MIN_POINTS:
-            self.fit = _fit(j.progress)
+            self.fit = slaq_fit(j.progress)
         self.prof = _profile(j) if self.fit is not None else None
         self.memo: dict[int, float] = {0: 0.0}
 
