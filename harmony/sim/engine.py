@@ -77,6 +77,8 @@ class SimJob:
     model_bytes: float = 0.0
     input_bytes: float = 0.0
     final_bytes: float = 0.0        # what its final checkpoint writes
+    ckpt_bytes: float | None = None  # what a periodic checkpoint or a pause writes (all
+                                    # parts; None: the model and the whole input)
     error: float = 0.0              # relative error injected into what it reports
     # per epoch: (simulated iterations, real iterations each); default
     # ``epochs`` x (``iters``, 1). A simulated iteration of k real ones runs
@@ -597,12 +599,16 @@ class _Exec:
         done = sum(n * k for n, k in self.job.plan[:self.epoch + 1])
         return float(self.job.loss(done))
 
+    def _ckpt_total(self) -> float:
+        """What a periodic checkpoint or a pause writes, all parts."""
+        j = self.job
+        return j.model_bytes + j.input_bytes if j.ckpt_bytes is None else j.ckpt_bytes
+
     def _ckpt_seconds(self, final: bool = False) -> float:
-        """A checkpoint part's write and its copy to the replica: the
-        model's and the input's share (the final one: ``final_bytes``'s)."""
+        """A checkpoint part's write and its copy to the replica: its share
+        of ``_ckpt_total`` (the final one: of ``final_bytes``)."""
         c = self.sim.contention
-        part = (self.job.final_bytes if final
-                else self.job.model_bytes + self.job.input_bytes) / self.count
+        part = (self.job.final_bytes if final else self._ckpt_total()) / self.count
         return part / c.disk + part / c.bandwidth
 
     def _finish(self, ep: int) -> None:
@@ -612,14 +618,14 @@ class _Exec:
         self.kill()
 
     def _paused(self, ep: int) -> None:
-        part = int((self.job.model_bytes + self.job.input_bytes) / self.count)
+        part = int(self._ckpt_total() / self.count)
         self.sim._send_master(self, "exec_paused", attempt=self.attempt, epoch=ep, version=1,
                               bytes=part)
         self.kill()
 
     def _ckpt_part(self, ep: int) -> None:
         if self.alive:
-            part = int((self.job.model_bytes + self.job.input_bytes) / self.count)
+            part = int(self._ckpt_total() / self.count)
             self.sim._send_master(self, "ckpt_part", epoch=ep, version=1, bytes=part)
 
     def _migrate(self, f: dict) -> None:

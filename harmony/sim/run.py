@@ -89,7 +89,7 @@ def sim_jobs(trace: list[TraceJob], bandwidth: float, grain: int = GRAIN,
                           eval_cpu=tj.eval_s, bytes=tj.bytes, link=link, net_local=local,
                           model_bytes=tj.model_bytes, input_bytes=tj.input_bytes, error=e,
                           final_bytes=tj.model_bytes if tj.final_bytes is None
-                          else tj.final_bytes,
+                          else tj.final_bytes, ckpt_bytes=tj.ckpt_bytes,
                           plan=plan, loss=tj.curve.loss if tj.curve is not None else None,
                           deadline=tj.deadline,
                           utility=tj.utility.spec() if tj.utility is not None else ""))
@@ -104,10 +104,12 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
              wall_limit: float | None = None, cruise: bool = False,
              cpu_speed: list[float] | None = None,
              net_speed: list[float] | None = None,
-             max_moves: int = MAX_MOVES) -> SimResult:
+             max_moves: int = MAX_MOVES, statuses: bool = False) -> SimResult:
     """Simulate ``trace`` on ``machines`` under the setup ``name``;
     ``cruise``, ``cpu_speed``, ``net_speed``, ``max_moves``: see
-    :class:`Simulator`."""
+    :class:`Simulator`. ``statuses``: keep every job's ``harmony status
+    --json`` record as the master core has it at the end (its epochs and
+    events; its name is the trace's id) in ``meta["statuses"]``."""
     policy, mode = setup(name)
     jobs = sim_jobs(trace, bandwidth, grain, error, seed)
     if bucket is None:
@@ -131,6 +133,8 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
         by_job = {j["job"]: j["id"] for j in o.jobs}
         res.meta["layouts"] = {by_job[jid]: cj.layout for jid, cj in sorted(sim.core.jobs.items())
                                if cj.layout is not None and jid in by_job}
+    if statuses:
+        res.meta["statuses"] = [cj.detail(now=sim.now) for _, cj in sorted(sim.core.jobs.items())]
     return res
 
 

@@ -37,6 +37,11 @@ model_bytes         no        model size, default 0
 final_bytes         no        bytes the job's final checkpoint writes (its
                               model and the input arrays its app exports,
                               e.g. NMF's user factors); empty: model_bytes
+ckpt_bytes          no        bytes a periodic checkpoint (or a pause) writes,
+                              all parts together (the model and the input
+                              state the app declares mutable; the whole input
+                              when it declares none); empty: model_bytes +
+                              input_bytes
 machines            yes       machines the job asks for (its DoP in the
                               isolated and naive modes)
 deadline            no        seconds after arrival
@@ -88,7 +93,7 @@ APPS = ("nmf", "lda", "mlr", "lasso", "torch_mlp", "minimal", "synthetic")
 
 COLUMNS = ("id", "arrival", "app", "dataset", "iterations", "iters_per_epoch", "curve",
            "target", "cpu_s", "bytes", "ref_dop", "net_s", "link", "eval_s", "input_bytes",
-           "model_bytes", "final_bytes", "machines", "deadline", "utility")
+           "model_bytes", "final_bytes", "ckpt_bytes", "machines", "deadline", "utility")
 REQUIRED = ("id", "arrival", "app", "cpu_s", "bytes", "ref_dop", "machines")
 HEADER_COMMENT = "# harmony trace v1"
 
@@ -122,6 +127,7 @@ class TraceJob:
     input_bytes: float = 0.0
     model_bytes: float = 0.0
     final_bytes: float | None = None
+    ckpt_bytes: float | None = None
     deadline: float | None = None
     utility: Utility | None = None
 
@@ -224,7 +230,7 @@ def ceiling(trace: Sequence[TraceJob], machines: int, bandwidth: float | None) -
 
 _INT = {"iterations", "iters_per_epoch", "ref_dop", "machines"}
 _FLOAT = {"arrival", "target", "cpu_s", "bytes", "net_s", "link", "eval_s", "input_bytes",
-          "model_bytes", "final_bytes", "deadline"}
+          "model_bytes", "final_bytes", "ckpt_bytes", "deadline"}
 
 
 def load_trace(path: str | os.PathLike) -> list[TraceJob]:
