@@ -22,10 +22,12 @@ iterations      the sum of ``timings["iters"]`` over its epochs (the status
 iters_per_epoch ``timings["iters"]`` of its epochs (the most common value)
 cpu_s, net_s,   the profile: ``t_cpu``, ``t_net`` (PULL + PUSH), ``bytes``,
 bytes, link,    ``link`` (0: not known -> empty) and ``machines`` of the
-ref_dop         master's moving averages; with ``jobs_log`` (the master's
-                ``metrics/jobs.jsonl``) instead the medians over the job's
-                epochs at the profile's machine count, leaving out its first
-                epoch (warm-up)
+ref_dop         master's moving averages, where possible replaced by the
+                medians over the job's epochs at the profile's machine count,
+                leaving out the first such epoch (warm-up): those of the
+                master's ``metrics/jobs.jsonl`` (``jobs_log``), else of the
+                status's own epochs, their machines told by its events
+                (``epoch_rows``)
 eval_s          the median of ``timings["eval"]``
 input_bytes     the sum over its machines of ``store[m]["input_mb"]`` (MiB)
 model_bytes     the sum over its machines of ``store[m]["shard_mb"]`` (MiB; the
@@ -33,6 +35,11 @@ model_bytes     the sum over its machines of ``store[m]["shard_mb"]`` (MiB; the
 final_bytes     ``checkpoint["bytes"]`` of a finished job's final checkpoint
                 (its model and the input arrays the app exports); empty
                 where it has none
+ckpt_bytes      what its periodic checkpoints wrote, all parts, as measured
+                (``checkpoint_hold``): the median time a periodic checkpoint
+                held its executors at the epoch boundary (beyond an ordinary
+                boundary) x the link x its machines; empty where its records
+                show no periodic checkpoint
 curve           ``points:`` (iterations done, objective) after every epoch
 machines        ``machines`` (what the job asked for)
 ==============  ==============================================================
@@ -61,9 +68,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from harmony.policies.curves import LossCurve
+from harmony.sim.placement import machines_at, spans, stints
 from harmony.sim.trace import APPS, TraceJob, save_trace
 
 MIB = 2 ** 20
+#: the master's periodic checkpoint interval in epochs (``Job.ckpt_every``'s
+#: default): after the epochs first + 9, first + 19, ... of an attempt
+#: that started (or resumed) at epoch ``first``
+CKPT_EVERY = 10
 
 
 def load_status(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -115,6 +127,44 @@ def _median_profile(rows: Sequence[Mapping[str, Any]], machines: int) -> dict[st
     return {k: statistics.median(p[k] for p in per) for k in ("t_cpu", "t_net", "bytes")}
 
 
+def checkpoint_hold(rec: Mapping[str, Any], every: int = CKPT_EVERY) -> float | None:
+    """Seconds a periodic checkpoint held the job's executors at an epoch
+    boundary: the median over its periodic checkpoints of the time between
+    two epoch reports not spent in the second epoch's training and
+    evaluation, less the median of that at its other boundaries (None where
+    its records show no periodic checkpoint). Boundaries are counted within
+    one stretch on machines (``placement.spans``: a live resize does not
+    start a new one) from its first epoch there, as the master counts."""
+    eps = sorted((e for e in rec.get("epochs") or () if "time" in e),
+                 key=lambda e: float(e["time"]))
+    held, plain = [], []
+    for lo, hi in spans(stints(rec)):
+        inside = [e for e in eps if lo <= float(e["time"]) <= hi]
+        if not inside:
+            continue
+        first = int(inside[0].get("epoch", 0))
+        for a, b in zip(inside, inside[1:]):
+            if int(b.get("epoch", -1)) != int(a.get("epoch", 0)) + 1:
+                continue
+            tm = b.get("timings") or {}
+            gap = float(b["time"]) - float(a["time"]) - float(tm.get("train", 0.0)) \
+                - float(tm.get("eval", 0.0))
+            (held if (int(a["epoch"]) + 1 - first) % every == 0 else plain).append(gap)
+    if not held:
+        return None
+    return max(0.0, statistics.median(held) - (statistics.median(plain) if plain else 0.0))
+
+
+def epoch_rows(rec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Rows like the master's ``jobs.jsonl``'s from a status record's own
+    epochs: ``t``, ``epoch``, ``timings`` and ``workers``, the machines it
+    held when the epoch ended (from its events, ``placement.stints``)."""
+    st = stints(rec)
+    return [{"t": float(e["time"]), "epoch": e.get("epoch"), "timings": e.get("timings") or {},
+             "workers": sorted(machines_at(st, float(e["time"])))}
+            for e in rec.get("epochs") or () if "time" in e]
+
+
 def job_from_status(rec: Mapping[str, Any], t0: float,
                     log_rows: Sequence[Mapping[str, Any]] = ()) -> TraceJob | None:
     """One status record as a trace job (None if it never ran: no profile
@@ -126,7 +176,7 @@ def job_from_status(rec: Mapping[str, Any], t0: float,
         return None
     ref = int(prof["machines"])
     p = dict(prof)
-    med = _median_profile(log_rows, ref) if log_rows else None
+    med = _median_profile(log_rows or epoch_rows(rec), ref)
     if med:
         p.update(med)
     iters = [int(e.get("timings", {}).get("iters") or 0) for e in epochs]
@@ -156,14 +206,17 @@ def job_from_status(rec: Mapping[str, Any], t0: float,
     final = float(ckpt["bytes"]) if ckpt.get("final") and \
         isinstance(ckpt.get("bytes"), (int, float)) else None
     link = float(p.get("link") or 0.0)
+    hold = checkpoint_hold(rec)
+    periodic = hold * link * ref if hold is not None and link > 0 else None
+    net = float(p.get("t_net", 0.0))
     return TraceJob(
         id=str(rec["id"]), arrival=max(0.0, float(rec["submitted"]) - t0),
         app=_app(rec.get("app", "")), dataset=str(rec.get("name") or ""),
         iterations=max(1, n_iters), iters_per_epoch=ipe, curve=curve,
-        cpu_s=float(p.get("t_cpu", 0.0)), net_s=float(p.get("t_net", 0.0)),
+        cpu_s=float(p.get("t_cpu", 0.0)), net_s=net,
         bytes=float(p.get("bytes", 0.0)), link=link if link > 0 else None, ref_dop=ref,
         eval_s=statistics.median(evals) if evals else 0.0, input_bytes=input_mb * MIB,
-        model_bytes=shard_mb * MIB, final_bytes=final,
+        model_bytes=shard_mb * MIB, final_bytes=final, ckpt_bytes=periodic,
         machines=max(1, int(rec.get("machines") or ref)))
 
 
