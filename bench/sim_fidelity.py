@@ -15,7 +15,8 @@ local cluster and in the simulator, side by side, in one command.
 3. The simulator replays each mode's arrivals with those profiles on the
    same machine count and link rate, through the master's own core.
 
-Prints makespan, mean JCT and the per-job JCT error per mode.
+Prints makespan, mean JCT and the per-job JCT error per mode. ``calibrate``
+and ``replay`` serve ``bench/cluster_replay.py`` too (any saved run).
 
     python bench/sim_fidelity.py [--modes isolated:1,naive:1,harmony] [--keep DIR]
 """
@@ -29,6 +30,7 @@ import os
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,8 +41,10 @@ import scheduler_e2e as E2E  # noqa: E402
 
 from harmony.sim import contention as CM  # noqa: E402
 from harmony.sim.engine import Contention  # noqa: E402
-from harmony.sim.importer import jobs_from_status, load_jobs_log  # noqa: E402
+from harmony.sim.importer import jobs_from_status, load_jobs_log, run_dilation  # noqa: E402
+from harmony.sim.report import SimResult  # noqa: E402
 from harmony.sim.run import simulate  # noqa: E402
+from harmony.sim.trace import TraceJob  # noqa: E402
 
 
 def overheads(statuses: list[dict]) -> tuple[float, float]:
@@ -57,6 +61,81 @@ def overheads(statuses: list[dict]) -> tuple[float, float]:
             bounds.append(b["time"] - a["time"] - t.get("train", 0) - t.get("eval", 0))
     return (statistics.median(starts) if starts else 1.0,
             max(0.0, statistics.median(bounds)) if bounds else 0.0)
+
+
+@dataclass
+class Calibration:
+    """What the simulator takes from an isolated run: the jobs' profiles
+    (by name), the machines' fixed costs and the link."""
+    by_name: dict[str, TraceJob]
+    contention: Contention
+    link: float
+
+
+def calibrate(statuses: list[dict], jobs_log: list[dict] | None = None) -> Calibration:
+    """The calibration from an isolated run's status records (and the
+    master's jobs.jsonl rows, where kept): see the module docstring."""
+    trace, _ = jobs_from_status(statuses, jobs_log)
+    startup, boundary = overheads(statuses)
+    setups = [c for st in statuses for _, c in st.get("setups") or ()]
+    # the CPU part of a start-up (its executors' CPU seconds at ready): real
+    # CPU seconds, which at dilation D are 1/D undilated seconds (a start-up
+    # is not stretched; the COMPs' real seconds are, x D)
+    startup_cpu = min(startup, statistics.median(setups) / run_dilation(statuses)) \
+        if setups else 0.0
+    link = statistics.median(t.link for t in trace if t.link) if any(t.link for t in trace) \
+        else 12e6
+    cont = Contention(startup=startup, startup_cpu=startup_cpu, epoch_overhead=boundary,
+                      bandwidth=link)
+    return Calibration({t.dataset: t for t in trace}, cont, link)
+
+
+def print_calibration(cal: Calibration, source: str = "isolated run") -> None:
+    cont = cal.contention
+    print(f"\ncalibration ({source}): start-up {cont.startup:.2f}s ({cont.startup_cpu:.2f}s "
+          f"of it CPU), epoch boundary {cont.epoch_overhead:.3f}s, link "
+          f"{cal.link / 1e6:.1f} MB/s, contention "
+          f"{cont.model.cpu_k}/{cont.model.net_k} ({cont.model.source})")
+    for t in cal.by_name.values():
+        print(f"  {t.dataset:20s} COMP {t.cpu_s:.3f}s COMM {t.net_s or 0:.3f}s per iteration "
+              f"at DoP {t.ref_dop}, {t.iterations} iterations, eval {t.eval_s:.3f}s/epoch")
+
+
+@dataclass
+class Replay:
+    """One runtime run beside its simulation."""
+    run_makespan: float
+    sim_makespan: float
+    run_jct: float              # mean
+    sim_jct: float
+    errors: dict[str, float]    # job name -> (sim - run) / run of its JCT
+    result: SimResult
+
+    @property
+    def err_median(self) -> float:
+        return statistics.median(abs(e) for e in self.errors.values())
+
+    @property
+    def err_max(self) -> float:
+        return max(abs(e) for e in self.errors.values())
+
+
+def replay(statuses: list[dict], cal: Calibration, machines: int, setup: str,
+           max_jobs_per_machine: int = 0, cpus: int = 1, grain: int = 10**6) -> Replay:
+    """Simulate the jobs of a runtime run (its status records) as they
+    arrived, each asking for the machines it asked for, with ``cal``'s
+    profiles, under the simulator's ``setup`` (a mode or POLICY@MODE)."""
+    t0 = min(s["submitted"] for s in statuses)
+    mine = [dataclasses.replace(cal.by_name[s["name"]], arrival=s["submitted"] - t0,
+                                machines=s["machines"], id=s["name"]) for s in statuses]
+    res = simulate(mine, machines, setup, contention=cal.contention, bandwidth=cal.link,
+                   grain=grain, cpus=cpus, max_jobs_per_machine=max_jobs_per_machine,
+                   statuses=True)
+    sim = {j.id: j.jct for j in res.jobs}
+    real = {s["name"]: s["ended"] - s["submitted"] for s in statuses}
+    return Replay(max(s["ended"] for s in statuses) - t0, res.get_makespan(),
+                  statistics.mean(real.values()), statistics.mean(sim.values()),
+                  {n: (sim[n] - real[n]) / real[n] for n in real}, res)
 
 
 def main() -> None:
@@ -98,45 +177,21 @@ def main() -> None:
         if a.save:
             json.dump(runs, open(a.save, "w"))
     iso = next(r for r in runs if r["mode"].startswith("isolated"))
-    trace, _ = jobs_from_status(iso["statuses"], iso["jobs_log"])
-    by_name = {t.dataset: t for t in trace}
-    startup, boundary = overheads(iso["statuses"])
-    setups = [c for st in iso["statuses"] for _, c in st.get("setups") or ()]
-    # the CPU part of a start-up (its executors' CPU seconds at ready)
-    startup_cpu = min(startup, statistics.median(setups)) if setups else 0.0
-    link = statistics.median(t.link for t in trace if t.link) if any(t.link for t in trace) \
-        else 12e6
-    cont = Contention(startup=startup, startup_cpu=startup_cpu, epoch_overhead=boundary,
-                      bandwidth=link)
-    print(f"\ncalibration (isolated run): start-up {startup:.2f}s ({startup_cpu:.2f}s of it "
-          f"CPU), epoch boundary "
-          f"{boundary:.3f}s, link {link / 1e6:.1f} MB/s, contention "
-          f"{cont.model.cpu_k}/{cont.model.net_k} ({cont.model.source})")
-    for t in trace:
-        print(f"  {t.dataset:14s} COMP {t.cpu_s:.3f}s COMM {t.net_s or 0:.3f}s per iteration "
-              f"at DoP {t.ref_dop}, {t.iterations} iterations, eval {t.eval_s:.3f}s/epoch")
+    cal = calibrate(iso["statuses"], iso.get("jobs_log"))
+    print_calibration(cal)
     rows = []
-    variants = [(r, r["mode"], cont) for r in runs]
+    variants = [(r, r["mode"], cal.contention) for r in runs]
     for r in runs:      # naive co-location under the other contention models too
         if r["mode"].startswith("naive"):
             for label, model in (("ideal", CM.IDEAL), ("paper-like", CM.PAPER_LIKE)):
                 variants.append((r, f"{r['mode']} ({label})",
-                                 dataclasses.replace(cont, model=model)))
+                                 dataclasses.replace(cal.contention, model=model)))
     for r, label, cont in variants:
         mode = r["mode"].partition(":")[0]
-        sts = r["statuses"]
-        t0 = min(s["submitted"] for s in sts)
-        mine = [dataclasses.replace(by_name[s["name"]], arrival=s["submitted"] - t0,
-                                    machines=s["machines"], id=s["name"]) for s in sts]
-        res = simulate(mine, a.machines, mode, contention=cont, bandwidth=link, grain=10**6,
-                       cpus=1)
-        sim = {j.id: j.jct for j in res.jobs}
-        real = {s["name"]: s["ended"] - s["submitted"] for s in sts}
-        errs = [abs(sim[n] - real[n]) / real[n] for n in real]
-        s_mk = res.get_makespan()
-        s_jct = statistics.mean(sim.values())
-        rows.append((label, r["makespan"], s_mk, r["mean_jct"], s_jct,
-                     statistics.median(errs), max(errs)))
+        rep = replay(r["statuses"], dataclasses.replace(cal, contention=cont), a.machines,
+                     mode)
+        rows.append((label, rep.run_makespan, rep.sim_makespan, rep.run_jct, rep.sim_jct,
+                     rep.err_median, rep.err_max))
     print(f"\n{'mode':22} {'makespan run':>12} {'sim':>7} {'err':>6} {'mean JCT run':>12} "
           f"{'sim':>7} {'err':>6} {'per-job JCT err median / max':>30}")
     for mode, mk, smk, jct, sjct, med, mx in rows:
