@@ -33,8 +33,10 @@ job: the trace's COMP/COMM per iteration beside what its app job measured
 in ``isolated`` (the master's profile at the requested DoP).
 
 ``--out FILE`` keeps every run (JSON: per load and mode, the runs with their
-job statuses, i.e. ``harmony status --json`` records): ``jq '.runs["0"].harmony[0].statuses'
-FILE > s.json; harmony sim import s.json --out run.csv`` replays one.
+job statuses, i.e. ``harmony status --json`` records, and their per-epoch
+prediction samples): ``python bench/cluster_replay.py FILE`` replays every
+run in the simulator; ``jq '.runs["0"].harmony[0].statuses' FILE > s.json;
+harmony sim import s.json --out run.csv`` imports one.
 
     python bench/cluster_e2e.py --quick                  # < 15 min: 1 round at all-at-once
     python bench/cluster_e2e.py [--machines 8] [--dilation 4] [--jobs 8] [--rounds 3]
@@ -58,7 +60,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from cluster_e2e_jobs import app_job, describe, make_data, scaled_trace, \
     with_arrivals  # noqa: E402
 from dilation import CpuMeter  # noqa: E402
-from scheduler_e2e import ceiling, run_mode  # noqa: E402
+from scheduler_e2e import ceiling, print_prediction_tables, run_mode  # noqa: E402
 
 from harmony.cli import parse_size  # noqa: E402
 from harmony.sched.throughput import best_dop  # noqa: E402
@@ -201,14 +203,17 @@ def main() -> None:
                           f"  moves {r['moves']} pauses {r['pauses']}  ({r['wall']:.0f} s wall)",
                           flush=True)
             report(load, runs, modes, jobs_t, times, trace)
+            print_prediction_tables({m: [r for r in rs if "failed" not in r]
+                                     for m, rs in runs.items()}, modes)
     print(f"\n{time.time() - t_all:.0f} s in all")
     if a.out:
-        keep = ("statuses", "metrics_dir", "samples", "noise", "fresh")
+        # the per-epoch prediction samples stay (bench/cluster_replay.py
+        # prints their tables); the metrics directory is gone with the run
         with open(a.out, "w") as fh:
             json.dump({"machines": a.machines, "dilation": a.dilation, "bandwidth": bw,
                        "trace": a.trace, "jobs": {j.id: mapped[j.id] for j in trace},
                        "runs": {f"{ld:g}": {m: [{k: v for k, v in r.items()
-                                                 if k not in keep[1:]} for r in rs]
+                                                 if k != "metrics_dir"} for r in rs]
                                             for m, rs in runs.items()}
                                 for ld, runs in results.items()}}, fh)
 

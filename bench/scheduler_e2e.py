@@ -307,6 +307,46 @@ def cells(errs: list[float]) -> str:
     return f"{len(errs):6d} {100 * statistics.median(errs):6.1f}% {100 * p90(errs):6.1f}%"
 
 
+def print_prediction_tables(runs: dict[str, list[dict]], modes: list[str]) -> None:
+    """The prediction error tables per group size (1, 2, 3, 4+) and the
+    noise floor, from the runs' ``samples``, ``fresh`` and ``noise``."""
+    print("\nprediction error of the iteration time, per group size (all rounds; "
+          "steady epochs: no job being profiled on the group's machines)")
+    print(f"{'mode':13} {'group size':>10} {'epochs':>6} {'median':>7} {'p90':>7}   "
+          f"Eq 4.1 alone: {'median':>7} {'p90':>7}")
+    for m in modes:
+        samples = [x for r in runs[m] for x in r.get("samples", [])]
+        sizes = sorted({min(4, x[0]) for x in samples if x[2]})
+        for size in sizes:
+            sel = [x for x in samples if x[2] and min(4, x[0]) == size]
+            errs, geq = [x[1] for x in sel], [x[3] for x in sel]
+            label = f"{size}" if size < 4 else "4+"
+            print(f"{m:13} {label:>10} {len(errs):6d} {100 * statistics.median(errs):6.1f}% "
+                  f"{100 * p90(errs):6.1f}%   {'':13} {100 * statistics.median(geq):6.1f}% "
+                  f"{100 * p90(geq):6.1f}%")
+    print("\nthe same, predicted at each epoch report for the next epoch from the profiles "
+          "then (the master's predictions.jsonl), beside the jobs then on the machines: of the "
+          "training time per iteration, and of the whole epoch per iteration (its end included)")
+    print(f"{'mode':13} {'group size':>10} {'epochs':>6} {'median':>7} {'p90':>7}   "
+          f"whole epoch: {'epochs':>6} {'median':>7} {'p90':>7}")
+    for m in modes:
+        fresh = [x for r in runs[m] for x in r.get("fresh", [])]
+        for size in sorted({min(4, x[0]) for x in fresh}):
+            sel = [x for x in fresh if min(4, x[0]) == size]
+            errs, whole = [x[1] for x in sel], [x[2] for x in sel if x[2] is not None]
+            label = f"{size}" if size < 4 else "4+"
+            print(f"{m:13} {label:>10} {cells(errs)}   {'':12} {cells(whole)}")
+    print("\nnoise floor: |previous epoch - epoch| / epoch, one job on unchanged machines "
+          "beside unchanged jobs (the error of predicting an epoch by the one before)")
+    print(f"{'mode':13} {'epochs':>6} {'median':>7} {'p90':>7}   "
+          f"whole epoch: {'epochs':>6} {'median':>7} {'p90':>7}")
+    for m in modes:
+        noise = [x for r in runs[m] for x in r.get("noise", [])]
+        if noise:
+            tr, wh = [x[0] for x in noise], [x[1] for x in noise if x[1] is not None]
+            print(f"{m:13} {cells(tr)}   {'':12} {cells(wh)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=8)
@@ -382,41 +422,7 @@ def main() -> None:
               f"{med[base]['makespan'] / bound['makespan']:.2f}x / "
               f"{med[base]['mean_jct'] / bound['mean_jct']:.2f}x of {base}")
         print("  alone: " + ", ".join(f"{n} {t:.1f}s" for n, t in sorted(bound["alone"].items())))
-    print("\nprediction error of the iteration time, per group size (all rounds; "
-          "steady epochs: no job being profiled on the group's machines)")
-    print(f"{'mode':13} {'group size':>10} {'epochs':>6} {'median':>7} {'p90':>7}   "
-          f"Eq 4.1 alone: {'median':>7} {'p90':>7}")
-    for m in modes:
-        samples = [x for r in runs[m] for x in r.get("samples", [])]
-        sizes = sorted({min(4, x[0]) for x in samples if x[2]})
-        for size in sizes:
-            sel = [x for x in samples if x[2] and min(4, x[0]) == size]
-            errs, geq = [x[1] for x in sel], [x[3] for x in sel]
-            label = f"{size}" if size < 4 else "4+"
-            print(f"{m:13} {label:>10} {len(errs):6d} {100 * statistics.median(errs):6.1f}% "
-                  f"{100 * p90(errs):6.1f}%   {'':13} {100 * statistics.median(geq):6.1f}% "
-                  f"{100 * p90(geq):6.1f}%")
-    print("\nthe same, predicted at each epoch report for the next epoch from the profiles "
-          "then (the master's predictions.jsonl), beside the jobs then on the machines: of the "
-          "training time per iteration, and of the whole epoch per iteration (its end included)")
-    print(f"{'mode':13} {'group size':>10} {'epochs':>6} {'median':>7} {'p90':>7}   "
-          f"whole epoch: {'epochs':>6} {'median':>7} {'p90':>7}")
-    for m in modes:
-        fresh = [x for r in runs[m] for x in r.get("fresh", [])]
-        for size in sorted({min(4, x[0]) for x in fresh}):
-            sel = [x for x in fresh if min(4, x[0]) == size]
-            errs, whole = [x[1] for x in sel], [x[2] for x in sel if x[2] is not None]
-            label = f"{size}" if size < 4 else "4+"
-            print(f"{m:13} {label:>10} {cells(errs)}   {'':12} {cells(whole)}")
-    print("\nnoise floor: |previous epoch - epoch| / epoch, one job on unchanged machines "
-          "beside unchanged jobs (the error of predicting an epoch by the one before)")
-    print(f"{'mode':13} {'epochs':>6} {'median':>7} {'p90':>7}   "
-          f"whole epoch: {'epochs':>6} {'median':>7} {'p90':>7}")
-    for m in modes:
-        noise = [x for r in runs[m] for x in r.get("noise", [])]
-        if noise:
-            tr, wh = [x[0] for x in noise], [x[1] for x in noise if x[1] is not None]
-            print(f"{m:13} {cells(tr)}   {'':12} {cells(wh)}")
+    print_prediction_tables(runs, modes)
 
 
 if __name__ == "__main__":
