@@ -1,0 +1,182 @@
+"""Replaying runtime runs in the simulator (bench/cluster_replay.py): where
+jobs ran and beside whom from their status records alone
+(harmony.sim.placement), what the importer measures of them (profiles from
+the records' epochs, periodic checkpoints), and a simulated run replayed
+by itself."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from harmony.master.jobs import Job, JobState
+from harmony.sim import importer
+from harmony.sim.engine import Contention, SimJob, Simulator
+from harmony.sim.placement import SPLIT, Stint, by_size, epoch_samples, \
+    last_prediction_samples, machines_at, size_label, stints, time_split
+from harmony.sim.run import simulate
+from harmony.sim.trace import TraceJob, dumps_trace, parse_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def record(name: str, submitted: float, epochs: list[tuple[float, float]],
+           events: list[tuple[float, JobState, str]], ended: float,
+           machines: int = 2, iters: float = 2.0, predicted: float | None = None) -> dict:
+    """A status record made by the master's own Job code: ``epochs`` are
+    (end time, train seconds) with 0.1 s of evaluation each, ``events`` the
+    transitions with their notes (as the core writes them)."""
+    j = Job(name, "nmf.py", "", [], machines=machines, name=name, submitted=submitted,
+            entered=submitted)
+    for t, state, note in events:
+        if state == j.state:        # (a live resize's events keep the state)
+            j.events.append([t, state.value, note])
+        else:
+            j.transition(state, note, now=t)
+    for e, (t, train) in enumerate(epochs):
+        tm = {"comp": 0.6 * train, "pull": 0.2 * train, "push": 0.2 * train, "train": train,
+              "iters": iters, "eval": 0.1, "bytes": 1e6, "link": 10e6, "sync": 0.0}
+        j.epochs.append({"epoch": e, "metrics": {"objective": 1.0 / (e + 1)}, "timings": tm,
+                         "time": t})
+        j.update_profile(tm, machines)
+    j.predicted = predicted
+    j.transition(JobState.FINISHED, "done", now=ended)
+    return j.detail(now=ended)
+
+
+R, P, F = JobState.RUNNING, JobState.PROFILING, JobState.FINISHED
+
+
+def test_stints_follow_launches_pauses_and_resizes():
+    rec = record("a", 0.0, [], [
+        (1.0, P, "attempt 1 on m0, m1"),
+        (4.0, JobState.PROFILED, "profiled; waits for a group; checkpointed after epoch 3 on m0, m1"),
+        (6.0, R, "attempt 1 on m2, m3 (resumes at epoch 4) (launch 2)"),
+        (7.0, R, "regrouped: moves to m2, m3, m4: resizing m2, m3 -> m2, m3, m4"),
+        (8.0, R, "regrouped: moves to m2, m3, m4: now on m2, m3, m4 (3 block(s), 1.0 MiB "
+                 "moved; took 1.00s, iterations stood 0.10s)")], ended=10.0)
+    st = stints(rec)
+    assert st == [Stint(1.0, 4.0, frozenset({"m0", "m1"})), Stint(6.0, 8.0, frozenset({"m2", "m3"})),
+                  Stint(8.0, 10.0, frozenset({"m2", "m3", "m4"}))]
+    assert machines_at(st, 5.0) == frozenset()
+    assert machines_at(st, 7.5) == {"m2", "m3"} and machines_at(st, 9.0) == {"m2", "m3", "m4"}
+    # "profiled; stays in G on ..." keeps the job where it is
+    rec = record("b", 0.0, [], [(0.5, P, "attempt 1 on m0"),
+                                (2.0, R, "profiled; stays in g:b on m0")], ended=3.0)
+    assert stints(rec) == [Stint(0.5, 3.0, frozenset({"m0"}))]
+
+
+def test_group_sizes_count_the_jobs_on_an_epochs_machines_while_it_trained():
+    """a trains on m0, m1 from 1 to 13, in epochs of 1.9 s ending at 2.9,
+    4.9, ...; b joins m1 at 5 (with m5), c m0 from 8.9 to 10.5 (not in a's
+    epoch [7, 8.9], 1.5 s of [9, 10.9]), e m1 from 11.5 to 12.2 (0.7 s of
+    [11, 12.9]: less than half); d sits on other machines all along."""
+    a = record("a", 0.0, [(3.0 + 2 * k, 1.9) for k in range(6)],
+               [(1.0, R, "attempt 1 on m0, m1")], ended=13.0, predicted=0.5)
+    b = record("b", 0.0, [(7.0, 1.0)], [(5.0, R, "attempt 1 on m1, m5")], ended=13.0)
+    c = record("c", 0.0, [(10.0, 0.5)], [(8.9, R, "attempt 1 on m0")], ended=10.5,
+               machines=1)
+    d = record("d", 0.0, [(4.0, 1.0)], [(0.0, R, "attempt 1 on m6, m7")], ended=13.0)
+    e = record("e", 0.0, [(12.1, 0.4)], [(11.5, R, "attempt 1 on m1")], ended=12.2,
+               machines=1)
+    got = {(x.job, x.epoch): x.size for x in epoch_samples([a, b, c, d, e])}
+    assert [got[("a", k)] for k in range(6)] == [1, 1, 2, 2, 3, 2]
+    assert (got[("b", 0)], got[("c", 0)], got[("d", 0)], got[("e", 0)]) == (2, 2, 1, 3)
+    x = next(x for x in epoch_samples([a]) if x.epoch == 2)
+    assert (x.start, x.end) == pytest.approx((5.0, 6.9)) and x.iter_s == pytest.approx(0.95)
+    assert [size_label(n) for n in (1, 2, 3, 4, 9)] == ["1", "2", "3", "4+", "4+"]
+    assert by_size([(5, 0.1), (1, 0.2), (4, 0.3), (2, 0.4)]) == {
+        "1": [0.2], "2": [0.4], "4+": [0.1, 0.3]}
+    # the stand-in for per-epoch predictions: a's epochs since its company
+    # last changed (b alone beside it in its last epoch, b and c before),
+    # against predicted_iter; the others have none
+    got = last_prediction_samples([a, b, c, d, e])
+    assert got == [(2, pytest.approx(abs(0.5 - 0.95) / 0.95))]
+
+
+def test_time_split_adds_up_to_the_jct():
+    rec = record("a", 0.0, [(3.0, 1.0), (4.5, 1.2), (12.0, 1.0), (13.2, 1.0)], [
+        (0.5, P, "attempt 1 on m0, m1"),
+        (5.0, JobState.PROFILED, "profiled; waits for a group"),
+        (9.0, R, "attempt 1 on m0, m1 (resumes at epoch 2) (launch 2)")], ended=13.5)
+    sp = time_split(rec)
+    assert list(sp) == list(SPLIT)
+    assert sum(sp.values()) == pytest.approx(13.5)
+    assert sp["wait"] == 0.5 and sp["off"] == 4.0
+    assert sp["start-up"] == pytest.approx((3.0 - 0.5 - 1.1) + (12.0 - 9.0 - 1.1))
+    assert sp["train"] == pytest.approx(4.2) and sp["eval"] == pytest.approx(0.4)
+    assert sp["boundary"] == pytest.approx((4.5 - 3.0 - 1.3) + (13.2 - 12.0 - 1.1))
+    assert sp["end"] == pytest.approx((5.0 - 4.5) + (13.5 - 13.2))
+
+
+def test_importer_takes_medians_and_the_periodic_checkpoint_from_the_records():
+    """Epochs of 1 s training, 0.1 s evaluation, 0.05 s between them; the
+    periodic checkpoints after epochs 9 and 19 hold the job 0.5 s more:
+    0.5 s x 10 MB/s x 2 machines = 10 MB in all."""
+    ts, t = [], 1.0
+    trains = [3.0] + [1.0] * 20
+    for e, tr in enumerate(trains):
+        t += tr + 0.1 + (0.05 if e else 0.0) + (0.5 if e in (10, 20) else 0.0)
+        ts.append((t, tr))
+    rec = record("a", 0.0, ts, [(1.0, R, "attempt 1 on m0, m1")], ended=t + 0.1)
+    assert importer.checkpoint_hold(rec) == pytest.approx(0.5)
+    (j,), _ = importer.jobs_from_status([rec])
+    # medians over the epochs but the first (3 s), per iteration (2 each)
+    assert j.cpu_s == pytest.approx(0.3) and j.net_s == pytest.approx(0.2)
+    assert j.ckpt_bytes == pytest.approx(0.5 * 10e6 * 2)
+    assert parse_trace(dumps_trace([j])) == [j]
+    # no machines in the events (an older record): the master's averages stay
+    bare = record("b", 0.0, ts, [(1.0, R, "")], ended=t + 0.1)
+    (jb,), _ = importer.jobs_from_status([bare])
+    assert jb.cpu_s == pytest.approx(bare["profile"]["t_cpu"]) and jb.ckpt_bytes is None
+
+
+def test_ckpt_bytes_is_what_periodic_checkpoints_write():
+    """21 epochs of 1 s: two periodic checkpoints; a job that declares what
+    they write (ckpt_bytes 2 MB at 2 MB/s, 1 s each) is held by that, not by
+    its model and whole input (4 MB, 2 s each)."""
+    c = Contention(startup=0.0, bandwidth=2e6, disk=1e12)
+
+    def jct(**kw) -> float:
+        j = SimJob(id="a", app="nmf", arrival=0.0, epochs=21, machines=1, iters=1,
+                   profile=lambda m: (1.0, 0.0), **kw)
+        (r,) = Simulator([j], 1, mode="isolated", contention=c).run().jobs
+        return r["end"] - r["start"]
+
+    bare = jct()
+    assert jct(input_bytes=3e6, model_bytes=1e6) == pytest.approx(bare + 4.0, abs=1e-3)
+    assert jct(input_bytes=3e6, model_bytes=1e6, ckpt_bytes=2e6) == \
+        pytest.approx(bare + 2.0, abs=1e-3)
+
+
+def _bench(name: str):
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod         # (its dataclasses look their module up)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_simulated_isolated_run_replays_itself():
+    """The simulator's own isolated run, as status records, calibrates a
+    replay of itself: the same JCTs within 5%. And the bench's modes map to
+    the simulator's setups as bench/cluster_e2e.py maps them to masters'."""
+    trace = [TraceJob(id=f"j{i}", arrival=0.5 * i, app="nmf", iterations=24, cpu_s=0.3 + 0.1 * i,
+                      bytes=1e6, ref_dop=2, machines=2, iters_per_epoch=2, net_s=0.1,
+                      link=10e6, eval_s=0.05, model_bytes=1e6) for i in range(4)]
+    run = simulate(trace, 4, "isolated", contention=Contention(startup=1.0), bandwidth=10e6,
+                   grain=10 ** 6, cpus=1, statuses=True)
+    sts = run.meta["statuses"]
+    assert sorted(s["name"] for s in sts) == [f"j{i}" for i in range(4)]
+    sf = _bench("sim_fidelity")
+    rep = sf.replay(sts, sf.calibrate(sts), 4, "isolated")
+    assert rep.sim_makespan == pytest.approx(rep.run_makespan, rel=0.05)
+    assert rep.err_max < 0.05
+    cr = _bench("cluster_replay")
+    assert [cr.sim_setup(m) for m in ("isolated", "isolated-best", "naive-2", "match",
+                                      "harmony")] == [
+        ("isolated", 0), ("isolated", 0), ("naive", 2), ("match@harmony", 0),
+        ("harmony@harmony", 0)]
