@@ -38,7 +38,7 @@ derives only from the components it calls (bottom to top):
   :class:`Run`, :class:`Reconfig`; ``plans``: block shares (:func:`shares`,
   :func:`balance`);
 - ``state``: the state, the outbox, the shared queries and the executor
-  check;
+  check (:func:`~harmony.master.core.state.executor_message`);
 - ``views`` (what the policy sees), ``checkpoints`` (parts, replicas,
   resume points, the final model and its export), ``catalog`` (staged data);
 - ``lifecycle``: launch, pause, stop early, end, retry or fail;

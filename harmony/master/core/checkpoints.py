@@ -7,7 +7,7 @@ from __future__ import annotations
 from harmony.comm import messages as M
 from harmony.master.core.protocol import Send, _err, _msg
 from harmony.master.core.records import Run
-from harmony.master.core.state import CoreState, log
+from harmony.master.core.state import CoreState, executor_message, log
 from harmony.master.jobs import Job, JobState
 
 
@@ -111,11 +111,8 @@ class Checkpoints(CoreState):
         return bool((job.ckpt_every and epoch + 1 - first >= job.ckpt_every)
                     or (job.ckpt_seconds and self.now - at >= job.ckpt_seconds))
 
-    def _on_ckpt_part(self, ident: bytes, msg: M.Message) -> None:
-        jr = self._exec_run(ident, msg)
-        if jr is None:
-            return
-        job, run = jr
+    @executor_message
+    def _on_ckpt_part(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
         if run.ckpt_epoch != msg["epoch"]:
             return
         i = msg["index"]
@@ -148,11 +145,8 @@ class Checkpoints(CoreState):
                  ep, len(parts), job.checkpoint["replicas"])
 
     # -- model export (harmony model get) ----------------------------------------------------
-    def _on_ckpt_final(self, ident: bytes, msg: M.Message) -> None:
-        jr = self._exec_run(ident, msg)
-        if jr is None:
-            return
-        job, run = jr
+    @executor_message
+    def _on_ckpt_final(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
         i = msg["index"]
         run.final[i] = (job.workers[i], msg.get("replica"), msg.get("bytes") or 0,
                         msg["epoch"], msg.get("error"))

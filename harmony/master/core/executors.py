@@ -10,7 +10,7 @@ from harmony.comm import messages as M
 from harmony.master.core.cruise import Cruise
 from harmony.master.core.protocol import Send, _msg
 from harmony.master.core.records import Run
-from harmony.master.core.state import log
+from harmony.master.core.state import executor_message, log
 from harmony.master.jobs import SETUPS_KEPT, Job, JobState
 from harmony.policies import view as P
 
@@ -95,11 +95,8 @@ class Executors(Cruise):
                 mode="queued" if self.queued else "free", machines=list(job.workers),
                 replicas=replicas, replica_alts=alts))
 
-    def _on_barrier(self, ident: bytes, msg: M.Message) -> None:
-        jr = self._exec_run(ident, msg)
-        if jr is None:
-            return
-        job, run = jr
+    @executor_message
+    def _on_barrier(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
         f = msg.fields
         key = (f["epoch"], f["iter"])
         arrived = run.barriers.get(key)
@@ -113,16 +110,13 @@ class Executors(Cruise):
             for i in self._all_idents(run):
                 out(Send(i, "release", rel))
 
-    def _on_sync(self, ident: bytes, msg: M.Message) -> None:
+    @executor_message
+    def _on_sync(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
         """The subtask synchronizer: once every machine of the job finished
         subtask ``seq``, enqueue subtask ``seq + 1`` on all of them. The
         master handles one message at a time and sends to the daemons in
         the same order, so co-located jobs' subtasks are enqueued in the
         same order on every machine of a group."""
-        jr = self._exec_run(ident, msg)
-        if jr is None:
-            return
-        job, run = jr
         f = msg.fields
         nxt, seq = f["next"], f["seq"]
         if nxt != "cpu" and nxt != "net":
@@ -148,11 +142,8 @@ class Executors(Cruise):
         for name in job.workers:
             send(Send(workers[name].ident, "enqueue", out[1]))
 
-    def _on_epoch_done(self, ident: bytes, msg: M.Message) -> None:
-        jr = self._exec_run(ident, msg)
-        if jr is None:
-            return
-        job, run = jr
+    @executor_message
+    def _on_epoch_done(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
         f = msg.fields
         ep = f["epoch"]
         if f.get("store") is not None:   # the block store's latest, per machine
@@ -203,11 +194,8 @@ class Executors(Cruise):
         for i in self._all_idents(run):
             send(Send(i, "epoch_sums", out))
 
-    def _on_epoch_report(self, ident: bytes, msg: M.Message) -> None:
-        jr = self._exec_run(ident, msg)
-        if jr is None:
-            return
-        job, run = jr
+    @executor_message
+    def _on_epoch_report(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
         timings = run.timings.pop(msg["epoch"], {})
         job.epochs.append({"epoch": msg["epoch"], "metrics": msg["metrics"],
                            "timings": timings, "time": self.now})
@@ -229,16 +217,13 @@ class Executors(Cruise):
             run.stopping = True
             self._persist("save", job)
 
-    def _on_ping(self, ident: bytes, msg: M.Message) -> None:
+    @executor_message
+    def _on_ping(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
         """An executor waiting for a long time checks that its job still runs."""
-        if self._exec_run(ident, msg) is not None:
-            self._send(ident, _msg("pong"))
+        self._send(ident, _msg("pong"))
 
-    def _on_exec_paused(self, ident: bytes, msg: M.Message) -> None:
-        jr = self._exec_run(ident, msg)
-        if jr is None:
-            return
-        job, run = jr
+    @executor_message
+    def _on_exec_paused(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
         if not run.pausing or msg["attempt"] != run.attempt:
             return self._end(job, JobState.FAILED, "an executor paused without being asked")
         run.paused[msg["index"]] = (msg["epoch"], msg["version"], msg.get("bytes") or 0)
@@ -288,9 +273,6 @@ class Executors(Cruise):
         name = job.workers[msg["index"]]
         self._end(job, JobState.FAILED, f"{msg['error']} (executor {msg['index']} on {name})")
 
-    def _on_exec_finished(self, ident: bytes, msg: M.Message) -> None:
-        jr = self._exec_run(ident, msg)
-        if jr is None:
-            return
-        job, run = jr
+    @executor_message
+    def _on_exec_finished(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
         self._finish_index(job, run, msg["index"])

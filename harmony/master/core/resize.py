@@ -9,7 +9,7 @@ from harmony.master.core.lifecycle import Lifecycle
 from harmony.master.core.plans import _layout_summary, balance, shares
 from harmony.master.core.protocol import Unreachable, _err, _msg
 from harmony.master.core.records import Reconfig, Run
-from harmony.master.core.state import log
+from harmony.master.core.state import executor_message, log
 from harmony.master.jobs import Job, JobState
 
 
@@ -90,11 +90,8 @@ class Resize(Lifecycle):
         self._send(ident, _msg("ok", info={"job": job.id, "machines": to,
                                                "state": "resizing"}))
 
-    def _on_at_boundary(self, ident: bytes, msg: M.Message) -> None:
-        jr = self._exec_run(ident, msg)
-        if jr is None:
-            return
-        job, run = jr
+    @executor_message
+    def _on_at_boundary(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
         rc = run.reconfig
         if rc is None or rc.planned:
             return self._end(job, JobState.FAILED, "an executor stopped for a resize that "
@@ -211,11 +208,8 @@ class Resize(Lifecycle):
             job.move.update({"ops": len(ex.plan.ops), "ops_done": len(ex.finished_ops),
                              "moves_running": [str(ex.plan.ops[i]) for i in running]})
 
-    def _on_moved(self, ident: bytes, msg: M.Message) -> None:
-        jr = self._exec_run(ident, msg)
-        if jr is None:
-            return
-        job, run = jr
+    @executor_message
+    def _on_moved(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
         rc = run.reconfig
         op = msg["op"]
         if rc is None or rc.execution is None or op not in rc.moves \
@@ -228,20 +222,17 @@ class Resize(Lifecycle):
             self._send(ident, _msg("move", op=-1, sends=[]))
         self._release_moves(job, rc)
 
-    def _on_migrating(self, ident: bytes, msg: M.Message) -> None:
-        jr = self._exec_run(ident, msg)
-        if jr is None or jr[1].reconfig is None or jr[0].move is None:
+    @executor_message
+    def _on_migrating(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
+        rc = run.reconfig
+        if rc is None or job.move is None:
             return
-        rc = jr[1].reconfig
         rc.progress[ident] = (msg["bytes_out"], msg["blocks_out"])
-        jr[0].move["bytes_moved"] = int(sum(b for b, _ in rc.progress.values()))
-        jr[0].move["blocks_moved"] = int(sum(n for _, n in rc.progress.values()))
+        job.move["bytes_moved"] = int(sum(b for b, _ in rc.progress.values()))
+        job.move["blocks_moved"] = int(sum(n for _, n in rc.progress.values()))
 
-    def _on_migrated(self, ident: bytes, msg: M.Message) -> None:
-        jr = self._exec_run(ident, msg)
-        if jr is None:
-            return
-        job, run = jr
+    @executor_message
+    def _on_migrated(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
         rc = run.reconfig
         if rc is None or not rc.planned:
             return self._end(job, JobState.FAILED, "an executor reported a move that was "

@@ -2,16 +2,18 @@
 worker, run and executor tables, the catalog, the scheduler's memory), the
 outbox every component writes its commands to (``_send``, ``_persist``,
 ``_record``, ``_say``), the queries every component asks (``_active``,
-``_placed``, ``_jobs_on``) and the executor check (``_exec_run``).
+``_placed``, ``_jobs_on``) and the executor check (``_exec_run``, and
+:func:`executor_message`, which puts it in front of a handler).
 
 Every component of the core (``harmony.master.core.*``) is a mixin that
 derives from this class, and from the components it calls, never from one
 above it."""
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from harmony import dilation as dil
@@ -175,3 +177,18 @@ class CoreState:
 
     def _all_idents(self, run: Run) -> list[bytes]:
         return [run.idents[i] for i in sorted(run.idents)]
+
+
+def executor_message(handler: Callable[..., Any]) -> Callable[[CoreState, bytes, M.Message], Any]:
+    """A handler of an executor's message about its running job:
+    ``handler(self, ident, msg, job, run)`` runs only when ``ident`` is the
+    executor the core knows for the message's job, index and attempt (with
+    keys: a worker's); otherwise the sender is told to abort
+    (:meth:`CoreState._exec_run`)."""
+    @functools.wraps(handler)
+    def checked(self: CoreState, ident: bytes, msg: M.Message) -> Any:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return None
+        return handler(self, ident, msg, *jr)
+    return checked
