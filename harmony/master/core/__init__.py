@@ -32,7 +32,8 @@ shell's timer: liveness checks and the scheduler run on it),
 drive this same class.
 
 The class is composed of one component per module, each a mixin that
-derives only from the components it calls (bottom to top):
+derives only from the components it calls (bottom to top; the import
+contract in ``pyproject.toml`` and ``tests/test_layers.py`` check it):
 
 - ``protocol``: the commands and events above; ``records``: :class:`Worker`,
   :class:`Run`, :class:`Reconfig`; ``plans``: block shares (:func:`shares`,

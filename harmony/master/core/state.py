@@ -7,7 +7,8 @@ outbox every component writes its commands to (``_send``, ``_persist``,
 
 Every component of the core (``harmony.master.core.*``) is a mixin that
 derives from this class, and from the components it calls, never from one
-above it."""
+above it (``pyproject.toml``'s import contract and ``tests/test_layers.py``
+check it)."""
 from __future__ import annotations
 
 import functools
