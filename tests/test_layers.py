@@ -2,10 +2,16 @@
 (``lint-imports``): the master does not import the simulator, the layers
 sim > master > policies > sched, no ZeroMQ or LMDB under the policies and
 the scheduler's core, and comm, store and ps import none of the master,
-the workers or the simulator."""
+the workers or the simulator. The master core's components
+(``harmony/master/core/``) depend downward only: by their imports (a
+contract) and by the methods they call (checked here)."""
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
 import os
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,3 +41,54 @@ def test_a_broken_contract_is_caught(tmp_path):
                    'source_modules = ["harmony.sim"]\nforbidden_modules = ["harmony.master"]\n')
     r = lint("--config", str(cfg))
     assert r.returncode != 0 and "inverted BROKEN" in r.stdout, r.stdout + r.stderr
+
+
+def core_components() -> list[type]:
+    """Every class of the master core's package, from its modules."""
+    import harmony.master.core as pkg
+    out = []
+    for mi in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"{pkg.__name__}.{mi.name}")
+        out += [c for _, c in inspect.getmembers(mod, inspect.isclass)
+                if c.__module__ == mod.__name__ and hasattr(c, "_send")]
+    return out
+
+
+def calls_up(cls: type, source: str, state: set[str]) -> list[str]:
+    """``self.NAME`` in the methods written in ``cls`` (its class body in
+    ``source``) that neither ``cls`` nor its bases define and that is not
+    an attribute of the state."""
+    tree = ast.parse(source)
+    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
+    return sorted({f"{cls.__module__}:{n.lineno}: {cls.__name__} uses self.{n.attr}"
+                   for n in ast.walk(node)
+                   if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                   and n.value.id == "self" and not hasattr(cls, n.attr)
+                   and n.attr not in state})
+
+
+def test_the_master_cores_components_call_only_downward():
+    """A component's methods use only what it derives: its own methods, the
+    components below it (its bases) and the state (CoreState's attributes).
+    A call up (e.g. checkpoints calling the scheduler) would work at run
+    time in the composed MasterCore; this keeps it out."""
+    from harmony.master.core.master import MasterCore
+    from harmony.master.core.state import CoreState
+    state = set(vars(CoreState()))
+    comps = core_components()
+    assert MasterCore in comps and CoreState in comps and len(comps) >= 12
+    bad = [b for c in comps
+           for b in calls_up(c, Path(inspect.getsourcefile(c)).read_text(), state)]
+    assert not bad, "\n".join(bad)
+
+
+def test_a_call_up_is_caught():
+    """The check is not vacuous: the state calling the scheduler fails it."""
+    from harmony.master.core import state
+    from harmony.master.core.state import CoreState
+    src = Path(state.__file__).read_text()
+    assert calls_up(CoreState, src, set(vars(CoreState()))) == []
+    src = src.replace("    def _jobs_on(self", "    def _up(self):\n        self._schedule()\n\n"
+                      "    def _jobs_on(self", 1)
+    (bad,) = calls_up(CoreState, src, set(vars(CoreState())))
+    assert bad.endswith("CoreState uses self._schedule"), bad

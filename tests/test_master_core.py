@@ -433,6 +433,52 @@ def test_roles_are_checked_when_peers_are_authenticated():
     assert not core.workers and core.bad_messages == 2
 
 
+#: who may send what with keys, as the master has always checked it: these
+#: from a client's key, these from a client's or a reader's, the rest (daemons
+#: and their executors) from a worker's; register only for the key's own name
+CLIENT_ONLY = {"submit", "cancel", "pause", "resume", "resize", "data_plan", "data_commit",
+               "data_rm", "model_parts"}
+READ_ONLY = {"list_jobs", "job_status", "cluster_info", "data_list"}
+
+
+def allowed(mtype: str) -> set[str]:
+    return ({"client"} if mtype in CLIENT_ONLY else {"client", "reader"}
+            if mtype in READ_ONLY else {"worker"})
+
+
+def test_the_message_table_names_every_handler_and_its_roles():
+    """dispatch.MESSAGES is the only list of what the master accepts: one
+    route per ``_on_`` handler, with the roles of CLIENT_ONLY and READ_ONLY."""
+    handlers = {n[4:] for n in dir(C.MasterCore) if n.startswith("_on_")}
+    assert set(C.MESSAGES) == handlers
+    assert set(C.MESSAGES) <= set(M.SCHEMAS)
+    for mtype, route in C.MESSAGES.items():
+        assert route.handler is getattr(C.MasterCore, "_on_" + mtype), mtype
+        assert route.roles == allowed(mtype), mtype
+        assert route.own_name == (mtype == "register"), mtype
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_every_message_is_accepted_or_refused_by_its_senders_role(secure):
+    """Without keys every known type reaches its handler; with keys only the
+    roles of its route do (the others: 'forbidden'). An unknown type is
+    'unexpected' either way; each refusal counts as a bad message."""
+    for mtype in sorted(M.SCHEMAS) + ["no_such_type"]:
+        route = C.MESSAGES.get(mtype)
+        for role in ("client", "reader", "worker", "", "other"):
+            core = C.MasterCore(secure=secure)
+            out = core.handle(C.Received(b"x", M.Message(mtype, {"name": "m1"}, []),
+                                         role=role, name="m1"), 0.0)
+            codes = [s.fields.get("code") for s in out if s.type == "error"]
+            if route is None:
+                assert codes == ["unexpected"] and core.bad_messages == 1, (mtype, role)
+            elif secure and role not in allowed(mtype):
+                assert codes == ["forbidden"] and core.bad_messages == 1, (mtype, role)
+            else:       # its handler ran (on an empty message: it may fail, 'internal')
+                assert "forbidden" not in codes and "unexpected" not in codes, (mtype, role)
+                assert core.bad_messages == 0, (mtype, role)
+
+
 def test_block_shares_by_role_weights():
     from harmony.master.core import balance, shares
     assert shares(10, 3) == [4, 3, 3]

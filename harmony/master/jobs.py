@@ -106,7 +106,7 @@ class Job:
     checkpoint: dict[str, Any] | None = None   # the last complete one: epoch, time, replicas
     ckpt_skipped: str | None = None    # why the latest checkpoint was skipped (None: it was not)
     move: dict[str, Any] | None = None         # a resize in progress
-    # its roles when not even: workers, servers, blocks of each (core._layout_summary)
+    # its roles when not even: workers, servers, blocks of each (core.plans._layout_summary)
     layout: dict[str, Any] | None = None
     # Cruise's latest look at its layout (--cruise): predicted epoch now and
     # with the best layout, and whether it moves (harmony.cruise.adapter)

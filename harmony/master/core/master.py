@@ -1,0 +1,81 @@
+"""The master core: its components composed into one class, with the one
+entry point :meth:`MasterCore.handle` (and :meth:`MasterCore.recover` after
+a restart). See :mod:`harmony.master.core`."""
+from __future__ import annotations
+
+from typing import Any
+
+from harmony.master.core.clients import Clients
+from harmony.master.core.daemons import Daemons
+from harmony.master.core.dispatch import Dispatch
+from harmony.master.core.executors import Executors
+from harmony.master.core.protocol import (Admitted, AdmitFailed, Malformed, Received, Solved,
+                                          Tick, Unreachable, _err)
+from harmony.master.core.scheduling import Scheduling
+from harmony.master.core.state import log
+from harmony.master.jobs import MAX_ATTEMPTS, JobState
+
+
+class MasterCore(Dispatch, Clients, Daemons, Scheduling, Executors):
+    """See :mod:`harmony.master.core`. ``jobs`` and ``datasets``: the job
+    table and the data catalog as loaded (the shell owns their storage)."""
+
+    # -- the one entry point -----------------------------------------------------------------
+    def handle(self, event: Any, now: float) -> list:
+        """Apply one event at time ``now``; returns the commands to carry out."""
+        self.now = now
+        kind = type(event)
+        if kind is Received:
+            self._dispatch(event)
+        elif kind is Tick:
+            if now - self._last_check >= self.liveness_every:
+                self._last_check = now
+                try:
+                    self._check_liveness(now)
+                except Exception:   # a bug here must not stop the master either
+                    log.exception("the liveness check failed")
+            if self._dirty:
+                self._dirty = False
+                try:
+                    self._schedule()
+                except Exception:   # a policy bug must not stop the master
+                    log.exception("the scheduler failed; its decision is skipped")
+        elif kind is Malformed:
+            self.bad_messages += 1
+            self._say("malformed", "malformed message from %r: %s", event.ident[:64], event.error)
+            self._send(event.ident, _err("bad_message", event.error))
+        elif kind is Admitted:
+            self._admitted(event.ident, event.job)
+        elif kind is AdmitFailed:
+            self._say("table_full", "submission refused: %s", event.error)
+            self._send(event.ident, _err("table_full", f"{event.error}; the job was not submitted "
+                                                       f"(free space in {self.state_dir} and "
+                                                       f"submit again)"))
+        elif kind is Unreachable:
+            self._unreachable(event)
+        elif kind is Solved:
+            self._solved(event)
+        else:
+            raise TypeError(f"unknown event {event!r}")
+        out, self._out = self._out, []
+        return out
+
+    def recover(self, now: float) -> list:
+        """Jobs that were active when the last master stopped go back to the
+        queue: they restart from their last pause checkpoint if they have
+        one, else from epoch 0; nothing is silently dropped. Paused jobs stay
+        paused (their checkpoints are on disk)."""
+        self.now = now
+        for job in self.jobs.values():
+            if job.state.active:
+                where = (f"epoch {job.resume['epoch']} (its last checkpoint)" if job.resume
+                         else "epoch 0")
+                # its run was stopped: that counts as a failed attempt, but a
+                # master restart alone never makes a job give up
+                job.failures = min(job.failures + 1, MAX_ATTEMPTS - 1)
+                job.transition(JobState.WAITING, f"master restarted; requeued (restarts from "
+                                                 f"{where})", now=now)
+                job.workers = []
+                self._persist("save", job)
+        out, self._out = self._out, []
+        return out

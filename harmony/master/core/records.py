@@ -1,0 +1,93 @@
+"""The master core's volatile records: a worker daemon (:class:`Worker`), one
+attempt of a running job (:class:`Run`) and a live resize in flight
+(:class:`Reconfig`). The job table itself is :class:`harmony.master.jobs.Job`
+(persisted); these are not."""
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Worker:
+    name: str
+    ident: bytes
+    host: str
+    cpus: int
+    memory: int
+    pid: int
+    last_seen: float
+    alive: bool = True
+    stats: deque = field(default_factory=lambda: deque(maxlen=3600))
+    data_endpoint: str = ""      # its data service: checkpoint parts on its disk
+    revision: str = ""           # the code it runs (deployed git revision), if it said
+
+
+@dataclass
+class Reconfig:
+    """A live resize of a running job (block migration)."""
+    to: list[str]                     # the new machines, in new index order
+    join: list[str]                   # machines that join (new executors)
+    note: str
+    t0: float
+    ready: dict[str, dict] = field(default_factory=dict)     # joiner -> exec_ready
+    idents: dict[str, bytes] = field(default_factory=dict)   # joiner -> identity
+    boundary: dict[int, dict] = field(default_factory=dict)  # old index -> at_boundary
+    migrated: dict[bytes, dict] = field(default_factory=dict)
+    progress: dict[bytes, tuple[int, int]] = field(default_factory=dict)   # bytes, blocks out
+    sends: dict[bytes, list] = field(default_factory=dict)                # ident -> its moves
+    planned: bool = False
+    owner: list[int] = field(default_factory=list)
+    blocks: int = 0
+    stood_since: float | None = None
+    # the target roles: {"input": weights, "model": weights} per new index
+    # (None: even); an index of input weight 0 is a server only, of model
+    # weight 0 a worker only
+    layout: dict | None = None
+    input_counts: list[int] = field(default_factory=list)
+    predicted: dict | None = None     # Cruise's prediction for the new layout, if it asked
+    # the plan of the move, executed operation by operation (harmony.cruise.plan)
+    execution: Any = None
+    moves: dict[int, tuple[bytes, list]] = field(default_factory=dict)   # op -> (sender, sends)
+    left: dict[bytes, int] = field(default_factory=dict)     # sender -> moves not yet done
+
+    def all_ready(self) -> bool:
+        return len(self.ready) == len(self.join)
+
+
+@dataclass
+class Run:
+    """Volatile state of one attempt of a running job."""
+    attempt: int
+    launched: float
+    ready: dict[int, dict] = field(default_factory=dict)
+    idents: dict[int, bytes] = field(default_factory=dict)
+    started: bool = False
+    barriers: dict[tuple[int, int], set[int]] = field(default_factory=dict)
+    sums: dict[int, dict[int, tuple[dict, dict]]] = field(default_factory=dict)
+    syncs: dict[int, dict[int, str]] = field(default_factory=dict)
+    timings: dict[int, dict] = field(default_factory=dict)
+    stopping: bool = False
+    finished: set[int] = field(default_factory=set)
+    pausing: bool = False                 # pause at the next epoch end
+    pause_to: list[str] | None = None     # then resume there (a migration)
+    pause_note: str = ""
+    ending: str = ""                      # the scheduler ends it at its next epoch end: why
+    paused: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (epoch, version)
+    replicas: dict[int, str | None] = field(default_factory=dict)      # index -> replica machine
+    owner: list[int] = field(default_factory=list)                   # model block -> index
+    layout: dict | None = None            # the roles (Reconfig.layout) now; None: even
+    cruise: Any = None                    # harmony.cruise.adapter.JobCruise, with --cruise
+    # its solve running off the event loop: (the solve, d, m, epochs left) then
+    solving: tuple | None = None
+    reconfig: Reconfig | None = None
+    ckpt_parts: dict[int, tuple] = field(default_factory=dict)   # a periodic checkpoint
+    ckpt_epoch: int | None = None        # the periodic checkpoint being written
+    last_ckpt: tuple[int, float] = (0, 0.0)   # (first epoch after it, time) of the last
+    # the attempt's PS secret: shards serve only requests that carry it
+    secret: str = field(default_factory=lambda: secrets.token_hex(16))
+    # the final checkpoint (at the stop epoch): index -> (machine, replica,
+    # bytes, epoch, error)
+    final: dict[int, tuple] = field(default_factory=dict)

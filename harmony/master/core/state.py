@@ -1,0 +1,195 @@
+"""The bottom of the master core: its state (:class:`CoreState`: the job,
+worker, run and executor tables, the catalog, the scheduler's memory), the
+outbox every component writes its commands to (``_send``, ``_persist``,
+``_record``, ``_say``), the queries every component asks (``_active``,
+``_placed``, ``_jobs_on``) and the executor check (``_exec_run``, and
+:func:`executor_message`, which puts it in front of a handler).
+
+Every component of the core (``harmony.master.core.*``) is a mixin that
+derives from this class, and from the components it calls, never from one
+above it (``pyproject.toml``'s import contract and ``tests/test_layers.py``
+check it)."""
+from __future__ import annotations
+
+import functools
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from harmony import dilation as dil
+from harmony.comm import messages as M
+from harmony.cruise.plan import MAX_MOVES   # a resize's concurrent block moves
+from harmony.master.core.protocol import Persist, Record, Send, _msg
+from harmony.master.core.records import Run, Worker
+from harmony.master.jobs import Job, JobState
+from harmony.policies import registry as R
+from harmony.policies import view as P
+
+log = logging.getLogger("harmony.master")
+
+_ACTIVE = frozenset(s for s in JobState if s.active)   # a set lookup on hot paths
+
+LIVENESS_EVERY = 0.25       # s between liveness checks (on ticks)
+# finished jobs whose final checkpoint (their model, for harmony model get) is
+# kept, the most recently finished first; older ones are dropped
+KEEP_MODELS = 20
+
+
+class CoreState:
+    """See the module docstring. ``jobs`` and ``datasets``: the job table and
+    the data catalog as loaded (the shell owns their storage)."""
+
+    def __init__(self, jobs: dict[str, Job] | None = None,
+                 datasets: dict[str, dict] | None = None, *,
+                 heartbeat_timeout: float = 5.0, launch_timeout: float = 300.0,
+                 policy: str | None = None, mode: str = "naive",
+                 max_jobs_per_machine: int = 0, secure: bool = False,
+                 keep_models: int = KEEP_MODELS, endpoint: str = "", pid: int = 0,
+                 revision: str | None = None, state_dir: str = "",
+                 now: float = 0.0, liveness_every: float = LIVENESS_EVERY,
+                 cruise: bool = False, max_moves: int = MAX_MOVES,
+                 predict_epochs: bool = False, dilation: float = 1.0) -> None:
+        # time dilation (harmony.dilation): ``now`` is in undilated seconds
+        # already (the shell's clock); D is what daemons must run at
+        self.dilation = dil.check(dilation)
+        # record the policy's prediction of every job's next epoch at each
+        # epoch report (the runtime's run record; the simulator skips the cost)
+        self.predict_epochs = predict_epochs
+        # Cruise inside running jobs: roles and partitions from measurements
+        self.cruise = cruise
+        if max_moves < 0:
+            raise ValueError("--max-moves must be >= 0 (0: no limit)")
+        # a resize's block moves in flight at once, over the whole job (0: all)
+        self.max_moves = max_moves
+        if mode not in R.MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose from {sorted(R.MODES)}")
+        if max_jobs_per_machine < 0:
+            raise ValueError("--max-jobs-per-machine must be >= 0 (0: no limit)")
+        if keep_models < 0:
+            raise ValueError("--keep-models must be >= 0")
+        policy = policy or R.MODES[mode][0]
+        if policy not in R.POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {sorted(R.POLICIES)}")
+        self.mode = mode
+        self.max_jobs = max_jobs_per_machine
+        self.keep_models = keep_models
+        self.queued = R.MODES[mode][1]
+        self.policy_name = policy
+        self.policy = R.make(policy)
+        self.secure = secure            # peers are authenticated: check roles
+        self.heartbeat_timeout = heartbeat_timeout
+        self.launch_timeout = launch_timeout
+        self.endpoint, self.pid, self.revision = endpoint, pid, revision
+        self.state_dir = state_dir      # named in errors only
+        self.now = now
+        self.jobs: dict[str, Job] = dict(jobs or {})
+        self.datasets: dict[str, dict] = dict(datasets or {})
+        self.snapshots: set[str] = set()   # jobs a fresh model export waits for
+        # job -> machines that may hold parts of its checkpoints (since this
+        # master started; a job not in it: any machine may)
+        self._ckpt_at: dict[str, set[str]] = {}
+        # seconds the last live moves took, from the decision to their end:
+        # the job stalls for part of it, and the machines are in transit
+        # (decisions, and so new jobs' launches, wait for a move in flight)
+        self._move_took: deque[float] = deque(maxlen=20)
+        self._arrivals: deque[float] = deque(maxlen=10)     # the last submission times
+        self.workers: dict[str, Worker] = {}
+        self.by_ident: dict[bytes, str] = {}            # daemon ident -> worker name
+        self.exec_ident: dict[bytes, tuple[str, int, int]] = {}
+        self.runs: dict[str, Run] = {}
+        self._ended: list[P.JobView] = []   # completions the scheduler has not seen yet
+        self._last_predicted: dict[str, float] = {}
+        self.ends = 0                       # jobs that left their machines (ended or requeued)
+        # job -> ``ends`` when it was paused because a machine ran out of memory:
+        # it waits until some job leaves its machines (memory frees), not volatile
+        # across restarts (a restarted master retries it at once)
+        self.mem_wait: dict[str, int] = {}
+        self._dirty = True
+        self._last_check = float("-inf")
+        self.liveness_every = liveness_every
+        self.bad_messages = 0
+        self.decisions = 0
+        self._said: dict[str, list] = {}    # rate-limited log lines: key -> [t0, n]
+        self._peer: tuple[str, str] = ("", "")
+        self._out: list = []
+        # job -> [epochs list, epochs summed, iterations done, progress points] (_job_view)
+        self._progress: dict[str, list] = {}
+        self._worker_views: dict[str, P.WorkerView] = {}     # _view's last one per machine
+
+    # -- outputs -----------------------------------------------------------------------------
+    def _send(self, ident: bytes, payload: tuple[str, dict], fail: Any = None) -> None:
+        self._out.append(Send(ident, payload[0], payload[1], fail))
+
+    def _persist(self, op: str, *args: Any) -> None:
+        self._out.append(Persist(op, args))
+
+    def _record(self, stream: str, obj: dict[str, Any]) -> None:
+        self._out.append(Record(stream, obj))
+
+    def _say(self, key: str, fmt: str, *args: Any, every: float = 10.0, burst: int = 20) -> None:
+        """A warning that a flood could repeat: at most ``burst`` lines per
+        ``every`` seconds for ``key``, then one line with the count left out."""
+        now = self.now
+        t0, n = self._said.get(key, (now, 0))
+        if now - t0 >= every:
+            if n > burst:
+                log.warning("(%d more %s warning(s) in %.0fs not logged)", n - burst, key,
+                            now - t0)
+            t0, n = now, 0
+        self._said[key] = [t0, n + 1]
+        if n < burst:
+            log.warning(fmt, *args)
+
+    # -- queries -----------------------------------------------------------------------------
+    def _active(self) -> Iterator[Job]:
+        """The active jobs, in launch order. Every active job has a run
+        (launched, executors not yet ended; the core tests assert it), so
+        the runs are scanned, not every job ever submitted (at 1,000 jobs
+        that scan, per epoch report, was the simulator's largest cost)."""
+        jobs, active = self.jobs, _ACTIVE
+        return (j for j in map(jobs.get, self.runs) if j is not None and j.state in active)
+
+    def _placed(self) -> dict[str, list[Job]]:
+        """Machine name -> the active jobs placed on it (one pass; order
+        within a machine: launch order)."""
+        out: dict[str, list[Job]] = {}
+        for j in self._active():
+            for n in j.workers:
+                out.setdefault(n, []).append(j)
+        return out
+
+    def _jobs_on(self, name: str) -> list[Job]:
+        return [j for j in self.jobs.values() if j.state.active and name in j.workers]
+
+    # -- the executor check ------------------------------------------------------------------
+    def _exec_run(self, ident: bytes, msg: M.Message) -> tuple[Job, Run] | None:
+        f = msg.fields
+        jid = f["job"]
+        key = self.exec_ident.get(ident)
+        job = self.jobs.get(jid)
+        run = self.runs.get(jid)
+        if key is None or job is None or run is None or key[0] != jid or key[1] != f["index"] \
+                or key[2] != run.attempt or job.state not in _ACTIVE \
+                or (self.secure and self._peer[0] != "worker"):
+            self._send(ident, _msg("abort", reason=f"job {jid} is not running here"))
+            return None
+        return job, run
+
+    def _all_idents(self, run: Run) -> list[bytes]:
+        return [run.idents[i] for i in sorted(run.idents)]
+
+
+def executor_message(handler: Callable[..., Any]) -> Callable[[CoreState, bytes, M.Message], Any]:
+    """A handler of an executor's message about its running job:
+    ``handler(self, ident, msg, job, run)`` runs only when ``ident`` is the
+    executor the core knows for the message's job, index and attempt (with
+    keys: a worker's); otherwise the sender is told to abort
+    (:meth:`CoreState._exec_run`)."""
+    @functools.wraps(handler)
+    def checked(self: CoreState, ident: bytes, msg: M.Message) -> Any:
+        jr = self._exec_run(ident, msg)
+        if jr is None:
+            return None
+        return handler(self, ident, msg, *jr)
+    return checked
