@@ -47,6 +47,7 @@ from harmony.master.jobs import MAX_ATTEMPTS, SETUPS_KEPT, Job, JobState
 from harmony.policies import registry as R
 from harmony.policies import view as P
 from harmony.policies.curves import Utility
+from harmony.sched.model import fixed_part
 from harmony.store import staging
 
 log = logging.getLogger("harmony.master")
@@ -899,8 +900,11 @@ class MasterCore:
             return None
         link = p.get("link", 0.0)
         remote = p.get("bytes", 0.0) / link if link > 0 else 0.0
+        prev = p.get("cpu_prev")
+        fixed = (fixed_part(int(prev[0]), float(prev[1]), int(p["machines"]), p["t_cpu"])
+                 if prev else 0.0)
         return (p["t_cpu"], p["t_net"], int(p["machines"]), remote, p.get("overhead", 0.0),
-                p.get("iters", 0.0), p.get("end_cpu", 0.0), p.get("end_other", 0.0))
+                p.get("iters", 0.0), p.get("end_cpu", 0.0), p.get("end_other", 0.0), fixed)
 
     def _job_view(self, j: Job, **kw: Any) -> P.JobView:
         """What every policy sees of a job: its request, state, profile, where

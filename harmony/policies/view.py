@@ -32,7 +32,9 @@ class JobView:
     group: str = ""    # explicit job group: share the machines of that group
     # what the Harmony scheduler also looks at
     state: str = "waiting"      # waiting | profiled | paused | profiling | running
-    # (Tcpu, Tnet, c_g, remote) once profiled; remote: seconds per iteration
+    # (Tcpu, Tnet, c_g, remote, overhead, iters, end_cpu, end_other,
+    # cpu_fixed) once profiled (a prefix of at least 3: the rest default to
+    # 0; see sched.model.Profile.from_view); remote: seconds per iteration
     # to move all its PULL/PUSH bytes over the link (0: unknown)
     profile: tuple[float, ...] | None = None
     workers: tuple[str, ...] = ()                      # where it runs (active jobs)
