@@ -931,6 +931,7 @@ class MasterCore:
         return P.JobView(j.id, j.machines, j.submitted, j.group, state=j.state.value,
                          workers=tuple(j.workers), sched_group=j.sched_group,
                          epochs=len(epochs), epochs_left=j.epochs_left(),
+                         steady=int((j.profile or {}).get("samples", 0)),
                          progress=tuple(progress[-P.PROGRESS_POINTS:]),
                          deadline=j.deadline, utility=j.utility, **kw)
 

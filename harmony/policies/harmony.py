@@ -39,6 +39,12 @@ __all__ = ["harmony", "harmony_util", "PROFILE_SAMPLES", "MIN_GAIN"]
 #: epochs a running job must have done (this attempt) before it is widened:
 #: a job with little done is taken to have little left to repay a move
 WIDEN_AFTER = 2
+#: epochs a job must have run on its current machine count before it is
+#: moved again (widened, narrowed, split off): its profile there, and the
+#: fixed part of its COMP (model.t_cpu_at), settle first. Without it one run
+#: of bench/cluster_e2e.py made 14 moves of 2-6.5 s each in 63 s, MLR going
+#: 2 -> 3 -> 1 machines on the first epoch measured at each width.
+SETTLE = 3
 #: seconds a live move stalls a job until the master has measured one
 #: (Cruise's MOVE_OVERHEAD: the epoch boundary and the acknowledgements)
 DEFAULT_MOVE_COST = 1.0
@@ -252,7 +258,8 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
         arrivals = [j.id for j in view.active if j.state == "profiling"
                     and j.profile is not None and cur.group_of(j.id)]
         caps = {j.id: max(1, j.machines) for j in view.active + view.waiting}
-        movable = [j.id for j in view.active if j.epochs >= WIDEN_AFTER]
+        movable = [j.id for j in view.active if j.epochs >= WIDEN_AFTER
+                   and (j.steady is None or j.steady >= SETTLE)]
         pending = sum(max(1, j.machines) for j in view.waiting if j.profile is None)
         # iterations left: its --max-epochs less what it ran, else as many as
         # it ran this attempt (Cruise's assumption)
@@ -285,10 +292,12 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
                                                      tuple(idle[:max(1, j.machines)])),), live)
         elif roomy := [g for g in cur.groups if _room(g, profiles, dec.profile) >= MIN_GAIN]:
             def load(g: RunningGroup) -> tuple:
-                # the most room (in tenths), then the machine count nearest
-                # to what the job asks for (its profile is measured there)
-                return (-round(_room(g, profiles, dec.profile), 1),
-                        abs(len(g.machines) - max(1, j.machines)),
+                # the machine count nearest to what the job asks for (it is
+                # measured there, and stays there if it interleaves well:
+                # MLR asking for 2 and profiled on 4 stayed on 4, at half
+                # its speed on 2), then the most room (in tenths)
+                return (abs(len(g.machines) - max(1, j.machines)),
+                        -round(_room(g, profiles, dec.profile), 1),
                         len(g.jobs) / len(g.machines), g.id)
             g = min(roomy, key=load)
             cur = Current(tuple(RunningGroup(x.id, x.jobs + (j.id,), x.machines) if x is g

@@ -41,6 +41,10 @@ class JobView:
     sched_group: str = ""                              # its scheduler group, if any
     # what the loss- and deadline-aware policies (slaq, ...) also look at
     epochs: int = 0                                    # epochs done (this attempt's)
+    # epochs measured on its current machine count (a move to another count
+    # starts the profile over): a job just moved is not moved again before
+    # its profile there has settled (None: not known, taken as settled)
+    steady: int | None = None
     # epochs it may still run: its --max-epochs less those done (None: not known)
     epochs_left: int | None = None
     # (iterations done, objective) after each of its last PROGRESS_POINTS
