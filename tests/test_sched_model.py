@@ -186,3 +186,16 @@ def test_a_steady_jobs_profile_converges_geometrically():
     assert gaps == pytest.approx([0.05 * 0.7 ** (k + 1) for k in range(6)])
     j.update_profile(steady, 3)
     assert j.profile["machines"] == 3 and j.profile["t_cpu"] == pytest.approx(0.03)
+    # ... keeping the COMP it measured at the DoP it left: COMP 0.08 s per
+    # iteration on 2 machines and still 0.06 s on 4 is mostly fixed part in
+    # the view's profile (f + w/m: f = 0.04)
+    from harmony.master.core import MasterCore
+    from harmony.sched.model import Profile, t_cpu_at
+    k = Job("k", "a.py", "", [], 2)
+    for _ in range(2):
+        k.update_profile(step, 2)
+    k.update_profile(dict(steady, comp=0.12), 4)
+    assert k.profile["cpu_prev"] == [2, pytest.approx(0.08)]
+    prof = Profile.from_view("k", MasterCore()._view_profile(k, 1))
+    assert prof.dop == 4 and prof.cpu_fixed == pytest.approx(0.04)
+    assert t_cpu_at(prof, 8) == pytest.approx(0.05)      # not 0.03

@@ -143,12 +143,19 @@ def test_widening_is_lent_and_given_back_when_a_job_waits_or_a_new_one_comes():
     assert cur.group_of("wide").machines == ("m0", "m2", "m3")
 
 
-def test_a_group_widens_as_a_whole():
+def test_a_job_that_gains_more_apart_leaves_before_the_group_widens():
+    """WIDE and NET on one machine: WIDE runs at x 1, NET at 0.24 of its
+    rate alone. With 3 machines idle WIDE leaves for one (the pair's summed
+    x 1.24 -> 2) and is then lent the other two; NET stays. (A group widens
+    as a whole only where no job gains more apart: in this model COMM does
+    not shrink with more machines, so that is a group whose COMP dominates
+    and which then interleaves poorly, and splitting wins.)"""
     profiles = {"wide": WIDE, "net": NET}
     cur0 = _cur(("g1", ("wide", "net"), ("m0",)))
     cur, _, notes = TP.plan(cur0, [], [], profiles, {"wide": 1, "net": 1},
                             movable=["wide", "net"])
-    assert cur.group_of("net").machines == ("m0", "m1", "m2", "m3"), notes
+    assert cur.group_of("net").machines == ("m0",) and "leaves g1" in notes[0]
+    assert cur.group_of("wide").machines == ("m1", "m2", "m3")
     cur, _, _ = TP.plan(cur0, [], [], profiles, {"wide": 1, "net": 1}, movable=["wide"])
     assert cur.group_of("net").machines == ("m0",)     # net too new to move
 
@@ -168,10 +175,40 @@ def test_an_arrival_beside_a_job_still_profiling_stays_until_that_one_is_profile
     cur0 = _cur(("g1", ("cpu", "new"), ("m0",)), machines=("m0",))
     cur, left, _ = TP.plan(cur0, [], ["cpu"], profiles, {"cpu": 1, "new": 1})
     assert cur.group_of("cpu").jobs == ("cpu", "new") and not left
-    # in a group of more than two (new jobs profiled beside it), it leaves
+    # in a group of three it stays too, until the last of them is profiled
+    # (leaving paused it only to resume it in place seconds later)
     cur0 = _cur(("g1", ("cpu", "new", "new2"), ("m0",)), machines=("m0",))
     cur, left, _ = TP.plan(cur0, [], ["cpu"], profiles, {"cpu": 1, "new": 1, "new2": 1})
-    assert cur.group_of("cpu") is None and left == ["cpu"]
+    assert cur.group_of("cpu").jobs == ("cpu", "new", "new2") and not left
+    # ... and the last one profiled is judged: a second COMP-heavy job in the
+    # group does not raise its interleaving, so it leaves (no machine idle)
+    profiles = {"cpu": CPU, "net": NET, "cpu2": Profile("cpu2", 1.0, 0.1, 1)}
+    cur0 = _cur(("g1", ("cpu", "net", "cpu2"), ("m0",)), machines=("m0",))
+    cur, left, _ = TP.plan(cur0, [], ["cpu2"], profiles, dict.fromkeys(profiles, 1),
+                           tol=0.06)
+    assert cur.group_of("cpu").jobs == ("cpu", "net") and left == ["cpu2"]
+
+
+def test_a_group_wider_than_its_best_dop_is_narrowed_when_it_repays_the_move():
+    """CHATTY alone on 4 machines: 1.05 s per iteration on 1, 1.8 s on 4
+    (its remote traffic grows with the DoP). With work left it is narrowed
+    to 1 and the 3 machines it frees take a waiting job; with 1 iteration
+    left the 0.75 s saved does not repay two 1 s moves; a job not yet
+    movable (too few epochs) stays."""
+    profiles = {"chatty": CHATTY, "cpu": CPU}
+    caps = {"chatty": 4, "cpu": 1}
+    cur0 = _cur(("g1", ("chatty",), ("m0", "m1", "m2", "m3")))
+    cur, left, notes = TP.plan(cur0, ["cpu"], [], profiles, caps, movable=["chatty"],
+                               iters_left={"chatty": 10}, move_cost=1.0)
+    assert cur.group_of("chatty").machines == ("m0",), notes
+    assert left == [] and cur.group_of("cpu").machines == ("m1",)
+    assert any("narrowed to 1" in n for n in notes)
+    cur, _, _ = TP.plan(cur0, [], [], profiles, caps, movable=["chatty"],
+                        iters_left={"chatty": 1}, move_cost=1.0)
+    assert len(cur.group_of("chatty").machines) == 4
+    cur, _, _ = TP.plan(cur0, [], [], profiles, caps, movable=[],
+                        iters_left={"chatty": 10}, move_cost=1.0)
+    assert len(cur.group_of("chatty").machines) == 4
 
 
 def test_lending_must_repay_two_moves():
@@ -202,3 +239,57 @@ def test_lending_counts_only_until_the_next_arrival_is_expected():
     cur, _, notes = TP.plan(cur0, [], [], profiles, {"wide": 1}, movable=["wide"],
                             iters_left={"wide": 10}, move_cost=1.0, arrival_gap=0.5)
     assert len(cur.group_of("wide").machines) == 1 and "two moves" in notes[0]
+
+
+def test_a_measured_fixed_comp_part_stops_widening_and_narrows_back():
+    """MLR-like: 0.3 s of COMP per iteration on 2 machines and still 0.3 s
+    on 4 (the work on its model does not shrink), with remote traffic that
+    grows with the DoP. Known only from 2 (no fixed part) it is lent the 2
+    idle machines; with the fixed part measured at 4 it is narrowed back."""
+    from harmony.sched.model import fixed_part, t_cpu_at
+    assert fixed_part(2, 0.3, 4, 0.3) == pytest.approx(0.3)
+    assert fixed_part(2, 0.4, 4, 0.2) == 0.0                 # perfect scaling
+    assert fixed_part(2, 0.4, 4, 0.25) == pytest.approx(0.1)
+    assert fixed_part(4, 0.25, 2, 0.4) == pytest.approx(0.1)  # either order
+    two = Profile("mlr", 0.3, 0.15, 2, remote=0.3)
+    assert t_cpu_at(two, 4) == pytest.approx(0.15)
+    cur0 = _cur(("g1", ("mlr",), ("m0", "m1")))
+    cur, _, _ = TP.plan(cur0, [], [], {"mlr": two}, {"mlr": 2}, movable=["mlr"],
+                        iters_left={"mlr": 40}, move_cost=1.0)
+    assert len(cur.group_of("mlr").machines) == 4
+    four = Profile("mlr", 0.3, 0.225, 4, remote=0.3, cpu_fixed=0.3)
+    assert t_cpu_at(four, 2) == pytest.approx(0.3)
+    cur, _, notes = TP.plan(_cur(("g1", ("mlr",), ("m0", "m1", "m2", "m3"))), [], [],
+                            {"mlr": four}, {"mlr": 2}, movable=["mlr"],
+                            iters_left={"mlr": 40}, move_cost=1.0)
+    assert cur.group_of("mlr").machines[:1] == ("m0",) and len(cur.group_of("mlr").machines) < 4
+
+
+def test_a_job_leaves_its_group_for_idle_machines_when_it_pays():
+    """Two COMP-heavy jobs time-slice one machine (E about 1.05); with a
+    machine idle and work left, one of them moves there (both then run at
+    their rate alone). Not with a waiting job to place, nor when the time
+    saved does not repay two moves, nor for a job too new to move."""
+    cpu2 = Profile("cpu2", 1.0, 0.1, 1)
+    profiles = {"cpu": CPU, "cpu2": cpu2}
+    caps = {"cpu": 1, "cpu2": 1}
+    pair = _cur(("g1", ("cpu", "cpu2"), ("m0",)), machines=("m0", "m1"))
+    cur, left, notes = TP.plan(pair, [], [], profiles, caps, movable=["cpu", "cpu2"],
+                               iters_left={"cpu": 20, "cpu2": 20}, move_cost=1.0)
+    assert {g.machines for g in cur.groups} == {("m0",), ("m1",)}, notes
+    assert any("leaves g1" in n for n in notes)
+    cur, _, _ = TP.plan(pair, [], [], profiles, caps, movable=["cpu", "cpu2"],
+                        iters_left={"cpu": 1, "cpu2": 1}, move_cost=1.0)
+    assert cur.groups == pair.groups
+    cur, _, _ = TP.plan(pair, [], [], profiles, caps, movable=["cpu"],
+                        iters_left={"cpu": 20, "cpu2": 20}, move_cost=1.0)
+    assert cur.groups == pair.groups
+    cur, _, _ = TP.plan(pair, [], [], profiles, caps, movable=["cpu", "cpu2"], pending=1,
+                        iters_left={"cpu": 20, "cpu2": 20}, move_cost=1.0)
+    assert cur.groups == pair.groups
+    # a complementary pair interleaves well: it stays together
+    good = _cur(("g1", ("cpu", "net"), ("m0",)), machines=("m0", "m1"))
+    cur, _, _ = TP.plan(good, [], [], {"cpu": CPU, "net": NET}, {"cpu": 1, "net": 1},
+                        movable=["cpu", "net"], iters_left={"cpu": 20, "net": 20},
+                        move_cost=1.0)
+    assert cur.groups == good.groups

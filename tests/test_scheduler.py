@@ -220,3 +220,17 @@ def test_a_job_that_adds_little_to_a_shared_group_waits_instead():
                                 job(2, "profiling", (0.05, 1.0, 1), ["m0"], "g1")))
     dec = harmony(view)
     assert dec.promote == ["job-0002"] and not dec.pause
+
+
+def test_a_job_just_moved_is_not_moved_again_before_its_profile_settles():
+    """A job lent a machine is widened once its profile on its current
+    machine count has ``SETTLE`` epochs, not on the first one measured there
+    (a one-epoch profile at a new width moved MLR 2 -> 3 -> 1 machines)."""
+    from harmony.policies.harmony import SETTLE
+    j = JobView("job-0001", 1, 1.0, state="running", profile=(1.0, 0.2, 1, 0.0, 0.0, 10),
+                workers=("m0",), sched_group="g1", epochs=8)
+    assert harmony(ClusterView(M2, (), (j,))).pause == {"job-0001": ["m0", "m1"]}
+    fresh = dataclasses.replace(j, steady=SETTLE - 1)
+    assert harmony(ClusterView(M2, (), (fresh,))).pause == {}
+    settled = dataclasses.replace(j, steady=SETTLE)
+    assert harmony(ClusterView(M2, (), (settled,))).pause == {"job-0001": ["m0", "m1"]}

@@ -99,14 +99,16 @@ def test_harmony_overlaps_complementary_jobs_that_isolated_runs_in_turn():
 def test_a_pause_and_a_live_resize_complete_in_simulation():
     """Jobs that arrive while others run make the Harmony policy regroup:
     moves (live resizes) and pauses go through the core's protocol and
-    every job still finishes with all its epochs."""
+    every job still finishes with all its epochs. (Jobs that ask for one
+    machine each: the first ones are widened onto idle machines and give
+    them back when the next arrive.)"""
     jobs = [job(f"j{i}", 3.0 * i, 1.0 if i % 2 else 0.2, 0.2 if i % 2 else 1.0,
-                epochs=12, iters=2, machines=2) for i in range(6)]
+                epochs=12, iters=2, machines=1) for i in range(6)]
     sim = Simulator(jobs, 4, mode="harmony")
     out = sim.run()
     assert all(j["state"] == "finished" and j["epochs"] == 12 for j in out.jobs)
     events = [e[2] for j in sim.core.jobs.values() for e in j.events]
-    assert any("moves to" in e or "waits" in e for e in events)
+    assert sum("moves to" in e for e in events) >= 2
     assert out.decisions
 
 

@@ -139,6 +139,11 @@ class Job:
                   "bytes": timings.get("bytes", 0.0) / iters}
         p = self.profile
         fresh = not p or p.get("machines") != machines
+        if fresh and p and p.get("samples", 0) >= 2 and "t_cpu" in p:
+            # the COMP measured at the DoP it leaves: with the new one it
+            # tells the part that does not shrink with more machines
+            # (model.fixed_part)
+            p["cpu_prev"] = [int(p["machines"]), float(p["t_cpu"])]
         for k, v in sample.items():
             p[k] = v if fresh else (1 - weight) * p[k] + weight * v
         p["machines"] = machines

@@ -39,6 +39,12 @@ __all__ = ["harmony", "harmony_util", "PROFILE_SAMPLES", "MIN_GAIN"]
 #: epochs a running job must have done (this attempt) before it is widened:
 #: a job with little done is taken to have little left to repay a move
 WIDEN_AFTER = 2
+#: epochs a job must have run on its current machine count before it is
+#: moved again (widened, narrowed, split off): its profile there, and the
+#: fixed part of its COMP (model.t_cpu_at), settle first. Without it one run
+#: of bench/cluster_e2e.py made 14 moves of 2-6.5 s each in 63 s, MLR going
+#: 2 -> 3 -> 1 machines on the first epoch measured at each width.
+SETTLE = 3
 #: seconds a live move stalls a job until the master has measured one
 #: (Cruise's MOVE_OVERHEAD: the epoch boundary and the acknowledgements)
 DEFAULT_MOVE_COST = 1.0
@@ -101,19 +107,30 @@ def _fresh(cur: Current, want: str) -> str:
 
 def _room(g: RunningGroup, profiles: dict[str, Profile], profiling: dict) -> float:
     """What a new job profiled in group ``g`` could use that the group leaves
-    idle: anything (1.0) on several machines, where the newcomer also uses
-    the network; on one machine only idle CPU, since a job alone on its
-    machine sends nothing over the network (its whole model is local): two
-    such jobs only time-slice a core, each twice as slow, and the newcomer
-    is then paused to wait for a machine (bench/scheduler_e2e.py: 2 CPU-heavy
-    jobs shared one core while profiling, 3 epochs each). A group with a
-    job still being profiled has no known room."""
-    if len(g.machines) > 1:
-        return 1.0
-    if any(x not in profiles or x in profiling for x in g.jobs):
+    idle. None (0) in a group with a job not yet profiled or profiled now
+    (its use is not known), or with ``TP.MAX_GROUP`` jobs. On one machine
+    only idle CPU, since a job alone on its machine sends nothing over the
+    network (its whole model is local): two such jobs only time-slice a core,
+    each twice as slow, and the newcomer is then paused to wait for a machine
+    (bench/scheduler_e2e.py: 2 CPU-heavy jobs shared one core while
+    profiling, 3 epochs each). On several machines, where the newcomer uses
+    both, what the group leaves of the resource it uses least (a CPU-bound
+    group leaves the network to a newcomer).
+
+    Decision: room on several machines was 1.0 for any group, with profiles
+    or not. With 8 jobs submitted at once on 8 machines
+    (bench/cluster_e2e.py) all 8 were profiled at once, three to a group,
+    each about 3x slower for its 3 profiling epochs: 15-22 s, longer than
+    most of these jobs take alone. Now the first come take the idle
+    machines, as FIFO would, and the next are profiled beside profiled
+    groups that leave room."""
+    if len(g.jobs) >= TP.MAX_GROUP or any(x not in profiles or x in profiling
+                                           for x in g.jobs):
         return 0.0
-    cpu, _ = group_util([profiles[x] for x in g.jobs], 1)
-    return max(0.0, 1.0 - cpu)
+    cpu, net = group_util([profiles[x] for x in g.jobs], len(g.machines))
+    if len(g.machines) == 1:
+        return max(0.0, 1.0 - cpu)
+    return max(0.0, 1.0 - min(cpu, net))
 
 
 def predict_jobs(profiles: dict[str, tuple], machines: int) -> dict[str, tuple[float, float]]:
@@ -241,7 +258,8 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
         arrivals = [j.id for j in view.active if j.state == "profiling"
                     and j.profile is not None and cur.group_of(j.id)]
         caps = {j.id: max(1, j.machines) for j in view.active + view.waiting}
-        movable = [j.id for j in view.active if j.epochs >= WIDEN_AFTER]
+        movable = [j.id for j in view.active if j.epochs >= WIDEN_AFTER
+                   and (j.steady is None or j.steady >= SETTLE)]
         pending = sum(max(1, j.machines) for j in view.waiting if j.profile is None)
         # iterations left: its --max-epochs less what it ran, else as many as
         # it ran this attempt (Cruise's assumption)
@@ -274,16 +292,22 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
                                                      tuple(idle[:max(1, j.machines)])),), live)
         elif roomy := [g for g in cur.groups if _room(g, profiles, dec.profile) >= MIN_GAIN]:
             def load(g: RunningGroup) -> tuple:
-                profiling = sum(1 for x in g.jobs if x in dec.profile
-                                or state.get(x) == "profiling")
-                return (profiling, len(g.jobs) / len(g.machines), -len(g.machines), g.id)
+                # the machine count nearest to what the job asks for (it is
+                # measured there, and stays there if it interleaves well:
+                # MLR asking for 2 and profiled on 4 stayed on 4, at half
+                # its speed on 2), then the most room (in tenths)
+                return (abs(len(g.machines) - max(1, j.machines)),
+                        -round(_room(g, profiles, dec.profile), 1),
+                        len(g.jobs) / len(g.machines), g.id)
             g = min(roomy, key=load)
             cur = Current(tuple(RunningGroup(x.id, x.jobs + (j.id,), x.machines) if x is g
                                 else x for x in cur.groups), live)
         else:
             if cur.groups:
-                why = ("no machine is idle, and the jobs alone on one machine keep its CPU "
-                       "busy: no room to profile it beside them")
+                why = ("no machine is idle, and no group leaves room to profile it beside "
+                       "its jobs (a group's jobs must be profiled, fewer than "
+                       f"{TP.MAX_GROUP}, and leave {MIN_GAIN:.0%} of a resource idle): no room to "
+                       "profile it")
                 notes.append(f"{j.id} waits: {why}")
                 dec.wait[j.id] = f"{PROFILE_SAMPLES} epochs of profile to run; {why}"
                 for k in view.waiting:

@@ -32,13 +32,19 @@ class JobView:
     group: str = ""    # explicit job group: share the machines of that group
     # what the Harmony scheduler also looks at
     state: str = "waiting"      # waiting | profiled | paused | profiling | running
-    # (Tcpu, Tnet, c_g, remote) once profiled; remote: seconds per iteration
+    # (Tcpu, Tnet, c_g, remote, overhead, iters, end_cpu, end_other,
+    # cpu_fixed) once profiled (a prefix of at least 3: the rest default to
+    # 0; see sched.model.Profile.from_view); remote: seconds per iteration
     # to move all its PULL/PUSH bytes over the link (0: unknown)
     profile: tuple[float, ...] | None = None
     workers: tuple[str, ...] = ()                      # where it runs (active jobs)
     sched_group: str = ""                              # its scheduler group, if any
     # what the loss- and deadline-aware policies (slaq, ...) also look at
     epochs: int = 0                                    # epochs done (this attempt's)
+    # epochs measured on its current machine count (a move to another count
+    # starts the profile over): a job just moved is not moved again before
+    # its profile there has settled (None: not known, taken as settled)
+    steady: int | None = None
     # epochs it may still run: its --max-epochs less those done (None: not known)
     epochs_left: int | None = None
     # (iterations done, objective) after each of its last PROGRESS_POINTS

@@ -31,6 +31,17 @@ move costs a pause or a block migration and a restart):
   or in a pair beside a job still profiling (judged when that one's
   profile is ready: it is then the one to leave a poor pair); otherwise
   they leave that group and are placed as waiting jobs.
+* **Splitting.** With machines idle and nothing waiting, a job leaves
+  its group for idle machines (up to its best DoP) when the jobs' summed
+  rate grows by ``tol`` and the time it saves over its iterations left
+  repays two moves. (Without it a pair of COMP-heavy jobs kept sharing 2
+  machines to the end while 6 sat idle: bench/cluster_e2e.py.)
+* **Narrowing.** A group on more machines than its best DoP (within the
+  machines it has: e.g. a network-bound job profiled in a wide group, or a
+  job whose COMP turned out not to shrink with more machines, see
+  ``model.t_cpu_at``) is narrowed by a live resize when its iterations get
+  ``WIDEN_GAIN`` faster and the seconds saved over the iterations it has
+  left repay two moves.
 * **Widening is lent.** With machines idle, nothing waiting and no new job
   to profile (``pending``), a group whose jobs all have enough work left
   (``movable``) is widened by a live resize, beyond what its jobs asked
@@ -173,11 +184,15 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
         if len(g.jobs) == 1:
             notes.append(f"{j}: stays alone on {len(g.machines)} machine(s)")
             continue
-        if len(g.jobs) == 2 and len(ps) < 2:
-            # its partner still profiling: judged when that one's profile is
-            # ready (then it is the arrival, and the one to leave a poor pair;
-            # leaving now paused a long job beside a short new one)
-            notes.append(f"{j}: stays in {g.id} until its partner is profiled")
+        if len(ps) < len(g.jobs):
+            # a mate still profiling: judged when the last one's profile is
+            # ready (then it is the arrival, and the one to leave a poor
+            # group). Leaving now paused a long job beside a short new one,
+            # and in a group of three it paused the first job profiled only to
+            # resume it on the same machines seconds later, when the group's
+            # last profile came (bench/cluster_e2e.py: lda-pubmed and
+            # lasso-synthetic-a, 2-5 s each of checkpoint and relaunch)
+            notes.append(f"{j}: stays in {g.id} until its mates are profiled")
             continue
         rest = [profiles[x] for x in g.jobs if x != j and x in profiles]
         if len(ps) == len(g.jobs) <= MAX_GROUP and efficiency(ps, len(g.machines)) >= \
@@ -197,6 +212,27 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
                 to = best_dop([profiles[x] for x in g.jobs], cap, tol)
                 groups[i] = RunningGroup(g.id, g.jobs, g.machines[:to])
                 notes.append(f"{g.id}: gives back {len(g.machines) - to} machine(s)")
+    # a group on more machines than its best DoP (e.g. a network-bound job
+    # profiled in a wide group and left alone there when its mates ended)
+    # is narrowed by a live resize when its iterations get WIDEN_GAIN faster
+    # and the seconds saved over the iterations it has left repay the move;
+    # the machines it frees serve the waiting jobs below
+    for i, g in enumerate(groups):
+        m = len(g.machines)
+        if m < 2 or not all(x in profiles and x in movable for x in g.jobs):
+            continue
+        ps = [profiles[x] for x in g.jobs]
+        to = best_dop(ps, m, tol)
+        t_m, t_to = group_iter_time(ps, m), group_iter_time(ps, to)
+        if to >= m or t_to > t_m / (1 + WIDEN_GAIN):
+            continue
+        left_iters = (min(iters_left.get(x, 0.0) for x in g.jobs)
+                      if iters_left is not None else float("inf"))
+        if (t_m - t_to) * left_iters <= 2 * move_cost:
+            continue
+        groups[i] = RunningGroup(g.id, g.jobs, g.machines[:to])
+        notes.append(f"{g.id}: narrowed to {to} machine(s) (iterations {t_m / t_to:.2f}x "
+                     f"faster)")
     # waiting jobs, in order, then the arrivals that left their profiling group
     for j in list(waiting) + queue:
         p = profiles.get(j)
@@ -238,6 +274,40 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
             notes.append(f"{j}: alone on {alone[1]} machine(s) (x {alone[0]:.2f})")
             continue
         left.append(j)
+    # splitting: idle machines, nothing waiting; a job leaves its group for
+    # them when the jobs' summed rate (x) grows by tol and the time it saves
+    # over its iterations left repays two moves
+    if not left and not pending:
+        while True:
+            free = idle()
+            best = None
+            for i, g in enumerate(groups):
+                if len(g.jobs) < 2 or not free or \
+                        not all(x in profiles and x in movable for x in g.jobs):
+                    continue
+                ps = [profiles[x] for x in g.jobs]
+                m = len(g.machines)
+                t_g = group_iter_time(ps, m)
+                before = sum(alone_time(p, caps.get(p.id, 1), tol) for p in ps) / t_g
+                for p in ps:
+                    k = min(best_dop(p, caps.get(p.id, 1), tol), len(free))
+                    rest = [q for q in ps if q is not p]
+                    t_rest, t_k = group_iter_time(rest, m), job_iter_time(p, k)
+                    after = sum(alone_time(q, caps.get(q.id, 1), tol) for q in rest) / t_rest \
+                        + alone_time(p, caps.get(p.id, 1), tol) / t_k
+                    left_iters = iters_left.get(p.id, 0.0) if iters_left is not None \
+                        else float("inf")
+                    if after < (1 + tol) * before or (t_g - t_k) * left_iters <= 2 * move_cost:
+                        continue
+                    if best is None or after / before > best[0]:
+                        best = (after / before, i, p.id, k)
+            if best is None:
+                break
+            gain, i, job, k = best
+            g = groups[i]
+            groups[i] = RunningGroup(g.id, tuple(x for x in g.jobs if x != job), g.machines)
+            groups.append(RunningGroup(_fresh(groups, f"g:{job}"), (job,), tuple(free[:k])))
+            notes.append(f"{job}: leaves {g.id} for {k} idle machine(s) (x {gain:.2f}x)")
     # widening: idle machines, nothing waiting
     if not left and not pending:
         for i, g in enumerate(groups):

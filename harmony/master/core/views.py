@@ -13,6 +13,7 @@ from harmony.master.core.records import Worker
 from harmony.master.core.state import CoreState, log
 from harmony.master.jobs import Job, JobState
 from harmony.policies import view as P
+from harmony.sched.model import fixed_part
 
 
 class Views(CoreState):
@@ -22,8 +23,11 @@ class Views(CoreState):
             return None
         link = p.get("link", 0.0)
         remote = p.get("bytes", 0.0) / link if link > 0 else 0.0
+        prev = p.get("cpu_prev")
+        fixed = (fixed_part(int(prev[0]), float(prev[1]), int(p["machines"]), p["t_cpu"])
+                 if prev else 0.0)
         return (p["t_cpu"], p["t_net"], int(p["machines"]), remote, p.get("overhead", 0.0),
-                p.get("iters", 0.0), p.get("end_cpu", 0.0), p.get("end_other", 0.0))
+                p.get("iters", 0.0), p.get("end_cpu", 0.0), p.get("end_other", 0.0), fixed)
 
     def _job_view(self, j: Job, **kw: Any) -> P.JobView:
         """What every policy sees of a job: its request, state, profile, where
@@ -50,6 +54,7 @@ class Views(CoreState):
         return P.JobView(j.id, j.machines, j.submitted, j.group, state=j.state.value,
                          workers=tuple(j.workers), sched_group=j.sched_group,
                          epochs=len(epochs), epochs_left=j.epochs_left(),
+                         steady=int((j.profile or {}).get("samples", 0)),
                          progress=tuple(progress[-P.PROGRESS_POINTS:]),
                          deadline=j.deadline, utility=j.utility, **kw)
 
