@@ -812,7 +812,7 @@ def test_status_says_why_a_new_job_waits_under_the_harmony_scheduler():
     b = c.submit()
     assert c.core.jobs[a].state == JobState.PROFILING
     assert c.core.jobs[b].state == JobState.WAITING
-    assert "no room to profile it beside them" in _why(c, b)
+    assert "no room to profile it beside a group's jobs" in _why(c, b)
     d = c.submit()
     assert _why(c, d) == f"waits behind {b} (first come, first served) to be profiled"
 

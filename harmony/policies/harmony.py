@@ -304,10 +304,9 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
                                 else x for x in cur.groups), live)
         else:
             if cur.groups:
-                why = ("no machine is idle, and no group leaves room to profile it beside "
-                       "its jobs (a group's jobs must be profiled, fewer than "
-                       f"{TP.MAX_GROUP}, and leave {MIN_GAIN:.0%} of a resource idle): no room to "
-                       "profile it")
+                why = ("no machine is idle, and no room to profile it beside a group's jobs "
+                       f"(they must all be profiled, fewer than {TP.MAX_GROUP}, and leave "
+                       f"{MIN_GAIN:.0%} of a resource idle)")
                 notes.append(f"{j.id} waits: {why}")
                 dec.wait[j.id] = f"{PROFILE_SAMPLES} epochs of profile to run; {why}"
                 for k in view.waiting:
