@@ -92,3 +92,16 @@ def test_a_call_up_is_caught():
                       "    def _jobs_on(self", 1)
     (bad,) = calls_up(CoreState, src, set(vars(CoreState())))
     assert bad.endswith("CoreState uses self._schedule"), bad
+
+
+def test_the_cores_import_closure_loads_neither_zmq_nor_lmdb():
+    """What the contracts say, checked where it counts: a fresh interpreter
+    that imports the master's core, the policies and the scheduler has
+    neither zmq nor lmdb loaded (the simulator runs them without sockets)."""
+    import subprocess
+    import sys
+    code = ("import sys, harmony.master.core, harmony.policies.registry, harmony.sched.throughput\n"
+            "print(sorted(m for m in ('zmq', 'lmdb') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

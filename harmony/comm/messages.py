@@ -14,11 +14,11 @@ never makes a reply or a log line larger than a few hundred bytes.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-from zmq import Frame
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -323,8 +323,16 @@ def encode(mtype: str, **fields: Any) -> bytes:
     return msgpack.packb({"t": mtype, **fields}, use_bin_type=True)
 
 
+def _is_frame(x: Any) -> bool:
+    """Whether ``x`` is a zmq.Frame, without importing zmq here (the cores
+    that use these schemas stay free of it): where zmq is not loaded, no
+    object can be one."""
+    zmq = sys.modules.get("zmq")
+    return zmq is not None and isinstance(x, zmq.Frame)
+
+
 def _nbytes(frame: Any) -> int:
-    if isinstance(frame, (bytes, bytearray, Frame)):
+    if isinstance(frame, (bytes, bytearray)) or _is_frame(frame):
         return len(frame)
     try:
         return memoryview(frame).nbytes     # zmq.Frame, memoryview, numpy: no copy
@@ -397,7 +405,7 @@ def decode(frames: list, limits: Limits = DEFAULT_LIMITS) -> Message:
     head = frames[0]
     # a large zmq.Frame: its buffer, not a copy (a refused header costs none)
     raw = head if type(head) is bytes else (
-        (head.bytes if sizes[0] < 65536 else head.buffer) if isinstance(head, Frame)
+        (head.bytes if sizes[0] < 65536 else head.buffer) if _is_frame(head)
         else memoryview(head))
     # every value takes a byte at least: a header shorter than the budget
     # cannot exceed it, and is decoded without the counting hooks

@@ -22,36 +22,15 @@ import zmq
 from harmony.comm import messages as M
 from harmony.comm.zmqutil import NoHandshake, make_socket, send
 from harmony.store import lmdbcheck
+from harmony.store.datanames import URL, StagingError, check_name, refs  # noqa: F401
 from harmony.store.lmdb_store import DamagedStoreError, LmdbEnv
 from harmony.store.transfer import Payload, TransferError, receive, send_payloads, wait_acks
 from harmony.util import names
 
 log = logging.getLogger("harmony.store.staging")
 
-URL = "harmony://"
 CHUNK_BYTES = 4 << 20
 TIMEOUT_S = 120.0
-
-
-class StagingError(RuntimeError):
-    pass
-
-
-def check_name(name: str) -> str:
-    try:
-        return names.check(name, "data set name")
-    except names.BadName as exc:
-        raise StagingError(str(exc)) from None
-
-
-def refs(args: list[str]) -> list[str]:
-    """Data set names referred to as ``harmony://NAME`` in app options."""
-    out = []
-    for a in args:
-        for part in str(a).split("="):
-            if part.startswith(URL):
-                out.append(part[len(URL):])
-    return out
 
 
 def split_lines(path: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, int, bytes]]:

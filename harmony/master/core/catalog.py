@@ -7,7 +7,7 @@ from harmony.comm import messages as M
 from harmony.master.core.protocol import _err, _msg
 from harmony.master.core.state import CoreState, log
 from harmony.master.jobs import Job
-from harmony.store import staging
+from harmony.store import datanames as staging
 
 
 class Catalog(CoreState):

@@ -13,7 +13,7 @@ from harmony.master.core.state import log
 from harmony.master.jobs import Job, JobState
 from harmony.policies import view as P
 from harmony.policies.curves import Utility
-from harmony.store import staging
+from harmony.store import datanames as staging
 
 MAX_STATUS_EPOCHS = 1000    # epochs returned by a status request
 MAX_APP_SOURCE = M.MAX_APP_SOURCE
