@@ -9,7 +9,7 @@ import zmq
 from harmony.ps.client import PSClient
 from harmony.ps.server import ShardServer, ShardTable
 from harmony.worker.netem import CHUNK, NetEm, job_token, parse_rate
-from harmony.worker.queues import (Demote, Grant, Promote, QueueError, ResourceQueues,
+from harmony.subtasks.queues import (Demote, Grant, Promote, QueueError, ResourceQueues,
                                     Resume, Stop, Sub)
 
 
@@ -84,7 +84,7 @@ def test_a_stream_of_short_comps_cannot_starve_a_long_one():
     """A job of short COMPs that is back as soon as the long COMP resumes
     stops it again, but at most MAX_BYPASS times over the long COMP's whole
     run, not MAX_BYPASS per resume; then the long one runs to its end."""
-    from harmony.worker.queues import MAX_BYPASS
+    from harmony.subtasks.queues import MAX_BYPASS
     q = ResourceQueues(preempt=True)
     long = Sub("long", 1, "cpu", 0.5)
     q.enqueue(long)

@@ -37,7 +37,7 @@ def test_partner_at_its_epoch_end_runs_alone():
 
 
 def test_short_comp_preempts_a_long_one():
-    """The queue stops a COMP 4x longer for a short one (harmony.worker.queues):
+    """The queue stops a COMP 4x longer for a short one (harmony.subtasks.queues):
     the short job does not wait out its partner's long COMP as in lockstep."""
     t = iteration_times([Shape("short", 0.1, 0.05), Shape("long", 1.0, 0.05)])
     assert t["short"] < 0.6 < 1.1 <= t["long"], t

@@ -3,7 +3,7 @@
 Eq 4.1 gives a group one iteration time, max(Σ Tcpu, Σ Tnet, max T_j),
 which holds when the group's jobs iterate in lockstep, one iteration each
 per cycle. The runtime does not enforce that: each machine's queues grant in
-FIFO order (:mod:`harmony.worker.queues`), a job whose subtasks are short
+FIFO order (:mod:`harmony.subtasks.queues`), a job whose subtasks are short
 laps a job whose COMP is long, and while one job is at its epoch's end
 (evaluation, the epoch barrier, its report) its partners run without it.
 With few iterations per epoch that is a large share of the time: on the
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from harmony.sched.model import Profile, job_iter_time, t_cpu_at, t_net_at
-from harmony.worker.queues import Demote, Grant, Promote, ResourceQueues, Resume, Stop, Sub
+from harmony.subtasks.queues import Demote, Grant, Promote, ResourceQueues, Resume, Stop, Sub
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ from harmony.comm import messages as M
 from harmony.master import core as C
 from harmony.sim.contention import CALIBRATED, ContentionModel
 from harmony.worker.daemon_core import DaemonCore, Deliver
-from harmony.worker.queues import Demote, Grant, Promote, Resume, Stop, Sub
+from harmony.subtasks.queues import Demote, Grant, Promote, Resume, Stop, Sub
 
 log = logging.getLogger("harmony.sim")
 

@@ -15,14 +15,14 @@ to the next. The core never reads a clock itself.
 
 Subtasks
 --------
-``Sub(job, seq, kind, prio=0.0)`` (from :mod:`harmony.worker.queues`): job
+``Sub(job, seq, kind, prio=0.0)`` (from :mod:`harmony.subtasks.queues`): job
 id (str), the job's subtask sequence number (int, increasing per job),
 ``kind`` "cpu" (a COMP) or "net" (a PULL or PUSH), ``prio`` the seconds the
 master expects it to take (0: unknown). A job has at most one subtask on a
 machine at a time: its next is enqueued when its previous is done (one that
 arrives before that is deferred, see :meth:`DaemonCore.enqueue`).
 
-Queue rules (those of :class:`harmony.worker.queues.ResourceQueues`): one
+Queue rules (those of :class:`harmony.subtasks.queues.ResourceQueues`): one
 COMP runs at a time, FIFO; at most two network subtasks run, a primary and a
 secondary, granted FIFO, of two running ones the shorter expected (``prio``)
 leads; with ``preempt``, a COMP expected to take at most 1/4 of the running
@@ -145,7 +145,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from harmony.worker.queues import (Demote, Grant, Promote, QueueError, ResourceQueues, Resume,
+from harmony.subtasks.queues import (Demote, Grant, Promote, QueueError, ResourceQueues, Resume,
                                    Stop, Sub)
 
 __all__ = ["DaemonCore", "Sub", "QueueError", "Grant", "Deliver", "Promote", "Demote", "Stop",
