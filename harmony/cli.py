@@ -423,6 +423,9 @@ def cmd_status(a: argparse.Namespace) -> int:
               f"{ms.get('next_alpha', ms.get('alpha', 0)):.2f}: {ms.get('reason', '')}]")
     for line in tops:
         print(line)
+    if a.events:
+        for line in event_lines(st):
+            print(line)
     if st["epochs"]:
         total = st.get("epochs_total", len(st["epochs"]))
         print(f"epochs     {total}" + (f" (the last {len(st['epochs'])} below)"
@@ -431,6 +434,21 @@ def cmd_status(a: argparse.Namespace) -> int:
         for line in progress.epoch_table(st["epochs"], st.get("started")):
             print("  " + line)
     return 0
+
+
+def event_lines(st: dict) -> list[str]:
+    """``harmony status JOB --events``: one line per event of the job's
+    story, its time in seconds since submission, the state and the note."""
+    evs = st.get("events") or []
+    t0 = st.get("submitted") or (evs[0][0] if evs else 0.0)
+    out = [f"events     {len(evs)}" + (f" ({st['events_dropped']} older ones dropped after "
+                                       f"the first)" if st.get("events_dropped") else "")]
+    for i, ev in enumerate(evs):
+        if i == 1 and st.get("events_dropped"):
+            out.append(f"  {'':>9}  ... {st['events_dropped']} event(s) dropped")
+        t, state, note = (list(ev) + ["", "", ""])[:3]
+        out.append(f"  {float(t) - t0:8.1f}s  {state:<10} {note}")
+    return out
 
 
 def cmd_cancel(a: argparse.Namespace) -> int:
@@ -884,6 +902,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--top-words", action="store_true",
                    help="LDA: the top words per topic of the job's latest checkpoint "
                         "(fetched from the workers and exported here)")
+    s.add_argument("--events", action="store_true",
+                   help="the job's story: every state change, move, pause, checkpoint "
+                        "warning and scheduler note, with its time since submission")
     _trust_args(s)
     s = sub.add_parser("model", help="export a job's model")
     msub = s.add_subparsers(dest="action", required=True)

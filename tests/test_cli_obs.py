@@ -106,6 +106,12 @@ def test_wait_plain_lines_json_lines_and_status(up, toy):
     rows = [line.split() for line in lines[head + 1:head + 4]]
     assert [row[0] for row in rows] == ["1", "2", "3"]
     assert "PULL" in lines[head] and "COMP" in lines[head] and "AT" in lines[head]
+    # --events: the job's story, from its submission to its end
+    r = run_cli("status", job, "--events", "--state-dir", sd, env=ENV)
+    assert r.returncode == 0, r.stderr
+    story = r.stdout.split("events     ", 1)[1].splitlines()
+    assert "waiting" in story[1] and "submitted" in story[1]
+    assert any("finished" in line for line in story[2:])
 
 
 def test_progress_bar_on_a_terminal(up, toy):

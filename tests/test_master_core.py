@@ -844,3 +844,23 @@ def test_a_data_set_record_is_checked_before_it_enters_the_catalog():
     r = commit("d", [dict(good[0], size=99)])
     assert r.type == "error" and r.fields["code"] == "exists", r
     assert cl.core.datasets["d"]["chunks"][0]["size"] == 10
+
+
+def test_a_jobs_story_is_bounded_and_keeps_its_first_event():
+    """A job paused and moved for weeks: its events keep the first
+    ("submitted") and the latest EVENTS_KEPT - 1, and count what they
+    dropped; `harmony status --events` says so."""
+    from harmony.cli import event_lines
+    from harmony.master.jobs import EVENTS_KEPT, Job
+    j = Job("job-0001", "a.py", "", [], 1)
+    j.event(0.0, "waiting", "submitted")
+    for i in range(EVENTS_KEPT + 49):
+        j.event(1.0 + i, "running", f"move {i}")
+    assert len(j.events) == EVENTS_KEPT and j.events_dropped == 50
+    assert j.events[0][2] == "submitted" and j.events[-1][2] == f"move {EVENTS_KEPT + 48}"
+    assert j.events[1][2] == "move 50"
+    back = Job.from_record(j.to_record())
+    assert back.events_dropped == 50 and back.events == j.events
+    lines = event_lines(dict(j.detail(now=500.0), submitted=0.0))
+    assert "50 older ones dropped" in lines[0] and "submitted" in lines[1]
+    assert "50 event(s) dropped" in lines[2] and lines[3].split()[:3] == ["51.0s", "running", "move"]

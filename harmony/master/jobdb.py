@@ -393,7 +393,7 @@ class JobDB:
                       error=f"its record in the job table was damaged and is quarantined "
                             f"({self.path}, table 'quarantine', key 'jobs/{q['key']}'): "
                             f"{q['reason']}")
-            job.events.append([time.time(), "failed", "record damaged; quarantined"])
+            job.event(time.time(), "failed", "record damaged; quarantined")
             out.append(job)
         return out
 

@@ -91,7 +91,10 @@ class Job:
     launches: int = 0
     epochs: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
-    events: list[list] = field(default_factory=list)   # [time, state, note]
+    # the job's story, [time, state, note]: bounded (EVENTS_KEPT: the first,
+    # "submitted", and the latest), with how many were dropped between
+    events: list[list] = field(default_factory=list)
+    events_dropped: int = 0
     state_time: dict[str, float] = field(default_factory=dict)  # seconds per state
     entered: float = field(default_factory=time.time)
     group: str = ""                                     # explicit job group, if any
@@ -167,6 +170,16 @@ class Job:
         p["iters"] = iters
         p["samples"] = 1 if fresh else p.get("samples", 0) + 1
 
+    def event(self, now: float, state: str, note: str) -> None:
+        """Add a line to the job's story (``harmony status JOB --events``),
+        keeping its first event and the latest ``EVENTS_KEPT`` - 1: a job
+        that is paused and moved for weeks keeps a bounded record."""
+        self.events.append([now, state, note[:2000]])
+        if len(self.events) > EVENTS_KEPT:
+            cut = len(self.events) - EVENTS_KEPT
+            del self.events[1:1 + cut]
+            self.events_dropped += cut
+
     def transition(self, new: JobState, note: str = "", now: float | None = None) -> None:
         now = time.time() if now is None else now
         if new not in _ALLOWED.get(self.state, set()):
@@ -175,7 +188,7 @@ class Job:
             + (now - self.entered)
         self.entered = now
         self.state = new
-        self.events.append([now, new.value, note])
+        self.event(now, new.value, note)
         if new.active and self.started is None:
             self.started = now
         if new.terminal:
@@ -219,7 +232,8 @@ class Job:
                   "checkpoint": dict(self.checkpoint, age=now - self.checkpoint["time"])
                   if self.checkpoint else None, "ckpt_skipped": self.ckpt_skipped,
                   "move": self.move, "layout": self.layout, "cruise": self.cruise,
-                  "events": self.events, "state_time": st,
+                  "events": self.events, "events_dropped": self.events_dropped,
+                  "state_time": st,
                   "elapsed": ((self.ended or now) - self.started) if self.started else 0.0})
         return d
 
@@ -251,13 +265,14 @@ class Job:
 
 
 SETUPS_KEPT = 16
+EVENTS_KEPT = 200
 
 _RECORD_TYPES: dict[str, Any] = {
     "setups": list,
     "id": str, "app_name": str, "app_source": str, "args": list, "machines": int,
     "name": str, "submitted": (int, float), "started": (int, float), "ended": (int, float),
     "workers": list, "attempt": int, "failures": int, "launches": int, "epochs": list,
-    "error": str, "events": list, "state_time": dict, "entered": (int, float), "group": str,
+    "error": str, "events": list, "events_dropped": int, "state_time": dict, "entered": (int, float), "group": str,
     "reason": str, "profile": dict, "resume": dict, "ckpt_every": int,
     "ckpt_seconds": (int, float), "checkpoint": dict, "ckpt_skipped": str, "move": dict, "layout": dict, "held": bool,
     "cruise": dict,

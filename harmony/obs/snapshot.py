@@ -167,7 +167,7 @@ def _job_cached(cache: dict, job, now: float) -> dict[str, Any]:
     if not job.state.terminal:
         cache.pop(job.id, None)
         return _job(job, now)
-    key = (job.state.value, len(job.epochs), job.ended, len(job.events))
+    key = (job.state.value, len(job.epochs), job.ended, len(job.events) + job.events_dropped)
     hit = cache.get(job.id)
     if hit is None or hit[0] != key:
         hit = cache[job.id] = (key, _job(job, now))

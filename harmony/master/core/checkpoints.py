@@ -135,7 +135,7 @@ class Checkpoints(CoreState):
                     + (f"the last complete one is after epoch {last + 1}"
                        if last is not None else "no complete checkpoint yet"))
             job.ckpt_skipped = note
-            job.events.append([self.now, job.state.value, note[:2000]])
+            job.event(self.now, job.state.value, note)
             self._persist("save", job)
             self._dirty = True
             return self._say(f"ckpt:{job.id}", "%s: %s", job.id, note)
@@ -187,9 +187,9 @@ class Checkpoints(CoreState):
         for job in kept[self.keep_models:]:
             job.checkpoint = None
             self._gc_checkpoints(job.id, None)
-            job.events.append([self.now, job.state.value,
-                               f"model dropped: only the {self.keep_models} most recently "
-                               f"finished job(s) keep their final checkpoint"])
+            job.event(self.now, job.state.value,
+                      f"model dropped: only the {self.keep_models} most recently "
+                      f"finished job(s) keep their final checkpoint")
             self._persist("save", job)
             log.info("%s: final checkpoint dropped (retention)", job.id)
 

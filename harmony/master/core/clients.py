@@ -58,7 +58,7 @@ class Clients(Lifecycle):
             job.ckpt_every = int(every)
         if secs is not None:
             job.ckpt_seconds = float(secs)
-        job.events.append([job.submitted, "waiting", "submitted"])
+        job.event(job.submitted, "waiting", "submitted")
         self._out.append(Admit(ident, job))
 
     def _admitted(self, ident: bytes, job: Job) -> None:

@@ -88,7 +88,7 @@ class Lifecycle(Checkpoints, Catalog, Views):
                 or run.ending or run.reconfig is not None:
             return False
         run.ending = note
-        job.events.append([self.now, job.state.value, f"stops at its next epoch end: {note}"])
+        job.event(self.now, job.state.value, f"stops at its next epoch end: {note}")
         log.info("%s stops early at its next epoch end: %s", job.id, note)
         return True
 
@@ -163,7 +163,7 @@ class Lifecycle(Checkpoints, Catalog, Views):
             why = self._keep_final(job, run)
             if why is not None:
                 self._gc_checkpoints(job.id, None)
-                job.events.append([self.now, job.state.value, f"no model kept: {why}"])
+                job.event(self.now, job.state.value, f"no model kept: {why}")
                 log.warning("%s: no model kept: %s", job.id, why)
             self._persist("save", job)
             self._retain_models()

@@ -43,8 +43,8 @@ class Resize(Lifecycle):
                 app_source=job.app_source, args=job.args, attempt=run.attempt, join=True,
                 datasets=self._datasets_for(job), secret=run.secret),
                 fail=Unreachable(n, job.id, run.attempt, "when resizing"))
-        job.events.append([self.now, job.state.value,
-                           f"{note}: resizing {', '.join(job.workers)} -> {', '.join(to)}"])
+        job.event(self.now, job.state.value,
+                  f"{note}: resizing {', '.join(job.workers)} -> {', '.join(to)}")
         log.info("%s: resizing %s -> %s (%s)", job.id, job.workers, to, note)
         return True
 
@@ -288,7 +288,7 @@ class Resize(Lifecycle):
         if job.state == JobState.PROFILING:
             job.transition(JobState.RUNNING, note, now=self.now)
         else:
-            job.events.append([self.now, job.state.value, note])
+            job.event(self.now, job.state.value, note)
         self._persist("save", job)
         self._dirty = True
         for i in sorted(run.idents):
