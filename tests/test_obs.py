@@ -329,3 +329,24 @@ def test_snapshot_of_a_master_object_without_io(tmp_path):
                       ("harmony_subtasks_granted", "net", 9), ("harmony_subtasks", "cpu", 3)):
         assert fams[fam].type == "counter"
         assert val(fam, machine="m0", resource=r) == [(fam + "_total", v)]
+
+
+NODE = shutil.which("node") or shutil.which("nodejs")
+
+
+@pytest.mark.skipif(NODE is None, reason="no node on this machine (Debian: apt-get install nodejs)")
+def test_dashboard_numbers_keep_the_zeros_of_integers():
+    """app.js's num(): 200 epochs is "200", not "2" (it stripped every
+    trailing zero, so every axis past 100 epochs was wrong); fractions lose
+    only their trailing zeros."""
+    from importlib import resources
+    src = (resources.files("harmony.obs") / "static" / "app.js").read_text()
+    fn = re.search(r"function num\(v, digits\) \{.*?\n  \}", src, re.S).group(0)
+    cases = [200, 150, 120000, 100, 10, 0, 0.5, 2.5, 1.25, 3.1, 1e-7, 1.5e21, -40, 123456789]
+    code = fn + ("\nconsole.log(JSON.stringify(" + json.dumps(cases) + ".map(v => num(v))"
+                 ".concat([num(200, 3), num(150, 3), num(0.25, 3)])));")
+    out = subprocess.run([NODE, "-e", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == ["200", "150", "120000", "100", "10", "0", "0.5", "2.5",
+                                      "1.25", "3.1", "1e-7", "1.5e+21", "-40", "1.23457e+8",
+                                      "200", "150", "0.25"]

@@ -26,7 +26,9 @@
   }
   function num(v, digits) {
     if (v === null || v === undefined || !isFinite(v)) return "";
-    return Number(v).toPrecision(digits || 6).replace(/\.?0+(e|$)/, "$1");
+    // trailing zeros of a fraction only ("2.500" -> "2.5", "200" stays 200)
+    return Number(v).toPrecision(digits || 6).replace(/(\.\d*?)0+(e|$)/, "$1$2")
+      .replace(/\.(e|$)/, "$1");
   }
   function dur(s) {
     if (s === null || s === undefined || !isFinite(s)) return "";
