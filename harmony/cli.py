@@ -231,6 +231,22 @@ def _read_app(path: str) -> tuple[str, str]:
     return os.path.basename(path), src
 
 
+def size_note(cluster: dict, job: str, machines: int) -> str:
+    """What a job that asks for more machines than are alive will get, by
+    the master's mode ("" when it fits)."""
+    alive = sum(1 for w in cluster.get("workers", ()) if w.get("alive"))
+    if machines <= alive:
+        return ""
+    mode = (cluster.get("master") or {}).get("mode", "")
+    if mode == "harmony":
+        return (f"the cluster has {alive} live machine(s); {job} asks for {machines} and gets "
+                f"at most {alive} (the scheduler may widen or narrow a job, within its "
+                f"speed-up curve)")
+    return (f"the cluster has {alive} live machine(s); {job} asks for {machines} and waits "
+            f"until that many are alive (in {mode or 'this'} mode a job runs at the DoP it "
+            f"asks for)")
+
+
 def cmd_submit(a: argparse.Namespace, app_args: list[str]) -> int:
     try:
         name, src = _read_app(a.app)
@@ -251,6 +267,9 @@ def cmd_submit(a: argparse.Namespace, app_args: list[str]) -> int:
                        checkpoint_seconds=a.checkpoint_seconds)
         print(json.dumps({"job": job}) if a.json else job, flush=True)
         a._following = job
+        note = size_note(c.cluster(), job, a.machines)
+        if note:
+            print(f"note: {note}", file=sys.stderr, flush=True)
         if a.wait or a.save_model:
             rc = follow(c, job, max_epochs=opts.max_epochs, target=opts.target_objective,
                         json_lines=a.json)

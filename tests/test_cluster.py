@@ -33,6 +33,20 @@ def test_cli_submit_nmf_on_two_machines(cluster, ratings):
     assert job in listing.stdout and "finished" in listing.stdout
 
 
+def test_submit_says_what_a_job_larger_than_the_cluster_gets(cluster, client, toy_app):
+    """--machines 99 on 2 machines: submit says the cluster has 2 and what
+    the job gets in this mode (here naive: it waits), instead of silence."""
+    r = run_cli("submit", toy_app, "--master", cluster.endpoint, "--machines", "99")
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.split()[0]
+    assert f"the cluster has 2 live machine(s); {job} asks for 99 and waits" in r.stderr
+    assert "waits" in r.stderr and "naive mode" in r.stderr
+    client.cancel(job)
+    r = run_cli("submit", toy_app, "--master", cluster.endpoint, "--machines", "2")
+    assert r.returncode == 0 and "note:" not in r.stderr, r.stderr
+    client.cancel(r.stdout.split()[0])
+
+
 def test_one_machine_matches_single_process_reference(client, ratings):
     args = ["--input", ratings, "--max-epochs", "5", "--iters-per-epoch", "3", "--seed", "11"]
     ref = run_local(load_app(NMF_APP.read_text(), "nmf.py"), args)
