@@ -864,3 +864,14 @@ def test_a_jobs_story_is_bounded_and_keeps_its_first_event():
     lines = event_lines(dict(j.detail(now=500.0), submitted=0.0))
     assert "50 older ones dropped" in lines[0] and "submitted" in lines[1]
     assert "50 event(s) dropped" in lines[2] and lines[3].split()[:3] == ["51.0s", "running", "move"]
+
+
+def test_jobs_lists_how_long_a_finished_job_has_been_finished():
+    """`harmony jobs` FOR: the time in its state; for a finished job the
+    time since it ended (it was 0.0s for every finished job)."""
+    from harmony.master.jobs import Job, JobState
+    j = Job("job-0001", "a.py", "", [], 1, submitted=0.0)
+    j.transition(JobState.RUNNING, now=1.0)
+    assert j.summary(now=5.0)["in_state"] == pytest.approx(4.0)
+    j.transition(JobState.FINISHED, now=10.0)
+    assert j.summary(now=70.0)["in_state"] == pytest.approx(60.0)

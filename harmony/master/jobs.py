@@ -204,7 +204,7 @@ class Job:
                 "submitted": self.submitted, "started": self.started, "ended": self.ended,
                 "error": self.error, "group": self.group, "profile": self.profile,
                 "sched_group": self.sched_group, "predicted_iter": self.predicted,
-                "in_state": (self.ended if self.state.terminal else now) - self.entered}
+                "in_state": now - self.entered}   # a finished job: since it ended
 
     def epoch_budget(self) -> int:
         """The epochs its app runs at most: its ``--max-epochs`` argument, or
