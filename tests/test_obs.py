@@ -350,3 +350,26 @@ def test_dashboard_numbers_keep_the_zeros_of_integers():
     assert json.loads(out.stdout) == ["200", "150", "120000", "100", "10", "0", "0.5", "2.5",
                                       "1.25", "3.1", "1e-7", "1.5e+21", "-40", "1.23457e+8",
                                       "200", "150", "0.25"]
+
+
+def test_eta_counts_down_only_while_the_job_runs():
+    """A job paused (or waiting, profiled) after 2 of 6 epochs of 10 s each
+    keeps its 40 s of work left, however long it waits; running, the ETA
+    counts down from its last epoch. The same in the snapshot (dashboard,
+    /metrics) and in `harmony submit --wait`'s progress."""
+    from harmony.master.jobs import Job, JobState
+    from harmony.obs.progress import eta
+    from harmony.obs.snapshot import _job
+    now = time.time()
+    j = Job(id="job-0001", app_name="nmf.py", app_source="", args=["--max-epochs=6"],
+            machines=1)
+    j.transition(JobState.RUNNING, "go", now=now - 100.0)
+    j.epochs = [{"epoch": e, "metrics": {}, "timings": {}, "time": now - 100.0 + 10.0 * (e + 1)}
+                for e in range(2)]
+    assert _job(j, now)["eta"] == pytest.approx(0.0)          # 80 s since: ran out
+    assert _job(j, now - 75.0)["eta"] == pytest.approx(35.0)  # 5 s after its last epoch
+    j.transition(JobState.PAUSED, "waits", now=now - 70.0)
+    assert _job(j, now)["eta"] == pytest.approx(40.0)
+    st = {"state": "paused", "started": j.started, "epochs": j.epochs}
+    assert eta(st, 6) == pytest.approx(40.0)
+    assert eta(dict(st, state="running"), 6) == pytest.approx(0.0)

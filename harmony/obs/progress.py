@@ -53,7 +53,10 @@ def eta(st: dict, max_epochs: int | None) -> float | None:
     t1 = eps[-1].get("time")
     if not t0 or not t1 or t1 <= t0:
         return None
-    return max(0.0, (t1 - t0) / done * (max_epochs - done) - (time.time() - t1))
+    # it counts down only while the job runs: a waiting, profiled or paused
+    # job keeps the work it has left
+    since = (time.time() - t1) if st.get("state") in ("running", "profiling") else 0.0
+    return max(0.0, (t1 - t0) / done * (max_epochs - done) - since)
 
 
 class Follower:

@@ -123,7 +123,10 @@ def _job(job, now: float) -> dict[str, Any]:
         t_last = last.get("time") or now
         per = (t_last - job.started) / len(eps) if t_last > job.started else None
         if per:
-            eta = max(0.0, per * max(0, me - len(eps)) - (now - t_last))
+            # it counts down only while the job runs: a waiting, profiled or
+            # paused job keeps the work it has left
+            since = (now - t_last) if state in ("running", "profiling") else 0.0
+            eta = max(0.0, per * max(0, me - len(eps)) - since)
     elif terminal:
         eta = 0.0
     curve = [[e["epoch"] + 1, _num((e.get("metrics") or {}).get("objective")), e.get("time")]
