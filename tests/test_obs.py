@@ -98,23 +98,23 @@ def test_metrics_scrape(obs_cluster):
         and sum(val("harmony_jobs", state="running") + val("harmony_jobs",
                                                             state="profiling")) == 1.0
     assert fams["harmony_job_epochs"].type == "counter"
-    assert val("harmony_job_epochs", job=short) == [4.0]
-    assert val("harmony_job_epochs", job=long)[0] >= 3
+    assert val("harmony_job_epochs", job_id=short) == [4.0]
+    assert val("harmony_job_epochs", job_id=long)[0] >= 3
     with Client(cl.endpoint) as c:
         st = c.status(short)
-    assert val("harmony_job_objective", job=short) == [st["epochs"][-1]["metrics"]["objective"]]
-    assert val("harmony_job_data_bytes", job=short)[0] > 0
-    assert val("harmony_job_phase_seconds", job=short, phase="comp")[0] > 0
+    assert val("harmony_job_objective", job_id=short) == [st["epochs"][-1]["metrics"]["objective"]]
+    assert val("harmony_job_data_bytes", job_id=short)[0] > 0
+    assert val("harmony_job_phase_seconds", job_id=short, phase="comp")[0] > 0
     assert val("harmony_machine_up", machine="m0") == [1.0]
     assert val("harmony_machine_up", machine="m1") == [1.0]
-    assert len(val("harmony_machine_utilization", resource="cpu")) == 2
+    assert len(val("harmony_machine_utilization_ratio", resource="cpu")) == 2
     assert val("harmony_scheduler_decisions")[0] >= 1
-    assert val("harmony_store_alpha", job=short)            # from the executors' reports
-    assert val("harmony_job_checkpoints", job=short)[0] >= 1    # its final checkpoint
+    assert val("harmony_store_alpha_ratio", job_id=short)            # from the executors' reports
+    assert val("harmony_job_checkpoints", job_id=short)[0] >= 1    # its final checkpoint
     # PS bytes by direction, summed over the job's machines (harmony mode:
     # a PULL and a PUSH per iteration, of the same rows)
-    pulled = val("harmony_job_bytes_pulled", job=short)
-    pushed = val("harmony_job_bytes_pushed", job=short)
+    pulled = val("harmony_job_bytes_pulled", job_id=short)
+    pushed = val("harmony_job_bytes_pushed", job_id=short)
     assert pulled and pushed and pulled[0] > 0 and pushed[0] > 0
     # per machine and resource, the subtask queues' waits, runs and counts
     # (harmony mode: every PULL, COMP and PUSH goes through the queues); the
@@ -320,9 +320,9 @@ def test_snapshot_of_a_master_object_without_io(tmp_path):
     assert fams["harmony_queue_busy_ratio"].samples[0].value == 0.2
     val = lambda fam, **lb: [(x.name, x.value) for x in fams[fam].samples  # noqa: E731
                              if all(x.labels.get(k) == v for k, v in lb.items())]
-    assert val("harmony_job_bytes_pulled", job="job-0001") == [
+    assert val("harmony_job_bytes_pulled", job_id="job-0001") == [
         ("harmony_job_bytes_pulled_total", 12.0)]
-    assert val("harmony_job_bytes_pushed", job="job-0001") == [
+    assert val("harmony_job_bytes_pushed", job_id="job-0001") == [
         ("harmony_job_bytes_pushed_total", 6.0)]
     for fam, r, v in (("harmony_queue_wait_seconds", "cpu", 0.5),
                       ("harmony_queue_run_seconds", "net", 2.0),

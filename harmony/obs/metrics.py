@@ -53,7 +53,9 @@ class SnapshotCollector:
             by_state.add_metric([s], n)
         yield by_state
 
-        jl = ["job", "app"]
+        # the job's label is job_id: Prometheus keeps `job` for its own
+        # scrape target and would rename ours to exported_job
+        jl = ["job_id", "app"]
         epochs = CounterMetricFamily("harmony_job_epochs", "Epochs done (this attempt)",
                                      labels=jl)
         maxe = GaugeMetricFamily("harmony_job_max_epochs", "The job's --max-epochs",
@@ -88,8 +90,8 @@ class SnapshotCollector:
                                  "Epoch of the last complete checkpoint", labels=jl)
         eta = GaugeMetricFamily("harmony_job_eta_seconds", "Estimated seconds left",
                                 labels=jl)
-        sl = ["job", "machine"]
-        alpha = GaugeMetricFamily("harmony_store_alpha",
+        sl = ["job_id", "machine"]
+        alpha = GaugeMetricFamily("harmony_store_alpha_ratio",
                                   "Fraction of input blocks on disk (alpha)", labels=sl)
         disk = GaugeMetricFamily("harmony_store_disk_blocks", "Input blocks spilled to disk",
                                  labels=sl)
@@ -138,7 +140,7 @@ class SnapshotCollector:
         up = GaugeMetricFamily("harmony_machine_up", "1 if the worker sends heartbeats",
                                labels=ml)
         cpus = GaugeMetricFamily("harmony_machine_cpus", "Cores offered", labels=ml)
-        util = GaugeMetricFamily("harmony_machine_utilization",
+        util = GaugeMetricFamily("harmony_machine_utilization_ratio",
                                  "Utilization over the last heartbeat (0..1)",
                                  labels=ml + ["resource"])
         qbusy = GaugeMetricFamily("harmony_queue_busy_ratio",
