@@ -38,8 +38,8 @@ prediction samples): ``python bench/cluster_replay.py FILE`` replays every
 run in the simulator; ``jq '.runs["0"].harmony[0].statuses' FILE > s.json;
 harmony sim import s.json --out run.csv`` imports one.
 
-    python bench/cluster_e2e.py --quick                  # < 15 min: 1 round at all-at-once
-    python bench/cluster_e2e.py [--machines 8] [--dilation 4] [--jobs 8] [--rounds 3]
+    python bench/cluster_e2e.py --quick                  # ~21 min: 1 round at all-at-once
+    python bench/cluster_e2e.py [--machines 8] [--dilation 8] [--jobs 8] [--rounds 3]
         [--loads 0,0.25,1] [--modes isolated,isolated-best,naive-2,match,harmony]
 """
 from __future__ import annotations
@@ -115,7 +115,9 @@ def measured_profile(statuses: list[dict]) -> dict[str, tuple[float, float, int]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--machines", type=int, default=8)
-    ap.add_argument("--dilation", type=float, default=4.0)
+    ap.add_argument("--dilation", type=float, default=8.0,
+                    help="D (8: N/D = 1 core for 8 machines on a 2-core VM, leaving one for "
+                         "the rest; at 4 the host saturated, see README)")
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bandwidth", default="16MB/s", help="undilated link per machine")
