@@ -199,3 +199,21 @@ def test_a_steady_jobs_profile_converges_geometrically():
     prof = Profile.from_view("k", MasterCore()._view_profile(k, 1))
     assert prof.dop == 4 and prof.cpu_fixed == pytest.approx(0.04)
     assert t_cpu_at(prof, 8) == pytest.approx(0.05)      # not 0.03
+
+
+def test_steady_epochs_restart_at_a_move():
+    """JobView.steady counts the epochs measured at the job's current width:
+    right after a move (before an epoch there) it is 0, not the old width's
+    samples."""
+    from harmony.master.core.views import _steady
+    from harmony.master.jobs import Job
+    j = Job("j", "a.py", "", [], 2)
+    j.workers = ["m0", "m1"]
+    step = {"comp": 0.1, "pull": 0.02, "push": 0.02, "train": 0.2, "iters": 2}
+    for _ in range(4):
+        j.update_profile(step, 2)
+    assert _steady(j) == 4
+    j.workers = ["m0"]                     # moved, no epoch there yet
+    assert _steady(j) == 0
+    j.update_profile(step, 1)
+    assert _steady(j) == 1

@@ -54,7 +54,7 @@ class Views(CoreState):
         return P.JobView(j.id, j.machines, j.submitted, j.group, state=j.state.value,
                          workers=tuple(j.workers), sched_group=j.sched_group,
                          epochs=len(epochs), epochs_left=j.epochs_left(),
-                         steady=int((j.profile or {}).get("samples", 0)),
+                         steady=_steady(j),
                          progress=tuple(progress[-P.PROGRESS_POINTS:]),
                          deadline=j.deadline, utility=j.utility, **kw)
 
@@ -135,3 +135,15 @@ class Views(CoreState):
                 if not job.state.terminal and job.sched_group in dec.predicted:
                     job.predicted = dec.predicted_jobs.get(job.id,
                                                            dec.predicted[job.sched_group])
+
+
+def _steady(j: Job) -> int:
+    """Epochs measured on the job's current machine count: its profile's
+    samples, or 0 just after a move to another count (the profile restarts
+    only at the first epoch reported there; a decision between the move's
+    commit and that report saw the old width's samples and widened MLR
+    again at once: 2 -> 1 -> 2 machines within 9 s)."""
+    p = j.profile or {}
+    if not p or int(p.get("machines", 0)) != len(j.workers):
+        return 0
+    return int(p.get("samples", 0))
