@@ -373,3 +373,15 @@ def test_eta_counts_down_only_while_the_job_runs():
     st = {"state": "paused", "started": j.started, "epochs": j.epochs}
     assert eta(st, 6) == pytest.approx(40.0)
     assert eta(dict(st, state="running"), 6) == pytest.approx(0.0)
+
+
+def test_report_splits_a_jct_by_the_time_in_each_state():
+    """harmony report's JCT chart: a job paused for 30 s in the middle of
+    its run counts those 30 s as waiting, not running (the chart took
+    everything from its start to its end as running)."""
+    from harmony.obs.report import jct_split
+    job = {"submitted": 0.0, "started": 5.0, "ended": 75.0,
+           "state_time": {"waiting": 5.0, "running": 40.0, "paused": 30.0}}
+    assert jct_split(job) == (35.0, 40.0)
+    old = {"submitted": 0.0, "started": 5.0, "ended": 75.0}     # a record without it
+    assert jct_split(old) == (5.0, 70.0)

@@ -44,6 +44,26 @@ def read_jsonl(metrics_dir: str, name: str) -> Iterator[dict]:
                     yield d
 
 
+RUNS = ("running", "profiling")
+WAITS = ("waiting", "profiled", "paused")
+
+
+def jct_split(job: dict) -> tuple[float, float]:
+    """(seconds waiting, seconds running) of a job's completion time: from
+    its time per state where the record has it (a job paused, or profiled
+    and waiting for a group, after it started waits then too), else its
+    start less its submission and its end less its start."""
+    st = job.get("state_time")
+    if isinstance(st, dict) and st:
+        num = lambda v: float(v) if isinstance(v, (int, float)) else 0.0  # noqa: E731
+        return (sum(num(st.get(s)) for s in WAITS), sum(num(st.get(s)) for s in RUNS))
+    sub = job["submitted"]
+    start = job.get("started")
+    wait = max(0.0, (start or job.get("ended") or sub) - sub)
+    run = max(0.0, (job.get("ended") or start or 0) - (start or 0)) if start else 0.0
+    return wait, run
+
+
 def load(metrics_dir: str, jobs: list[dict] | None = None) -> dict[str, Any]:
     """What the plots show, as plain data."""
     machines: dict[str, list] = defaultdict(list)
@@ -153,12 +173,9 @@ def write(out_dir: str, data: dict[str, Any]) -> list[str]:
     if jobs:
         fig, ax = plt.subplots(figsize=(10, 0.4 * len(jobs) + 1.2))
         names = [j["id"] for j in jobs]
-        wait = [max(0.0, (j.get("started") or j.get("ended") or j["submitted"]) - j["submitted"])
-                for j in jobs]
-        run = [max(0.0, (j.get("ended") or j.get("started") or 0) - (j.get("started") or 0))
-               if j.get("started") else 0.0 for j in jobs]
-        ax.barh(names, wait, color="#c9cfdb", label="waiting")
-        ax.barh(names, run, left=wait, color="#2f6fdf", label="running")
+        wait, run = zip(*(jct_split(j) for j in jobs))
+        ax.barh(names, wait, color="#c9cfdb", label="waiting (all its waits, paused too)")
+        ax.barh(names, run, left=wait, color="#2f6fdf", label="running (and profiling)")
         for i, j in enumerate(jobs):
             ax.text(wait[i] + run[i], i, f" {wait[i] + run[i]:.1f}s {j.get('state', '')}",
                     va="center", fontsize=8)
