@@ -1,14 +1,17 @@
 """The scheduler adapter: on a tick after a change, act on memory pressure,
 sort the queue, ask the policy (:mod:`harmony.policies`) for a decision on
-the cluster view and apply it: starts only, for the start-only policies,
-or the whole decision (profile, start, pause, move, promote, stop) for the
-preemptive ones, which waits while a pause or a resize is in flight."""
+the cluster view and apply it on one path (``_apply``: profile, start,
+pause, move, promote, stop). A preemptive policy is asked only while no
+pause or resize is in flight; a start-only one (least-loaded, isolated)
+also sees a job larger than the live cluster last, so it does not block
+the others."""
 from __future__ import annotations
 
 from harmony.master.core.records import Worker
 from harmony.master.core.resize import Resize
 from harmony.master.core.state import log
 from harmony.master.jobs import Job, JobState
+from harmony.policies import view as P
 
 
 class Scheduling(Resize):
@@ -54,10 +57,8 @@ class Scheduling(Resize):
                           if job.machines > len(live) else
                           f"machines full ({self.max_jobs} jobs each, --max-jobs-per-machine)"
                           if job.id not in start and job.machines > room else "")
-        for jid, machines in start.items():
-            self._launch(self.jobs[jid], machines)
-        if start:               # the run record holds every policy's decisions
-            self._log_decision(dec)
+        if dec.profile or dec.start or dec.pause or dec.promote or dec.stop:
+            self._apply(dec)
 
     def _memory_pressure(self, live: list[Worker]) -> None:
         """Act on the block store's "pause me": a machine over its pause
@@ -115,6 +116,12 @@ class Scheduling(Resize):
                 # the prediction the groups now run under
                 self._log_decision(dec)
             return
+        self._apply(dec)
+
+    def _apply(self, dec: P.Decision) -> None:
+        """The one path every policy's decision takes: profile, promote,
+        pause or move (a live resize where possible), stop, start; then the
+        predictions and the run record (metrics/decisions.jsonl)."""
         for jid, ms in dec.profile.items():
             self._launch(self.jobs[jid], ms, JobState.PROFILING)
         for jid in dec.promote:
