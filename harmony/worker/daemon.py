@@ -38,6 +38,7 @@ from harmony.util import names
 from harmony.worker import jobckpt
 from harmony.worker.dataservice import DataService
 from harmony.worker.netem import NetEm, job_token
+from harmony.worker.nicstats import NicMeter
 from harmony.worker.daemon_core import (DaemonCore, Deliver, Demote, Done, Grant, OomKill,
                                         Promote, QueueError, Resume, Stop, Sub)
 
@@ -137,6 +138,11 @@ class Daemon:
             or psutil.cpu_count(logical=True) or 1
         self.netem_path = netem
         self.netem = NetEm(netem) if netem else None
+        # no emulated link on a machine of its own (a real fleet, not a
+        # local cluster on 127.0.0.1, whose daemons share one host's NICs):
+        # the machine's NICs
+        self.nics = NicMeter() if self.netem is None and not host.startswith("127.") \
+            and host not in ("localhost", "::1") else None
         if self.netem is not None and self.name not in self.netem.index:
             raise ValueError(f"machine {self.name!r} is not in the network emulation "
                              f"({self.netem.names})")
@@ -671,7 +677,8 @@ class Daemon:
 
     def _stats(self, now: float) -> dict:
         """Utilization of this machine since the last heartbeat: CPU from the
-        executors' CPU time (psutil), network from the emulated links, and
+        executors' CPU time (psutil), network from the emulated links or,
+        without them, from the machine's NICs (``nicstats``), and
         the busy time of both subtask queues; and the queues' counters
         since the daemon started (``qg_R``, ``qw_R``, ``qd_R``, ``qr_R`` per
         resource R: granted, wait seconds, done, run seconds)."""
@@ -693,6 +700,8 @@ class Daemon:
         cur = {"t": now, "eg": eg, "in": ing, "q_cpu": q_cpu, "q_net": q_net}
         prev, self._stats_prev = self._stats_prev, cur
         if prev is None:
+            if self.nics is not None:
+                self.nics.read(0.0)         # the counters to count from
             return {"t": now}
         wdt = max(now - prev["t"], 1e-6)   # wall seconds; the rest: undilated
         dt = dil.undilated(wdt, self.dilation)
@@ -704,6 +713,10 @@ class Daemon:
         if self.netem is not None:
             out["net"] = min(1.0, max(cur["eg"] - prev["eg"], cur["in"] - prev["in"])
                              / (wdt * self.netem.rate_of(self.name)))
+        elif self.nics is not None:
+            got = self.nics.read(wdt)
+            if got is not None:
+                out["net_sent"], out["net_recv"], out["net"] = got
         for r, q in self.core.queue_stats().items():
             out[f"qg_{r}"], out[f"qw_{r}"] = q.granted, q.wait
             out[f"qd_{r}"], out[f"qr_{r}"] = q.done, q.run
