@@ -875,3 +875,31 @@ def test_jobs_lists_how_long_a_finished_job_has_been_finished():
     assert j.summary(now=5.0)["in_state"] == pytest.approx(4.0)
     j.transition(JobState.FINISHED, now=10.0)
     assert j.summary(now=70.0)["in_state"] == pytest.approx(60.0)
+
+
+def test_a_run_in_two_phases_at_once_is_caught():
+    """Run.phase and MasterCore.validate: pausing while a live resize is in
+    flight is a bug; stopping while one is (the last epoch came) is not."""
+    from harmony.master.core import MasterCore
+    from harmony.master.core.records import Phase, PhaseError, Reconfig, Run
+    from harmony.master.jobs import Job, JobState
+    run = Run(attempt=1, launched=0.0)
+    assert run.phase is Phase.LAUNCHING
+    run.started = True
+    assert run.phase is Phase.RUNNING
+    run.reconfig = Reconfig(to=["m0"], join=[], note="", t0=0.0)
+    assert run.phase is Phase.RESIZING
+    run.validate("j")
+    run.stopping = True
+    assert run.phase is Phase.STOPPING
+    run.validate("j")
+    run.stopping, run.pausing = False, True
+    with pytest.raises(PhaseError, match="pausing, resizing"):
+        run.validate("j")
+    core = MasterCore()
+    core.jobs["job-0001"] = j = Job("job-0001", "a.py", "", [], 1)
+    core.runs["job-0001"] = Run(attempt=1, launched=0.0)
+    core.validate()
+    j.transition(JobState.CANCELLED, now=1.0)
+    with pytest.raises(PhaseError, match="a job that is cancelled"):
+        core.validate()

@@ -104,7 +104,7 @@ def test_a_pause_and_a_live_resize_complete_in_simulation():
     them back when the next arrive.)"""
     jobs = [job(f"j{i}", 3.0 * i, 1.0 if i % 2 else 0.2, 0.2 if i % 2 else 1.0,
                 epochs=12, iters=2, machines=1) for i in range(6)]
-    sim = Simulator(jobs, 4, mode="harmony")
+    sim = Simulator(jobs, 4, mode="harmony", validate=True)   # invariants after every instant
     out = sim.run()
     assert all(j["state"] == "finished" and j["epochs"] == 12 for j in out.jobs)
     events = [e[2] for j in sim.core.jobs.values() for e in j.events]

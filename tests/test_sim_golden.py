@@ -32,7 +32,8 @@ def setups() -> list[str]:
 
 
 def run(name: str) -> dict[str, float | None]:
-    res = simulate(load_trace(TRACE), MACHINES, name, grain=GRAIN, seed=SEED)
+    # validate: the core's invariants (MasterCore.validate) after every instant
+    res = simulate(load_trace(TRACE), MACHINES, name, grain=GRAIN, seed=SEED, validate=True)
     return {j.id: j.end - j.arrival for j in res.jobs}
 
 

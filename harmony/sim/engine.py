@@ -694,7 +694,10 @@ class Simulator:
                  horizon: float = 1e9, wall_limit: float | None = None,
                  cruise: bool = False, block_work: bool = False,
                  cpu_speed: list[float] | None = None,
-                 net_speed: list[float] | None = None, max_moves: int = C.MAX_MOVES) -> None:
+                 net_speed: list[float] | None = None, max_moves: int = C.MAX_MOVES,
+                 validate: bool = False) -> None:
+        # check the core's invariants after every instant (MasterCore.validate)
+        self.validate = validate
         self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
         self.contention = contention or Contention()
         self.core = C.MasterCore(policy=policy, mode=mode, heartbeat_timeout=INF,
@@ -873,6 +876,8 @@ class Simulator:
             cmds = handle(tick, t)
             if cmds:
                 carry(cmds)
+            if self.validate:
+                self.core.validate()
             if events - last_progress >= 5000:
                 last_progress = events
                 if self.progress is not None:

@@ -104,10 +104,11 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
              wall_limit: float | None = None, cruise: bool = False,
              cpu_speed: list[float] | None = None,
              net_speed: list[float] | None = None,
-             max_moves: int = MAX_MOVES, statuses: bool = False) -> SimResult:
+             max_moves: int = MAX_MOVES, statuses: bool = False,
+             validate: bool = False) -> SimResult:
     """Simulate ``trace`` on ``machines`` under the setup ``name``;
-    ``cruise``, ``cpu_speed``, ``net_speed``, ``max_moves``: see
-    :class:`Simulator`. ``statuses``: keep every job's ``harmony status
+    ``cruise``, ``cpu_speed``, ``net_speed``, ``max_moves``, ``validate``:
+    see :class:`Simulator`. ``statuses``: keep every job's ``harmony status
     --json`` record as the master core has it at the end (its epochs and
     events; its name is the trace's id) in ``meta["statuses"]``."""
     policy, mode = setup(name)
@@ -118,7 +119,8 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
     sim = Simulator(jobs, machines, policy=policy, mode=mode, contention=contention,
                     bucket=bucket, max_jobs_per_machine=max_jobs_per_machine, cpus=cpus,
                     progress=progress, wall_limit=wall_limit, cruise=cruise,
-                    cpu_speed=cpu_speed, net_speed=net_speed, max_moves=max_moves)
+                    cpu_speed=cpu_speed, net_speed=net_speed, max_moves=max_moves,
+                    validate=validate)
     o = sim.run()
     # what each job reported after its epochs (the master's own record)
     losses = {}

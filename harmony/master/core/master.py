@@ -60,6 +60,19 @@ class MasterCore(Dispatch, Clients, Daemons, Scheduling, Executors):
         out, self._out = self._out, []
         return out
 
+    def validate(self) -> None:
+        """Check the core's invariants (the simulator with ``validate=True``
+        and the tests call it after every event): every attempt is in one
+        phase at most (``Run.validate``) and belongs to a job that is not
+        over. A PhaseError (an AssertionError) names what is wrong."""
+        from harmony.master.core.records import PhaseError
+        for jid, run in self.runs.items():
+            run.validate(jid)
+            job = self.jobs.get(jid)
+            if job is None or job.state.terminal:
+                raise PhaseError(f"{jid}: attempt {run.attempt} runs for a job that is "
+                                 f"{'unknown' if job is None else job.state.value}")
+
     def recover(self, now: float) -> list:
         """Jobs that were active when the last master stopped go back to the
         queue: they restart from their last pause checkpoint if they have

@@ -7,7 +7,30 @@ from __future__ import annotations
 import secrets
 from collections import deque
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
+
+
+class Phase(Enum):
+    """Where one attempt of a job stands (``Run.phase``): launched and
+    waiting for its executors; running; and the four ways its next epoch
+    end can be special, of which at most one is under way at a time."""
+    LAUNCHING = "launching"
+    RUNNING = "running"
+    PAUSING = "pausing"        # pause (or pause and resume elsewhere) at its next epoch end
+    RESIZING = "resizing"      # a live resize in flight (Reconfig)
+    STOPPING = "stopping"      # its last epoch reached: final checkpoint, exit
+    ENDING = "ending"          # the scheduler ends it early at its next epoch end
+
+
+#: the phases that may be under way together (any other two at once is a bug)
+ALLOWED_TOGETHER = frozenset({frozenset({Phase.STOPPING, Phase.ENDING}),
+                              frozenset({Phase.STOPPING, Phase.RESIZING}),
+                              frozenset({Phase.STOPPING, Phase.RESIZING, Phase.ENDING})})
+
+
+class PhaseError(AssertionError):
+    """A run in two phases at once: a bug in the core (``validate``)."""
 
 
 @dataclass
@@ -91,3 +114,30 @@ class Run:
     # the final checkpoint (at the stop epoch): index -> (machine, replica,
     # bytes, epoch, error)
     final: dict[int, tuple] = field(default_factory=dict)
+
+    @property
+    def phase(self) -> Phase:
+        """The attempt's phase, from its flags (``validate`` checks that at
+        most one of them is set)."""
+        if self.stopping:
+            return Phase.STOPPING
+        if self.ending:
+            return Phase.ENDING
+        if self.pausing:
+            return Phase.PAUSING
+        if self.reconfig is not None:
+            return Phase.RESIZING
+        return Phase.RUNNING if self.started else Phase.LAUNCHING
+
+    def validate(self, job: str = "") -> None:
+        """PhaseError if phases are under way together that may not be:
+        ``ALLOWED_TOGETHER`` lists the pairs that may (a job the scheduler
+        ends early stops the way its app's own stop does; a job whose last
+        epoch comes while a live resize is in flight stops with it)."""
+        on = frozenset(p for p, f in ((Phase.PAUSING, self.pausing),
+                                      (Phase.RESIZING, self.reconfig is not None),
+                                      (Phase.STOPPING, self.stopping),
+                                      (Phase.ENDING, bool(self.ending))) if f)
+        if len(on) > 1 and on not in ALLOWED_TOGETHER:
+            raise PhaseError(f"{job}: attempt {self.attempt} in {len(on)} phases at once: "
+                             f"{', '.join(sorted(p.value for p in on))}")
