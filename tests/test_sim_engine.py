@@ -51,6 +51,10 @@ def test_checkpoints_hold_the_executor_as_the_runtime_does():
     bare = jct()
     assert jct(input_bytes=3e6, model_bytes=1e6) == pytest.approx(bare + 4.0, abs=1e-3)
     assert jct(final_bytes=1e6) == pytest.approx(bare + 0.5, abs=1e-3)
+    # a job that declares what its periodic checkpoints write (ckpt_bytes 2 MB,
+    # 1 s each) is held by that, not by its model and whole input
+    assert jct(input_bytes=3e6, model_bytes=1e6, ckpt_bytes=2e6) == \
+        pytest.approx(bare + 2.0, abs=1e-3)
 
 
 def test_a_start_up_shares_the_cpu_with_what_runs_on_its_machine():

@@ -13,7 +13,7 @@ import pytest
 
 from harmony.master.jobs import Job, JobState
 from harmony.sim import importer
-from harmony.sim.engine import Contention, SimJob, Simulator
+from harmony.sim.engine import Contention
 from harmony.sim.placement import SPLIT, Stint, by_size, epoch_samples, \
     last_prediction_samples, machines_at, size_label, stints, time_split
 from harmony.sim.run import simulate
@@ -131,24 +131,6 @@ def test_importer_takes_medians_and_the_periodic_checkpoint_from_the_records():
     bare = record("b", 0.0, ts, [(1.0, R, "")], ended=t + 0.1)
     (jb,), _ = importer.jobs_from_status([bare])
     assert jb.cpu_s == pytest.approx(bare["profile"]["t_cpu"]) and jb.ckpt_bytes is None
-
-
-def test_ckpt_bytes_is_what_periodic_checkpoints_write():
-    """21 epochs of 1 s: two periodic checkpoints; a job that declares what
-    they write (ckpt_bytes 2 MB at 2 MB/s, 1 s each) is held by that, not by
-    its model and whole input (4 MB, 2 s each)."""
-    c = Contention(startup=0.0, bandwidth=2e6, disk=1e12)
-
-    def jct(**kw) -> float:
-        j = SimJob(id="a", app="nmf", arrival=0.0, epochs=21, machines=1, iters=1,
-                   profile=lambda m: (1.0, 0.0), **kw)
-        (r,) = Simulator([j], 1, mode="isolated", contention=c).run().jobs
-        return r["end"] - r["start"]
-
-    bare = jct()
-    assert jct(input_bytes=3e6, model_bytes=1e6) == pytest.approx(bare + 4.0, abs=1e-3)
-    assert jct(input_bytes=3e6, model_bytes=1e6, ckpt_bytes=2e6) == \
-        pytest.approx(bare + 2.0, abs=1e-3)
 
 
 def _bench(name: str):
