@@ -234,3 +234,23 @@ def test_a_job_just_moved_is_not_moved_again_before_its_profile_settles():
     assert harmony(ClusterView(M2, (), (fresh,))).pause == {}
     settled = dataclasses.replace(j, steady=SETTLE)
     assert harmony(ClusterView(M2, (), (settled,))).pause == {"job-0001": ["m0", "m1"]}
+
+
+def test_a_new_job_waits_for_a_machine_that_frees_before_its_profile_would():
+    """No machine idle; job 2 leaves room on m1 (half its iteration off the
+    CPU). With many epochs left on both machines the new job is profiled
+    beside job 2; when job 1 ends within the epochs a profile there would
+    take (FREES_EPOCHS of job 2's), the new job waits for m0 instead (then
+    runs alone, with no pause to leave a poor pair)."""
+    busy = (1.0, 0.01, 1, 0.0, 0.0, 1)       # 1 iteration per epoch
+    gaps = (0.75, 0.75, 1, 0.0, 0.0, 1)      # epochs of 1.5 s
+    one = JobView("job-0001", 1, 1.0, state="running", profile=busy, workers=("m0",),
+                  sched_group="g1", epochs=5, epochs_left=40)
+    two = JobView("job-0002", 1, 2.0, state="running", profile=gaps, workers=("m1",),
+                  sched_group="g2", epochs=5, epochs_left=40)
+    dec = harmony(ClusterView(M2, (job(3),), (one, two)))
+    assert dec.profile == {"job-0003": ["m1"]}
+    # job 1 ends in about 1 s, within one of job 2's epochs (FREES_EPOCHS)
+    ending = dataclasses.replace(one, epochs_left=1)
+    dec = harmony(ClusterView(M2, (job(3),), (ending, two)))
+    assert dec.profile == {} and "machines free in about 1 s" in dec.wait["job-0003"]
