@@ -385,3 +385,25 @@ def test_report_splits_a_jct_by_the_time_in_each_state():
     assert jct_split(job) == (35.0, 40.0)
     old = {"submitted": 0.0, "started": 5.0, "ended": 75.0}     # a record without it
     assert jct_split(old) == (5.0, 70.0)
+
+
+def test_a_dashboard_on_every_address_warns_and_names_this_machine(tmp_path, caplog):
+    """--dashboard-host 0.0.0.0: a warning that it serves plain HTTP, and a
+    URL others can use (it printed 127.0.0.1)."""
+    import logging
+    import socket
+    from harmony.obs.dashboard import ObsServer
+    with caplog.at_level(logging.WARNING, logger="harmony.obs"):
+        obs = ObsServer("0.0.0.0", 0, None, str(tmp_path))
+    try:
+        assert "127.0.0.1" not in obs.url
+        assert (socket.getfqdn() or socket.gethostname()) in obs.url
+        assert any("plain HTTP" in r.getMessage() for r in caplog.records)
+        assert json.loads((tmp_path / "dashboard.json").read_text())["url"] == obs.url
+    finally:
+        obs.httpd.server_close()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="harmony.obs"):
+        obs = ObsServer("127.0.0.1", 0, None, None)
+    obs.httpd.server_close()
+    assert obs.url.startswith("http://127.0.0.1:") and not caplog.records

@@ -29,6 +29,7 @@ import hmac
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -70,8 +71,15 @@ class ObsServer:
         # before the token check (harmony.obs.httpserver)
         self.httpd = BoundedHTTPServer((host, port), Handler)
         self.host, self.port = host, self.httpd.server_address[1]
-        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        wildcard = host in ("0.0.0.0", "", "::")
+        # bound to every address: the URL names this machine, as others reach it
+        shown = (socket.getfqdn() or socket.gethostname()) if wildcard else host
         self.url = f"http://{'[' + shown + ']' if ':' in shown else shown}:{self.port}/"
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("the dashboard serves plain HTTP on %s:%s: its tokens and pages cross "
+                        "the network unencrypted; put a TLS proxy in front of it, or keep "
+                        "--dashboard-host 127.0.0.1 and use an SSH tunnel", host or "*",
+                        self.port)
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="obs-http",
                                        kwargs={"poll_interval": 0.5}, daemon=True)
         self.path = os.path.join(state_dir, "dashboard.json") if state_dir else None
