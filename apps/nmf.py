@@ -89,6 +89,11 @@ def open_text(path: str):
         raise InputError(path, None, f"cannot open input: {exc.strerror or exc}") from None
 
 
+#: user and item ids are stored as int64 keys and items index the model's
+#: rows: at most this (the largest exact float64 integer range is far beyond)
+MAX_ID = 2**31 - 2
+
+
 def _parse_lines(lines: list[str], path: str, first: int) -> np.ndarray:
     """Parse ``user item rating`` lines into an (n, 3) float64 array."""
     flat: list[str] = []
@@ -115,6 +120,7 @@ def _parse_lines(lines: list[str], path: str, first: int) -> np.ndarray:
                     raise InputError(path, first + off, f"not a number: {field!r}") from None
         raise
     bad = ~np.isfinite(arr).all(axis=1) | (arr[:, 0] < 0) | (arr[:, 1] < 0) \
+        | (arr[:, 0] > MAX_ID) | (arr[:, 1] > MAX_ID) \
         | (arr[:, 0] != np.floor(arr[:, 0])) | (arr[:, 1] != np.floor(arr[:, 1]))
     if bad.any():
         # map the first bad record back to its line number
@@ -126,8 +132,8 @@ def _parse_lines(lines: list[str], path: str, first: int) -> np.ndarray:
                 seen += 1
                 if seen == k:
                     raise InputError(path, first + off,
-                                     "user and item must be non-negative integers and "
-                                     f"the rating finite: {s[:60]!r}")
+                                     f"user and item must be integers from 0 to {MAX_ID} "
+                                     f"and the rating finite: {s[:60]!r}")
     return arr
 
 
@@ -200,6 +206,13 @@ class NMF(App):
                 per_block.add(int(b), arr[blocks == b])
         if count == 0:
             raise InputError(o.input, None, "no ratings in input")
+        planned = (max_item + 1) * ((o.rank + 1) * 4 + 8)     # rows [R_i, G_i] and keys
+        if planned > part.model_budget():
+            raise InputError(o.input, None,
+                             f"item ids up to {max_item} plan a model of {max_item + 1} rows x "
+                             f"{(o.rank + 1) * 4} bytes ({planned / 2**30:.1f} GiB with its "
+                             f"keys), more than the {part.model_budget() / 2**30:.1f} GiB a "
+                             f"model may take on this machine; are the ids right?")
         self.num_items = max_item + 1
         self.mean_rating = max(total / count, 1e-3)
         self.scale = 2.0 * math.sqrt(self.mean_rating / o.rank)

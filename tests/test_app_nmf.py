@@ -108,3 +108,29 @@ def test_every_epoch_visits_ratings_in_a_new_seeded_order(zipf):
     assert np.array_equal(a.model, b.model)
     c = run_local(NMF, args + ["--seed", "1"])
     assert not np.array_equal(a.model, c.model)
+
+
+@pytest.mark.parametrize("body, line, text", [
+    ("1 2 3.0\n4 9223372036854775807 1.0\n", 2, "user and item must be integers from 0 to"),
+    ("1 2 3.0\n3000000000 2 1.0\n", 2, "user and item must be integers from 0 to"),
+    ("1 2 3.0\n1 -2 1.0\n", 2, "user and item must be integers"),
+])
+def test_nmf_ids_out_of_range_name_the_file_and_line(tmp_path, body, line, text):
+    """An item id of 2^63-1 gave a raw numpy error; ids past 2^31-2 are
+    refused with the file and line, like LIBSVM's feature indices."""
+    from harmony.app import InputError
+    p = tmp_path / "r.txt"
+    p.write_text(body)
+    with pytest.raises(InputError, match=text) as ei:
+        run_local(load_app(NMF_APP.read_text(), "nmf.py"), ["--input", str(p),
+                                                           "--max-epochs", "1"])
+    assert ei.value.path == str(p) and ei.value.line == line
+
+
+def test_nmf_ids_that_plan_a_model_too_large_for_the_machine_are_refused(tmp_path):
+    from harmony.app import InputError
+    p = tmp_path / "r.txt"
+    p.write_text("1 2 3.0\n2 2000000000 1.0\n")     # 2e9 rows of rank 16: 144 GiB
+    with pytest.raises(InputError, match="plan a model of 2000000001 rows"):
+        run_local(load_app(NMF_APP.read_text(), "nmf.py"), ["--input", str(p),
+                                                           "--max-epochs", "1", "--rank", "16"])
