@@ -256,6 +256,12 @@ def cmd_submit(a: argparse.Namespace, app_args: list[str]) -> int:
                 f"usage: harmony submit {cls.name}", f"usage: harmony submit {a.app} "
                 "[--machines N] [--wait] [--master URL]"))
             return 0
+        clash = sorted({"--" + o.name.replace("_", "-") for o in cls.options}
+                       & set(getattr(a, "_flags", ())) & set(getattr(a, "_taken", ())))
+        for flag in clash:
+            print(f"note: {flag} was taken as harmony's own option; to give the app's "
+                  f"{flag}, put it after --  (harmony submit {a.app} ... -- {flag} VALUE)",
+                  file=sys.stderr)
         opts = parse_app_args(cls, app_args)  # fail fast on bad options, before the master
     except AppError as exc:
         return _die(str(exc), 2)
@@ -891,10 +897,12 @@ def main(argv: list[str] | None = None) -> int:
                              "D': its master and keys (what it recorded in D)")
         return sp
 
-    s = with_master(sub.add_parser("submit", allow_abbrev=False, add_help=False,
-                                   help="submit an app file; app options follow it",
-                                   usage="harmony submit APP_FILE [--machines N] [--wait] "
-                                         "[--master URL] [--name NAME] [app options...]"))
+    s = submit_parser = with_master(sub.add_parser(
+        "submit", allow_abbrev=False, add_help=False,
+        help="submit an app file; app options follow it (after -- where one has the name "
+             "of harmony's own, e.g. --keys)",
+        usage="harmony submit APP_FILE [--machines N] [--wait] "
+              "[--master URL] [--name NAME] [app options...] [-- app options...]"))
     s.add_argument("app", nargs="?", help="app file; 'harmony submit APP --help' lists its options")
     s.add_argument("--machines", type=int, default=1, help="machines (degree of parallelism)")
     s.add_argument("--wait", action="store_true",
@@ -1065,6 +1073,13 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_sim(p.parse_args(argv))
     if argv and argv[0] == "submit":
         a, rest = p.parse_known_args(argv)
+        # what follows "--" is the app's, even where harmony has an option of
+        # the same name (argparse leaves the "--" in front of it, or not)
+        rest = rest[1:] if rest[:1] == ["--"] else rest
+        a._taken = [t.split("=", 1)[0] for t in argv[1:argv.index("--")
+                                                        if "--" in argv else len(argv)]
+                    if t.startswith("--")]
+        a._flags = {f for act in submit_parser._actions for f in act.option_strings}
     else:
         a, rest = p.parse_args(argv), []
     try:

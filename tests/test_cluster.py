@@ -196,3 +196,16 @@ def test_a_heterogeneous_cluster_emulates_a_slow_machine(tmp_path):
         cl.stop()
     with pytest.raises(Exception, match="cpu-speed"):
         LocalCluster(2, str(tmp_path / "d"), cpu_speed="1,2")
+
+
+def test_an_app_option_named_like_a_cli_option_goes_after_dashdash(cluster, client, toy_app):
+    """The toy app has --keys (model keys); harmony submit has --keys (the
+    key directory). After "--" it is the app's; before, the CLI's, with a
+    note saying how to give the app's."""
+    r = run_cli("submit", toy_app, "--master", cluster.endpoint, "--", "--keys", "7")
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.split()[0]
+    st = json.loads(run_cli("status", job, "--json", "--master", cluster.endpoint).stdout)
+    assert st["args"] == ["--keys", "7"] and "note: --keys" not in r.stderr
+    r = run_cli("submit", toy_app, "--master", cluster.endpoint, "--keys", "/nonexistent")
+    assert "note: --keys was taken as harmony's own option" in r.stderr
