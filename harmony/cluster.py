@@ -411,5 +411,35 @@ def cluster_down(state_dir: str | None = None) -> bool:
     alive = set(_ours(info))
     # keep positions (pids[0] is the master); drop pids now owned by others
     stop_pids([p if p in alive else -1 for p in info.get("pids", [])])
+    # a master or daemon restarted on this state dir by hand is not recorded:
+    # found by its command line, stopped the same way (daemons first)
+    masters, daemons = _unrecorded(sd)
+    if masters or daemons:
+        stop_pids([masters[0] if masters else -1] + daemons + masters[1:])
     os.unlink(path)
     return True
+
+
+def _unrecorded(sd: str) -> tuple[list[int], list[int]]:
+    """(masters, daemons): this user's Harmony processes still running with
+    a ``--state-dir`` (or ``--master-file``) under ``sd``."""
+    masters, daemons = [], []
+    me = os.getpid()
+    prefix = sd.rstrip(os.sep) + os.sep
+    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
+        try:
+            cmd = proc.info["cmdline"] or []
+            if proc.info["pid"] == me or proc.info["uids"] is None \
+                    or proc.info["uids"].real != os.getuid():
+                continue
+        except (psutil.Error, KeyError):
+            continue
+        if not any(c.startswith("harmony.master") or c.startswith("harmony.worker")
+                   or c.endswith(("harmony-master", "harmony-worker")) for c in cmd):
+            continue
+        if not any(c == sd or c.startswith(prefix) for c in cmd):
+            continue
+        is_master = any(c.startswith("harmony.master") or c.endswith("harmony-master")
+                        for c in cmd)
+        (masters if is_master else daemons).append(proc.info["pid"])
+    return masters, daemons

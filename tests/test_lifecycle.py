@@ -174,3 +174,31 @@ def test_lost_worker_is_noticed_and_its_job_moves(tmp_path):
             c.cancel(job)
     finally:
         cl.stop()
+
+
+def test_cluster_down_stops_a_master_restarted_by_hand(tmp_path):
+    """A master killed and restarted on the cluster's state dir is not in
+    cluster.json: `cluster down` finds it by its command line and stops it
+    (it said "stopped" and left it running)."""
+    sd = str(tmp_path / "c")
+    r = run_cli("cluster", "up", "--machines", "1", "--port", "0", "--detach", "--state-dir", sd)
+    assert r.returncode == 0, r.stderr + r.stdout
+    info = json.load(open(os.path.join(sd, "cluster.json")))
+    master = psutil.Process(info["pids"][0])
+    cmd, env = master.cmdline(), master.environ()
+    master.kill()
+    master.wait(10)
+    again = subprocess.Popen(cmd, env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.0)
+        assert again.poll() is None, "the restarted master did not start"
+        everything = set(info["pids"][1:]) | {again.pid}
+        r = run_cli("cluster", "down", "--state-dir", sd)
+        assert r.returncode == 0 and "stopped" in r.stdout
+        assert again.wait(20) is not None
+        assert not _wait_gone(everything), "a restarted master or a daemon was left running"
+    finally:
+        if again.poll() is None:
+            again.kill()
+            again.wait()
