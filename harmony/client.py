@@ -164,11 +164,25 @@ class Client:
                 for i, first, d in staging.split_lines(path, cb)]
         holders = self.request("data_plan", "data_placement", name=name, size=size,
                                chunks=len(meta))["holders"]
-        for (i, first, data), hs in zip(staging.split_lines(path, cb), holders):
+        sent = 0
+        for (i, first, data), hs, (_, first0, sha, n) in zip(staging.split_lines(path, cb),
+                                                           holders, meta):
+            # the file is read twice (digests first, for the plan): a file that
+            # changes in between would be recorded with digests its chunks do
+            # not have, and fail every job that reads it
+            if first != first0 or len(data) != n or hashlib.sha256(data).digest() != sha:
+                raise staging.StagingError(
+                    f"{path} changed while it was staged (chunk {i} from line {first0}); "
+                    f"nothing was recorded: put it again once it stops changing")
+            sent += 1
             for _, endpoint in hs:
                 staging.push_chunks(self.ctx, endpoint, name, [(i, data)], keys=self.keys)
             if progress is not None:
                 progress(i + 1, len(meta))
+        if sent != len(meta) or os.path.getsize(path) != size:
+            raise staging.StagingError(f"{path} changed while it was staged (now "
+                                       f"{os.path.getsize(path)} bytes, {size} planned); "
+                                       f"nothing was recorded: put it again")
         chunks = [{"i": i, "first_line": first, "sha": sha, "size": n,
                    "holders": [h[0] for h in hs]}
                   for (i, first, sha, n), hs in zip(meta, holders)]

@@ -333,3 +333,24 @@ def test_nmf_resized_mid_run_matches_the_run_that_stayed(fleet, ratings):
     assert rb <= 1.1 * ra, (ra, rb)
     objs = [e["metrics"]["objective"] for e in b["epochs"]]
     assert objs[-1] < objs[4]          # it kept converging after the move
+
+
+def test_a_file_that_changes_while_it_is_staged_is_not_recorded(fleet):
+    """The file changes between data put's digests and its transfer: it
+    is refused, nothing is recorded, and a job cannot read it (it was
+    recorded with digests its chunks did not have, failing every job)."""
+    from harmony.store.staging import StagingError
+    path = os.path.join(fleet.operator, "moving.txt")
+    gen_nmf(path, users=400, items=100, rank=4, per_user=15, noise=0.1, seed=6)
+
+    def change(done: int, total: int) -> None:
+        if done == 1:
+            with open(path, "r+") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                fh.seek(size // 2)
+                fh.write("9")
+    with Client(fleet.endpoint) as c:
+        with pytest.raises(StagingError, match="changed while it was staged"):
+            c.data_put(path, "moving", chunk_bytes=8 << 10, progress=change)
+        assert "moving" not in {d["name"] for d in c.data_list()}
