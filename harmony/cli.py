@@ -824,8 +824,10 @@ def cmd_data_staged(a: argparse.Namespace) -> int:
                 print(f"{d['name'][:24]:24} {d['size'] / 2**20:>8.1f}Mi {d['chunks']:>6}  "
                       f"{','.join(d['holders'])}{warn}")
         else:
-            c.data_rm(a.name)
-            print(f"removed harmony://{a.name}")
+            info = c.data_rm(a.name)
+            print(f"removed harmony://{a.name}" if info.get("recorded", True) else
+                  f"harmony://{a.name} is not recorded; every live worker was asked to drop "
+                  f"any chunks of it (left by a put that never ended)")
     return 0
 
 

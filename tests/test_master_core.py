@@ -903,3 +903,26 @@ def test_a_run_in_two_phases_at_once_is_caught():
     j.transition(JobState.CANCELLED, now=1.0)
     with pytest.raises(PhaseError, match="a job that is cancelled"):
         core.validate()
+
+
+def test_data_rm_clears_the_chunks_of_a_put_that_never_committed():
+    """A put whose client (or master) died after the plan left chunks on the
+    workers: `data rm` of the unrecorded name asks every live worker to drop
+    them, but not while a put of that name is in flight (PUT_S)."""
+    from harmony.master.core.catalog import PUT_S
+    cl = Cluster(2)
+
+    def rm(name):
+        n = len(cl.sent)
+        cl.msg(b"client", "data_rm", name=name)
+        return cl.to(b"client", since=n)[0], [s for s in cl.sent[n:] if s.type == "data_gc"]
+
+    cl.msg(b"client", "data_plan", name="half", size=100, chunks=2)
+    (reply, gcs) = rm("half")
+    assert reply.type == "error" and reply.fields["code"] == "in_use" and not gcs
+    cl.core.puts["half"] -= PUT_S + 1         # planned long ago (workers still beating)
+    (reply, gcs) = rm("half")
+    assert reply.type == "ok" and reply.fields["info"] == {"name": "half", "recorded": False}
+    assert sorted(g.to for g in gcs) == [b"d:m0", b"d:m1"]
+    (reply, gcs) = rm("../x")
+    assert reply.type == "error" and "bad data set name" in reply.fields["message"] and not gcs

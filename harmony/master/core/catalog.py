@@ -9,6 +9,10 @@ from harmony.master.core.state import CoreState, log
 from harmony.master.jobs import Job
 from harmony.store import datanames as staging
 
+#: a put planned this long ago and not committed is taken as dead: its
+#: chunks may be removed (data rm of a name the catalog does not hold)
+PUT_S = 600.0
+
 
 class Catalog(CoreState):
     def _datasets_for(self, job: Job) -> dict | None:
@@ -47,6 +51,10 @@ class Catalog(CoreState):
         for i in range(n):
             hs = [live[i % len(live)]] + ([live[(i + 1) % len(live)]] if len(live) > 1 else [])
             holders.append([[w.name, w.data_endpoint] for w in hs])
+        self.puts[name] = self.now
+        if len(self.puts) > 1024:          # bounded: the oldest plans are forgotten
+            for old in sorted(self.puts, key=self.puts.get)[:len(self.puts) - 1024]:
+                del self.puts[old]
         self._send(ident, _msg("data_placement", holders=holders))
 
     def _on_data_commit(self, ident: bytes, msg: M.Message) -> None:
@@ -72,6 +80,7 @@ class Catalog(CoreState):
         rec = {"name": name, "filename": msg["filename"].replace("\\", "/").rsplit("/", 1)[-1],
                "size": msg["size"], "chunks": chunks, "created": self.now}
         self.datasets[name] = rec
+        self.puts.pop(name, None)
         self._persist("save_dataset", rec)
         log.info("data set %s staged: %d chunk(s), %d bytes", name, len(chunks), msg["size"])
         self._send(ident, _msg("ok", info={"name": name, "chunks": len(chunks)}))
@@ -130,7 +139,24 @@ class Catalog(CoreState):
 
     def _on_data_rm(self, ident: bytes, msg: M.Message) -> None:
         if msg["name"] not in self.datasets:
-            return self._send(ident, _err("unknown_data", f"no data set {msg['name']!r}"))
+            # a put that never committed (its client or this master died) left
+            # its chunks on the workers: they drop whatever they hold of it,
+            # unless a put of that name is in flight now
+            try:
+                name = staging.check_name(msg["name"])
+            except staging.StagingError as exc:
+                return self._send(ident, _err("bad_request", str(exc)))
+            planned = self.puts.get(name)
+            if planned is not None and self.now - planned < PUT_S:
+                return self._send(ident, _err("in_use", (
+                    f"data set {name!r} is being put (planned {self.now - planned:.0f} s "
+                    f"ago): wait for it to end, then remove it")))
+            self.puts.pop(name, None)
+            gc = _msg("data_gc", name=name)
+            for w in self.workers.values():
+                if w.alive:
+                    self._send(w.ident, gc)
+            return self._send(ident, _msg("ok", info={"name": name, "recorded": False}))
         readers = sorted(j.id for j in self.jobs.values() if not j.state.terminal
                          and msg["name"] in staging.refs(j.args))
         if readers:

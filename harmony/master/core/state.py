@@ -85,6 +85,8 @@ class CoreState:
         self.now = now
         self.jobs: dict[str, Job] = dict(jobs or {})
         self.datasets: dict[str, dict] = dict(datasets or {})
+        # data sets planned and not yet committed: name -> when (a put in flight)
+        self.puts: dict[str, float] = {}
         self.snapshots: set[str] = set()   # jobs a fresh model export waits for
         # job -> machines that may hold parts of its checkpoints (since this
         # master started; a job not in it: any machine may)
