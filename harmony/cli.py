@@ -625,11 +625,14 @@ def cmd_dashboard(a: argparse.Namespace) -> int:
     url = d["url"] + (f"?token={d['token']}" if d.get("token") else "")
     if a.json:
         print(json.dumps({"url": url, "metrics": d["url"].rstrip("/") + "/metrics",
-                          "token": d.get("token")}))
+                          "token": d.get("token"), "expires": d.get("expires")}))
     else:
         print(url)
         print(f"  Prometheus: {d['url'].rstrip('/')}/metrics"
               + (f" (header 'Authorization: Bearer {d['token']}')" if d.get("token") else ""))
+        if d.get("expires"):
+            print(f"  the token is good until "
+                  f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(d['expires']))}")
     return 0
 
 

@@ -205,7 +205,7 @@ class Client:
     def dashboard(self) -> dict:
         """The master's dashboard URL and this key's token for it ({} if none)."""
         m = self.request("dashboard_info", "dashboard")
-        return {"url": m.get("url"), "token": m.get("token")}
+        return {"url": m.get("url"), "token": m.get("token"), "expires": m.get("expires")}
 
     def log_sources(self, job: str) -> list[tuple[str, str]]:
         """The machines that ran ``job`` and their data services (logs)."""

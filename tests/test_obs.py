@@ -65,13 +65,20 @@ def _get(url, token=None, header=False):
 def test_dashboard_url_and_token(obs_cluster):
     cl, dash, _, _ = obs_cluster
     assert cl.dashboard_url and dash["url"] == cl.dashboard_url
-    assert dash["url"].startswith("http://127.0.0.1:") and len(dash["token"]) == 40
+    assert dash["url"].startswith("http://127.0.0.1:") and dash["token"].count(".") >= 3
     for path in ("", "api/snapshot", "metrics"):
         with pytest.raises(urllib.error.HTTPError) as e:
             _get(dash["url"] + path)
         assert e.value.code == 401
         with pytest.raises(urllib.error.HTTPError):
             _get(dash["url"] + path, "0" * 40)
+        # an expired or altered token, or one minted under the cluster key a
+        # worker holds (as tokens were before), is refused
+        exp, role, rest = dash["token"].split(".", 2)
+        for bad in (f"{int(exp) - 40 * 86400}.{role}.{rest}",
+                    dash["token"][:-1] + ("0" if dash["token"][-1] != "0" else "1")):
+            with pytest.raises(urllib.error.HTTPError):
+                _get(dash["url"] + path, bad)
     assert _get(dash["url"] + "healthz")[0] == 200
     # the token goes only to client and reader keys
     from harmony.comm import security
@@ -407,3 +414,31 @@ def test_a_dashboard_on_every_address_warns_and_names_this_machine(tmp_path, cap
         obs = ObsServer("127.0.0.1", 0, None, None)
     obs.httpd.server_close()
     assert obs.url.startswith("http://127.0.0.1:") and not caplog.records
+
+
+def test_dashboard_tokens_expire_and_only_the_master_can_make_them(tmp_path):
+    """A token names its key and expiry and is made under the master's own
+    dashboard secret (kept in its state dir, mode 0600, so tokens survive a
+    restart): the cluster key a worker holds cannot make one; an expired
+    one, or one of a key the key set no longer holds, is refused."""
+    import os
+    import stat
+    import types
+    from harmony.obs.dashboard import TOKEN_TTL, ObsServer, secret_of, token_for
+    keys = types.SimpleNamespace(known={b"k1": ("client", "alice"), b"k2": ("reader", "bob"),
+                                        b"k3": ("worker", "m0")})
+    obs = ObsServer("127.0.0.1", 0, keys, str(tmp_path))
+    obs.httpd.server_close()
+    assert stat.S_IMODE(os.stat(tmp_path / "dashboard.secret").st_mode) == 0o600
+    assert secret_of(str(tmp_path)) == obs.secret             # the same after a restart
+    info = obs.info("client", "alice")
+    assert obs.allowed(info["token"]) and info["expires"] > time.time() + TOKEN_TTL - 60
+    assert not obs.allowed(info["token"], now=info["expires"] + 1)
+    assert not obs.allowed(token_for(b"\0" * 32, "client", "alice", info["expires"]))
+    assert not obs.allowed(token_for(obs.secret, "worker", "m0", info["expires"]))
+    assert not obs.allowed(token_for(obs.secret, "client", "mallory", info["expires"]))
+    keys.known.pop(b"k1")                                       # the key is removed
+    assert not obs.allowed(info["token"])
+    assert obs.allowed(obs.info("reader", "bob")["token"])
+    for junk in ("", "x", "1.2", "a.b.c.d", "9" * 600):
+        assert not obs.allowed(junk)

@@ -251,9 +251,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 # -- observability (harmony.obs): dashboard address and token, executor logs --
 SCHEMAS.update({
     # client -> master: where the dashboard and /metrics are, and this
-    # client's token for them (derived from the cluster key and the client's)
+    # client's token for them (under the master's own dashboard secret,
+    # good until ``expires``, unix seconds)
     "dashboard_info": {},
-    "dashboard": {"url": (str, _OPT), "token": (str, _OPT)},
+    "dashboard": {"url": (str, _OPT), "token": (str, _OPT), "expires": (int, _OPT)},
     # client -> master: which machines ran a job, and their data services
     "log_sources": {"job": str},
     "log_places": {"job": str, "machines": list},   # [[machine, data endpoint]]

@@ -49,15 +49,48 @@ _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=
           ".css": "text/css; charset=utf-8", ".png": "image/png", ".svg": "image/svg+xml"}
 
 
-def token_for(server_secret: bytes, role: str, name: str) -> str:
-    """The dashboard token of the client or reader key ``role``/``name``."""
-    return hmac.new(server_secret, LABEL + f":{role}:{name}".encode(),
-                    hashlib.sha256).hexdigest()[:40]
+#: how long a dashboard token is good for (`harmony dashboard` gets a new one)
+TOKEN_TTL = 30 * 86400
+
+
+def token_for(secret: bytes, role: str, name: str, expires: int) -> str:
+    """The dashboard token of the client or reader key ``role``/``name``,
+    good until ``expires`` (unix seconds): ``EXPIRES.ROLE.NAME.MAC``, MAC an
+    HMAC-SHA256 under the master's own dashboard secret (``secret_of``)."""
+    mac = hmac.new(secret, LABEL + f":{role}:{name}:{int(expires)}".encode(),
+                   hashlib.sha256).hexdigest()[:40]
+    return f"{int(expires)}.{role}.{name}.{mac}"
+
+
+def secret_of(state_dir: str | None) -> bytes:
+    """The master's dashboard secret: ``STATE/dashboard.secret`` (made at
+    its first start, mode 0600), so that tokens outlive a restart; random
+    per process without a state dir. The workers do not have it: a worker
+    key cannot mint a token (they hold the cluster's key pair, which the
+    tokens were made under before)."""
+    if not state_dir:
+        return os.urandom(32)
+    path = os.path.join(state_dir, "dashboard.secret")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+        if len(data) == 32:
+            return data
+    except OSError:
+        pass
+    data = os.urandom(32)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+    return data
 
 
 class ObsServer:
     def __init__(self, host: str, port: int, keys=None, state_dir: str | None = None) -> None:
         self.keys = keys
+        self.secret = secret_of(state_dir) if keys is not None else b""
         self.collector = OM.SnapshotCollector()
         self.registry = OM.make_registry(self.collector)
         self._snap: dict[str, Any] | None = None
@@ -114,10 +147,11 @@ class ObsServer:
 
     def info(self, role: str, name: str) -> dict[str, Any]:
         """The URL, and the token of the asking key (``dashboard_info``)."""
-        tok = None
-        if self.keys is not None and self.keys.server_secret is not None and role:
-            tok = token_for(self.keys.server_secret, role, name)
-        return {"url": self.url, "token": tok}
+        tok = expires = None
+        if self.keys is not None and role:
+            expires = int(time.time()) + TOKEN_TTL
+            tok = token_for(self.secret, role, name, expires)
+        return {"url": self.url, "token": tok, "expires": expires}
 
     def stop(self) -> None:
         try:
@@ -142,16 +176,23 @@ class ObsServer:
                 self._json = data
         return data
 
-    def allowed(self, token: str | None) -> bool:
+    def allowed(self, token: str | None, now: float | None = None) -> bool:
+        """A token of a client or reader key that the key set still holds,
+        made under this master's secret, and not expired."""
         if self.keys is None:
             return True
-        if not token or self.keys.server_secret is None:
+        if not token or len(token) > 512:
             return False
-        for role, name in list(self.keys.known.values()):
-            if role in ("client", "reader") and hmac.compare_digest(
-                    token, token_for(self.keys.server_secret, role, name)):
-                return True
-        return False
+        try:
+            expires, role, rest = token.split(".", 2)
+            name, _ = rest.rsplit(".", 1)
+            expires_at = int(expires)
+        except ValueError:
+            return False
+        if expires_at < (time.time() if now is None else now) or role not in ("client", "reader") \
+                or (role, name) not in set(self.keys.known.values()):
+            return False
+        return hmac.compare_digest(token, token_for(self.secret, role, name, expires_at))
 
 
 class _Handler(BoundedHandler):
