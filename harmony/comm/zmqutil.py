@@ -25,21 +25,32 @@ class NoHandshake(zmq.Again):
         self.args = (message,)
 
 
+#: seconds a server's ROUTER waits to hand a reply to a peer whose queue is
+#: full before it raises zmq.Again (the reply is then dropped)
+ROUTER_SEND_S = 1.0
+
+
 def make_socket(ctx: zmq.Context, kind: int, identity: bytes | None = None,
                 keys: "security.Keys | None" = None,
                 timeout_s: float | None = SOCKET_TIMEOUT_S) -> zmq.Socket:
     """A socket with Harmony's options; with keys (``keys``, or the
     process's, :func:`harmony.comm.security.use`) a ROUTER is a CURVE server
     behind the ZAP handler and any other kind a CURVE client. Any kind but a
-    ROUTER gets send and receive timeouts of ``timeout_s`` (None: none)."""
+    ROUTER gets send and receive timeouts of ``timeout_s`` (None: none); a
+    ROUTER a send timeout of ``ROUTER_SEND_S`` (servers poll to receive)."""
     sock = ctx.socket(kind)
     security.secure_socket(ctx, sock, kind, keys)
     sock.setsockopt(zmq.LINGER, 0)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)
     if kind == zmq.ROUTER:
-        # a send to a vanished peer raises EHOSTUNREACH instead of vanishing
+        # a send to a vanished peer raises EHOSTUNREACH instead of vanishing;
+        # one to a peer that stopped reading (its queue full) raises Again
+        # after ROUTER_SEND_S instead of blocking the server for good (every
+        # server drops such a reply: a key holder that does not read cannot
+        # stall a shard, a data service or a daemon for more than that)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.SNDTIMEO, max(1, int(ROUTER_SEND_S * 1000)))
     elif timeout_s is not None:
         sock.setsockopt(zmq.SNDTIMEO, max(1, int(timeout_s * 1000)))
         sock.setsockopt(zmq.RCVTIMEO, max(1, int(timeout_s * 1000)))

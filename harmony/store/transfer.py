@@ -123,13 +123,23 @@ def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload]
             if throttle is not None and len(data):
                 throttle(p.dest, len(data))
             sock = socks[p.dest]
-            try:
-                if not sock.poll(SEND_TIMEOUT_MS, zmq.POLLOUT):
-                    raise TransferError(f"transfer {mid}: peer not reading for "
-                                        f"{SEND_TIMEOUT_MS / 1000:.0f}s")
-                sock.send_multipart([*pre, head, data], copy=len(data) < 65536)
-            except zmq.ZMQError as exc:
-                raise TransferError(f"transfer {mid}: send failed: {exc}") from None
+            deadline = time.monotonic() + SEND_TIMEOUT_MS / 1000
+            while True:
+                try:
+                    if not sock.poll(SEND_TIMEOUT_MS, zmq.POLLOUT):
+                        raise TransferError(f"transfer {mid}: peer not reading for "
+                                            f"{SEND_TIMEOUT_MS / 1000:.0f}s")
+                    sock.send_multipart([*pre, head, data], copy=len(data) < 65536)
+                    break
+                except zmq.Again:
+                    # a ROUTER (always writable) whose peer's queue is full gives
+                    # up each try after its send timeout: the transfer waits on
+                    # for the peer to read, up to SEND_TIMEOUT_MS in all
+                    if time.monotonic() > deadline:
+                        raise TransferError(f"transfer {mid}: peer not reading for "
+                                            f"{SEND_TIMEOUT_MS / 1000:.0f}s") from None
+                except zmq.ZMQError as exc:
+                    raise TransferError(f"transfer {mid}: send failed: {exc}") from None
             sent += len(data)
             if progress is not None:
                 progress(sent, done)
