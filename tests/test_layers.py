@@ -105,3 +105,38 @@ def test_the_cores_import_closure_loads_neither_zmq_nor_lmdb():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def _private_imports_across_packages(root: Path) -> list[str]:
+    """``from harmony.A... import _name`` in a module of another package
+    than harmony.A (the second part of the dotted name): private names stay
+    inside their package."""
+    import ast
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).with_suffix("")
+        parts = rel.parts
+        mine = parts[1] if len(parts) > 2 else parts[-1]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module \
+                    and node.module.startswith("harmony."):
+                theirs = node.module.split(".")[1]
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__") \
+                            and theirs != mine:
+                        out.append(f"{'/'.join(parts)}.py: {node.module}.{alias.name}")
+    return out
+
+
+def test_no_private_names_are_imported_across_packages(tmp_path):
+    """The rule (issue #33): a name with a leading underscore is imported only
+    within its package. And the check catches one that is not."""
+    root = Path(__file__).resolve().parent.parent / "harmony"
+    assert _private_imports_across_packages(root) == []
+    fake = tmp_path / "harmony"
+    (fake / "a").mkdir(parents=True)
+    (fake / "b").mkdir()
+    (fake / "a" / "x.py").write_text("def _hidden():\n    pass\n")
+    (fake / "b" / "y.py").write_text("from harmony.a.x import _hidden\n")
+    (fake / "a" / "z.py").write_text("from harmony.a.x import _hidden\n")
+    assert _private_imports_across_packages(fake) == ["harmony/b/y.py: harmony.a.x._hidden"]
