@@ -8,7 +8,9 @@ import itertools
 from harmony.sched import (Profile, allocate_machines, assign_jobs, choose_n_groups,
                            cluster_util, group_iter_time, schedule, t_net_at)
 from harmony.sched.exhaustive import best_plan
-from harmony.sched.grouping import _arrays, _fine_tune, _score_bound
+from harmony.sched.grouping.assign import _fine_tune
+from harmony.sched.grouping.base import _arrays
+from harmony.sched.grouping.search import _score_bound
 from harmony.sched.model import group_util, score
 from harmony.sched.synthetic import random_profiles
 
