@@ -70,6 +70,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.request
 import time
 from array import array
 from pathlib import Path
@@ -571,12 +572,16 @@ def _emulate(cfg: dict, names: list[str], endpoint: str, out: str, stop) -> None
 # ======================================================================= the bench
 class Pollers:
     """Readers polling the master (the real Client, a reader key), each in
-    its own thread: list_jobs, job_status of a random job, cluster_info."""
+    its own thread: list_jobs, job_status of a random job, cluster_info, and
+    (``dashboard``) the dashboard's snapshot over HTTP with this key's token."""
 
-    def __init__(self, endpoint: str, keys: security.Keys, hz: float, jobs: list[str]) -> None:
+    def __init__(self, endpoint: str, keys: security.Keys, hz: float, jobs: list[str],
+                 dashboard: bool = False) -> None:
         self.endpoint, self.keys, self.hz, self.jobs = endpoint, keys, hz, jobs
         self.lat: dict[str, list[tuple[float, float]]] = {"job_status": [], "list_jobs": [],
                                                           "cluster_info": []}
+        if dashboard:
+            self.lat["dashboard"] = []
         self.failed: dict[str, int] = {k: 0 for k in self.lat}
         self._stop = threading.Event()
         self.threads = [threading.Thread(target=self._poll, args=(k,), daemon=True)
@@ -595,17 +600,24 @@ class Pollers:
         from harmony.client import Client, ClientError
         rng = random.Random(kind)
         with Client(self.endpoint, timeout_s=10.0, keys=self.keys) as c:
+            url = None
+            if kind == "dashboard":
+                d = c.dashboard()
+                url = f"{d['url'].rstrip('/')}/api/snapshot?token={d['token']}"
             while not self._stop.is_set():
                 t0 = mono()
                 try:
-                    if kind == "job_status":
+                    if url is not None:
+                        with urllib.request.urlopen(url, timeout=10) as r:
+                            r.read()
+                    elif kind == "job_status":
                         c.status(rng.choice(self.jobs))
                     elif kind == "list_jobs":
                         c.jobs()
                     else:
                         c.cluster()
                     self.lat[kind].append((t0, mono() - t0))
-                except ClientError:
+                except (ClientError, OSError):
                     self.failed[kind] += 1
                 self._stop.wait(max(0.0, 1.0 / self.hz - (mono() - t0)))
 
@@ -755,7 +767,7 @@ def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, i
             res["running_at_start"] = running
             log(f"  {machines} machines registered in {res['register_s']}s; {running}/{jobs} "
                 f"jobs running ({sum(dops)} executors) after {res['start_s']}s")
-        pol = Pollers(endpoint, reader, a.poll_hz, ids)
+        pol = Pollers(endpoint, reader, a.poll_hz, ids, dashboard=a.dashboard)
         pol.start()
         time.sleep(a.warmup)
         t0 = mono()
@@ -825,6 +837,8 @@ def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, i
             else None,
             "jobs_p99_ms": _pct(st_lat["list_jobs"], 99),
             "cluster_p99_ms": _pct(st_lat["cluster_info"], 99),
+            "dashboard_p99_ms": _pct(st_lat["dashboard"], 99) if "dashboard" in st_lat
+            else None,
             "poll_failed": sum(pol.failed.values()),
             "hb_p50_ms": _pct(hb_w, 50), "hb_p99_ms": _pct(hb_w, 99),
             "hb_max_ms": float(hb_w.max()) if len(hb_w) else None,
@@ -907,7 +921,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", default="harmony", choices=["harmony", "naive"])
     p.add_argument("--policy", default="colocate")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0)
-    p.add_argument("--dashboard", action="store_true", help="the master serves its dashboard")
+    p.add_argument("--no-dashboard", dest="dashboard", action="store_false",
+                   help="the master serves no dashboard (default: it does, and a reader "
+                        "fetches its snapshot)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--keys", default=None, help="key set dir (default: a cached one in /tmp)")
     p.add_argument("--seed", type=int, default=1)
