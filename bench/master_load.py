@@ -331,7 +331,7 @@ class Emulator:
             ex = m.execs.get(job)
             now = mono()
             self.r_recv.extend((ex.jnum if ex else -1, ex.attempt if ex else -1,
-                                msg["seq"] - 1, now))
+                                msg["seq"] - 1, now, ex.count if ex else 0))
             try:
                 acts = m.core.enqueue(Sub(job, msg["seq"], msg["kind"],
                                           float(msg.get("prio") or 0.0)), now)
@@ -419,7 +419,7 @@ class Emulator:
             self._epoch_sums(ex, msg)
         elif t == "release":
             self.r_recv.extend((ex.jnum, ex.attempt, msg["iter"] + 1000 * (msg["epoch"] + 1),
-                                mono()))
+                                mono(), ex.count))
             if ex.state == "barrier":
                 ex.state = "running"
                 if msg["epoch"] >= 0:
@@ -440,7 +440,7 @@ class Emulator:
         """Subtask ``ex.seq`` is done (0: none yet): tell the synchronizer
         which kind the next one is."""
         nxt = self.plan[ex.seq % len(self.plan)]
-        self.r_send.extend((ex.jnum, ex.attempt, ex.seq, mono()))
+        self.r_send.extend((ex.jnum, ex.attempt, ex.seq, mono(), ex.count))
         self.send(ex.sock, "sync", job=ex.job, index=ex.index, seq=ex.seq, next=nxt)
 
     def _sub_done(self, ex: Exec, seq: int) -> None:
@@ -487,7 +487,7 @@ class Emulator:
 
     def _barrier(self, ex: Exec, epoch: int, it: int) -> None:
         ex.state = "barrier"
-        self.r_send.extend((ex.jnum, ex.attempt, it + 1000 * (epoch + 1), mono()))
+        self.r_send.extend((ex.jnum, ex.attempt, it + 1000 * (epoch + 1), mono(), ex.count))
         self.send(ex.sock, "barrier", job=ex.job, index=ex.index, epoch=epoch, iter=it)
 
     # -- the epoch's end ----------------------------------------------------------------
@@ -539,8 +539,8 @@ class Emulator:
 
     def _dump(self) -> None:
         ru = resource.getrusage(resource.RUSAGE_SELF)
-        np.savez(self.out, r_send=np.frombuffer(self.r_send, dtype=np.float64).reshape(-1, 4),
-                 r_recv=np.frombuffer(self.r_recv, dtype=np.float64).reshape(-1, 4),
+        np.savez(self.out, r_send=np.frombuffer(self.r_send, dtype=np.float64).reshape(-1, 5),
+                 r_recv=np.frombuffer(self.r_recv, dtype=np.float64).reshape(-1, 5),
                  hb_rtt=np.frombuffer(self.hb_rtt, dtype=np.float64).reshape(-1, 2),
                  series=np.asarray(self.series, dtype=np.float64).reshape(-1, 4))
         with open(self.out + ".json", "w") as fh:
@@ -644,11 +644,11 @@ def _pct(xs, q: float) -> float | None:
     return float(np.percentile(xs, q)) if len(xs) else None
 
 
-def _rounds(send: np.ndarray, recv: np.ndarray, dop: dict[int, int],
-            t0: float, t1: float) -> dict:
+def _rounds(send: np.ndarray, recv: np.ndarray, t0: float, t1: float) -> dict:
     """The synchronizer's rounds whose last sync is in [t0, t1): complete
-    ones (every executor's sync and every machine's enqueue) and their added
-    delay (last enqueue - last sync)."""
+    ones (every executor's sync and every machine's enqueue: as many as the
+    job's executors, its launch's count) and their added delay (last
+    enqueue - last sync). Rows: (job, attempt, round, t, count)."""
     out = {"rounds": 0, "incomplete": 0, "delays": np.zeros(0)}
     if not len(send):
         return out
@@ -658,17 +658,18 @@ def _rounds(send: np.ndarray, recv: np.ndarray, dop: dict[int, int],
         uniq, inv, cnt = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
         tmax = np.full(len(uniq), -np.inf)
         np.maximum.at(tmax, inv.ravel(), a[:, 3])
-        return {tuple(k): (c, t) for k, c, t in zip(map(tuple, uniq), cnt, tmax)}
+        want = np.zeros(len(uniq))
+        np.maximum.at(want, inv.ravel(), a[:, 4])
+        return {tuple(k): (c, t, w) for k, c, t, w in zip(map(tuple, uniq), cnt, tmax, want)}
     s = agg(send)
     r = agg(recv) if len(recv) else {}
     delays = []
     incomplete = 0
-    for k, (c, t) in s.items():
+    for k, (c, t, want) in s.items():
         if not (t0 <= t < t1):
             continue
-        want = dop.get(int(k[0]))
         got = r.get(k)
-        if want is None or c != want or got is None or got[0] != want:
+        if c != want or got is None or got[0] != want:
             incomplete += 1
             continue
         delays.append(got[1] - t)
@@ -754,7 +755,6 @@ def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, i
             for d in dops:
                 ids.append(c.submit("load.py", APP_SOURCE, ["--max-epochs", "1000000"],
                                     machines=d, checkpoint_every=a.ckpt_every))
-            dop_of = {int(re.sub(r"\D", "", j)): d for j, d in zip(ids, dops)}
             res["executors"] = sum(dops)
             t_sub = mono()
             running = 0
@@ -796,7 +796,7 @@ def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, i
         r_send = np.concatenate([s["r_send"] for s in send])
         r_recv = np.concatenate([s["r_recv"] for s in send])
         hb = np.concatenate([s["hb_rtt"] for s in send])
-        rounds = _rounds(r_send, r_recv, dop_of, t0, t1 - 1.0)
+        rounds = _rounds(r_send, r_recv, t0, t1 - 1.0)
         d_ms = rounds["delays"] * 1000
         # messages at the master: everything the emulators sent and received in the window
         msgs = gen_cpu = 0.0
@@ -853,6 +853,9 @@ def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, i
             "counts": counts, "errors": errors,
             "cpus": os.cpu_count(),
         })
+        # the event loop's CPU per message (in or out): what one core can carry
+        res["loop_us_per_msg"] = (round(1e6 * res["master_loop_cores"] / res["msgs_per_s"], 1)
+                                  if res["msgs_per_s"] else None)
         res["sync_pct_of_subtask"] = (round(100 * res["sync_p99_ms"] / 1000 / subtask, 2)
                                       if res["sync_p99_ms"] is not None else None)
         return res
@@ -878,13 +881,13 @@ def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, i
 
 COLS = [("machines", 5, "d"), ("jobs", 4, "d"), ("dop", 5, "s"), ("executors", 5, "d"),
         ("subtask", 6, "g"), ("msgs_per_s", 7, "d"), ("master_cores", 5, ".2f"), ("master_loop_cores", 5, ".2f"),
-        ("master_rss_mb", 6, ".0f"), ("gen_cores", 5, ".2f"), ("sync_rounds", 7, "d"),
+        ("loop_us_per_msg", 5, ".0f"), ("master_rss_mb", 6, ".0f"), ("gen_cores", 5, ".2f"), ("sync_rounds", 7, "d"),
         ("sync_p50_ms", 7, ".2f"), ("sync_p99_ms", 8, ".2f"), ("sync_pct_of_subtask", 6, ".1f"),
         ("status_p50_ms", 7, ".1f"), ("status_p99_ms", 7, ".1f"), ("hb_p99_ms", 7, ".1f"),
         ("unknown_worker", 4, "d"), ("lost_logged", 4, "d")]
 HEAD = {"machines": "mach", "jobs": "jobs", "dop": "DoP", "executors": "execs",
         "subtask": "sub s", "msgs_per_s": "msg/s", "master_cores": "cores", "master_loop_cores": "loop",
-        "master_rss_mb": "RSS MB", "gen_cores": "emu c", "sync_rounds": "rounds",
+        "master_rss_mb": "RSS MB", "loop_us_per_msg": "us/m", "gen_cores": "emu c", "sync_rounds": "rounds",
         "sync_p50_ms": "sync50", "sync_p99_ms": "sync99", "sync_pct_of_subtask": "%sub",
         "status_p50_ms": "stat50", "status_p99_ms": "stat99", "hb_p99_ms": "hb99",
         "unknown_worker": "unkw", "lost_logged": "lost"}
