@@ -685,7 +685,8 @@ def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, i
     master = None
     stop = mp.get_context("fork").Event()
     res: dict = {"machines": machines, "jobs": jobs, "dop": f"{dop[0]}-{dop[1]}",
-                 "subtask": subtask, "mode": a.mode, "policy": a.policy}
+                 "subtask": subtask, "mode": a.mode, "policy": a.policy,
+                 "pinned": bool(a.pin)}
     try:
         keydir = a.keys or os.path.join(tempfile.gettempdir(), "harmony-master-load-keys")
         ksec, made = ensure_keys(keydir, machines)
@@ -707,8 +708,18 @@ def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, i
         if a.profile:
             env["HARMONY_MASTER_PROFILE"] = a.profile
         t_start = mono()
+        ncpu = os.cpu_count() or 1
+        pin = a.pin and ncpu > 1
+
+        def _pre() -> None:
+            if a.nice:
+                os.nice(a.nice)
+            if pin:                 # the master alone on CPU 0 (its loop and I/O threads)
+                os.sched_setaffinity(0, {0})
         master = subprocess.Popen(cmd, stdout=mlog, stderr=subprocess.STDOUT, env=env,
-                                  preexec_fn=(lambda: os.nice(a.nice)) if a.nice else None)
+                                  preexec_fn=_pre if (a.nice or pin) else None)
+        if pin:                     # the emulators and the readers: the other CPUs
+            os.sched_setaffinity(0, set(range(1, ncpu)))
         info = os.path.join(state, "master.json")
         for _ in range(600):
             if os.path.exists(info) or master.poll() is not None:
@@ -860,6 +871,11 @@ def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, i
                                       if res["sync_p99_ms"] is not None else None)
         return res
     finally:
+        if a.pin:
+            try:
+                os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+            except OSError:
+                pass
         stop.set()
         for pr in procs:
             pr.join(timeout=10)
@@ -931,6 +947,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keys", default=None, help="key set dir (default: a cached one in /tmp)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--nice", type=int, default=0, help="run master and emulators niced")
+    p.add_argument("--pin", action="store_true",
+                   help="the master on CPU 0 alone, the emulators on the others")
     p.add_argument("--profile", default=None, metavar="PATH",
                    help="cProfile the master into PATH (HARMONY_MASTER_PROFILE)")
     p.add_argument("--check", action="store_true",

@@ -30,7 +30,7 @@ def test_master_load_tiny(tmp_path, mode):
         mode=mode, policy="colocate", warmup=1.0, duration=3.0, procs=2, iters=3,
         ckpt_every=2, setup=0.05, poll_hz=4.0, heartbeat_timeout=5.0, dashboard=False,
         log_level="INFO", keys=str(tmp_path / "keys"), seed=3, nice=0, profile=None,
-        keep=False, check=True)
+        keep=False, check=True, pin=False)
     row = ml.run_point(a, machines=4, jobs=2, dop=(2, 3), subtask=0.05, log=lambda *_: None)
     assert "error" not in row, row
     # every job ran, on machines that stayed alive: no lost worker, no requeue
