@@ -231,6 +231,7 @@ class Emulator:
             m = Machine(n, None, *pubsec[n])
             m.sock = self._socket(m.pub, m.sec, m)
             m.hb_next = t0 + self.rng.random()      # staggered, as independent daemons are
+            self.at(m.hb_next, self._beat, m)
             self.machines.append(m)
             self._register(m)
         self.at(t0 + 1.0, self._housekeeping)
@@ -297,15 +298,19 @@ class Emulator:
         if os.getppid() == 1:           # the bench died: do not linger
             self.stop.set()
         self.at(now + 1.0, self._housekeeping)
-        for m in self.machines:
-            if now >= m.hb_next:
-                m.hb_next += 1.0 if m.registered else 2.0
-                if m.hb_next < now:
-                    m.hb_next = now + 1.0
-                if m.registered:
-                    self._heartbeat(m, now)
-                else:
-                    self._register(m)
+
+    def _beat(self, m: Machine) -> None:
+        """A daemon's timer: a heartbeat each interval (the master's answer
+        to its registration: 1 s), or, not registered, a registration."""
+        now = mono()
+        m.hb_next += 1.0 if m.registered else 2.0
+        if m.hb_next < now:             # fell behind: no burst to catch up
+            m.hb_next = now + 1.0
+        self.at(m.hb_next, self._beat, m)
+        if m.registered:
+            self._heartbeat(m, now)
+        else:
+            self._register(m)
 
     def _register(self, m: Machine) -> None:
         self.send(m.sock, "register", name=m.name, host="127.0.0.1", cpus=16,
