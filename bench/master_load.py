@@ -70,16 +70,16 @@ import subprocess
 import sys
 import tempfile
 import threading
-import urllib.request
 import time
+import urllib.request
 from array import array
 from pathlib import Path
 
 import numpy as np
-from msgpack import packb, unpackb
 import psutil
 import zmq
 import zmq.auth
+from msgpack import packb, unpackb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -128,7 +128,7 @@ class Exec:
 class Machine:
     """One emulated worker daemon."""
     __slots__ = ("name", "sock", "pub", "sec", "core", "execs", "registered", "hb_sent",
-                 "hb_next", "lost_errors")
+                 "hb_next")
 
     def __init__(self, name: str, sock: zmq.Socket, pub: bytes, sec: bytes) -> None:
         self.name, self.sock, self.pub, self.sec = name, sock, pub, sec
@@ -137,7 +137,6 @@ class Machine:
         self.registered = False
         self.hb_sent: list[float] = []
         self.hb_next = 0.0
-        self.lost_errors = 0
 
 
 class Emulator:
@@ -174,6 +173,7 @@ class Emulator:
                        "unknown_worker": 0, "unsupported": 0, "launches": 0, "ckpts": 0,
                        "pauses": 0, "kills": 0, "epochs": 0, "queue_errors": 0}
         self.errors: dict[str, int] = {}
+        self.machines: list[Machine] = []
         # (t, sent, recv, CPU seconds) each second
         self.series: list[tuple[float, int, int, float]] = []
 
@@ -807,6 +807,9 @@ def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, i
         stop.set()
         for pr in procs:
             pr.join(timeout=30)
+        for o, pr in zip(outs, procs):
+            if not os.path.exists(o + ".json"):
+                raise RuntimeError(f"emulator {o} left no results (exit code {pr.exitcode})")
         send = [np.load(o + ".npz") for o in outs]
         stats = [json.load(open(o + ".json")) for o in outs]
         r_send = np.concatenate([s["r_send"] for s in send])
