@@ -151,7 +151,7 @@ class Emulator:
         self.plan = ["net", "cpu", "net"] * self.iters + ["net", "cpu"]
         self._free = self._free_ops()
         self.ctx = zmq.Context(io_threads=1)
-        self.ctx.setsockopt(zmq.MAX_SOCKETS, 60000)
+        self.ctx.set(zmq.MAX_SOCKETS, 60000)     # a context option (default 1023)
         self.server_pub, _ = zmq.auth.load_certificate(
             os.path.join(cfg["keys"], "cluster.key"))
         # epoll on the sockets' zmq.FD: a pass costs what is ready, not the
