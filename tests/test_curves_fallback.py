@@ -11,7 +11,13 @@ import pytest
 import scipy.optimize
 
 from harmony.policies import curves
-from harmony.policies.curves import LossCurve, fit_curve, slaq_fit
+from harmony.policies.curves import LossCurve, fit_curve, slaq_fit, straight_line
+from harmony.policies.estimates import Estimator
+from harmony.policies.view import ClusterView, JobView
+
+
+def _job(jid: str, progress: tuple) -> JobView:
+    return JobView(id=jid, machines=2, submitted=0.0, progress=progress)
 
 
 @pytest.fixture
@@ -33,16 +39,30 @@ def nfev(monkeypatch):
 def test_a_straight_line_is_no_loss_curve(nfev):
     slaq_fit(((0.0, 1.0), (1.0, 0.5), (2.0, 0.4)))      # scipy imported before timing
     nfev.clear()
-    t0 = time.perf_counter()
+    lines = []
     for n in (3, 5, 10, 30, 200):
         # the epochs left, as the simulator reports for a job without a curve
-        assert slaq_fit(tuple((10.0 * i, float(n - i)) for i in range(n))) is None
-        # rising (negated) and offset lines too
-        assert slaq_fit(tuple((5.0 * i, 3.0 + 0.25 * i) for i in range(n))) is None
-    assert nfev == []                     # no fit was tried
-    assert time.perf_counter() - t0 < 0.5
-    # two points always lie on a line: still fitted, as before
-    assert slaq_fit(((0.0, 2.0), (10.0, 1.0))) is not None
+        lines.append(tuple((10.0 * i, float(n - i)) for i in range(n)))
+        lines.append(tuple((5.0 * i, 3.0 + 0.25 * i) for i in range(n)))   # rising, offset
+    assert all(straight_line(p) for p in lines)
+    # not lines: two points, flat points, a real curve, noise
+    c = LossCurve("sublinear", (0.001, 0.05, 1.0, 0.2))
+    rng = random.Random(3)
+    assert not straight_line(((0.0, 2.0), (10.0, 1.0)))
+    assert not straight_line(((0.0, 2.0), (10.0, 2.0), (20.0, 2.0)))
+    assert not straight_line(tuple((20.0 * k, c.loss(20.0 * k)) for k in range(3)))
+    assert not straight_line(tuple((10.0 * i, 50.0 - i + rng.gauss(0, 0.3)) for i in range(8)))
+    # mlfs's estimates: no fit for a line, at once, no least squares run
+    est = Estimator(ClusterView(workers=(), waiting=()), fit_lines=False)
+    t0 = time.perf_counter()
+    for i, pts in enumerate(lines):
+        assert est.gain_left(_job(f"j{i}", pts)) is None
+    assert nfev == [] and time.perf_counter() - t0 < 0.5
+    # slaq_fit itself still fits a line (slaq's and oasis's decisions are
+    # unchanged), within the cap
+    slaq_fit.cache_clear()
+    assert slaq_fit(lines[2]) is not None
+    assert nfev and max(n for n, _ in nfev) <= curves.MAX_NFEV
 
 
 def test_noise_is_fitted_within_the_cap(nfev):

@@ -294,9 +294,19 @@ class Utility:
 MAX_NFEV = 100
 
 
-def _straight(ks: Sequence[float], ys: Sequence[float], span: float) -> bool:
-    """The points lie on a straight line (least squares), to within 1e-6
-    of their span: no curvature to fit."""
+def straight_line(points: Sequence[tuple[float, float]]) -> bool:
+    """Three or more (k, loss) points on a straight line (least squares, to
+    within 1e-6 of their span), not flat: an objective that falls by the
+    same amount every epoch (e.g. a simulated job without a loss curve
+    reports the epochs left). Neither of SLAQ's models fits it (their
+    floors run off to minus infinity): it is no loss curve."""
+    if len(points) < 3:
+        return False
+    ks = [float(k) for k, _ in points]
+    ys = [float(y) for _, y in points]
+    span = max(ys) - min(ys)
+    if span <= 1e-12 * max(1.0, abs(ys[0])):
+        return False
     n = len(ks)
     mk, my = sum(ks) / n, sum(ys) / n
     sxx = sum((k - mk) ** 2 for k in ks)
@@ -305,6 +315,7 @@ def _straight(ks: Sequence[float], ys: Sequence[float], span: float) -> bool:
     slope = sum((k - mk) * (y - my) for k, y in zip(ks, ys)) / sxx
     return max(abs(y - (my + slope * (k - mk))) for k, y in zip(ks, ys)) <= 1e-6 * span
 
+
 @lru_cache(maxsize=8192)
 def slaq_fit(points: tuple[tuple[float, float], ...]
              ) -> tuple[LossCurve, float, float | None] | None:
@@ -312,23 +323,17 @@ def slaq_fit(points: tuple[tuple[float, float], ...]
     of the two fits (weighted residual), its sign (-1: the objective grows and
     was negated) and the normalizer; None when the points cannot be fitted.
     Memoized on the points (the policies call it on every decision).
-
-    No loss curve, no fit (None), at once: flat points, and three or more
-    points on a straight line (an objective that falls by the same amount
-    every epoch, e.g. a countdown of the epochs left: both models' floors
-    run off to minus infinity, and the fit used to grind to its iteration
-    limit, ~0.2 s a job per decision). Points that are noise are still
-    fitted, within ``MAX_NFEV`` evaluations per model."""
+    Each model's least squares stops at ``MAX_NFEV`` evaluations: points
+    that are no loss curve (noise, a straight line) ran to scipy's limit,
+    ~0.2 s a job per decision; a caller that wants no fit for a straight
+    line asks :func:`straight_line` first (``estimates.Estimator``)."""
     import numpy as np
 
     ks = [k for k, _ in points]
     ys = [y for _, y in points]
     sign = -1.0 if ys[-1] > ys[0] else 1.0
     ys = [sign * y for y in ys]
-    span = max(ys) - min(ys)
-    if span <= 1e-12 * max(1.0, abs(ys[0])):
-        return None
-    if len(ks) >= 3 and _straight(ks, ys, span):
+    if max(ys) - min(ys) <= 1e-12 * max(1.0, abs(ys[0])):
         return None
     w = 0.9 ** np.arange(len(ks) - 1, -1, -1)
     best = None
