@@ -126,7 +126,19 @@ def master_main(argv: list[str] | None = None) -> int:
         return _die(str(exc))
     except Exception as exc:  # e.g. address in use
         return _die(f"cannot start master: {exc}")
-    m.serve_forever()
+    prof_path = os.environ.get("HARMONY_MASTER_PROFILE")     # bench/master_load.py --profile
+    if not prof_path:
+        m.serve_forever()
+        return 0
+    import cProfile
+    import time
+    prof = cProfile.Profile(time.thread_time)   # the event loop's CPU, not its waits
+    prof.enable()
+    try:
+        m.serve_forever()
+    finally:
+        prof.disable()
+        prof.dump_stats(prof_path)
     return 0
 
 

@@ -223,7 +223,8 @@ def fit_curve(ks: Sequence[float], losses: Sequence[float], kind: str = "subline
             a, b, c, d = z * scale
             return w * (1.0 / (a * k * k + b * k + c) + d - y)
         lb = np.array([0.0, 0.0, 1e-12 / scale[2], -np.inf])
-        sol = least_squares(res, x0 / scale, bounds=(lb, np.full(4, np.inf)))
+        sol = least_squares(res, x0 / scale, bounds=(lb, np.full(4, np.inf)),
+                            max_nfev=MAX_NFEV)
         z = sol.x * scale if sol.success and np.sum(sol.fun ** 2) <= best[0] else x0
         a, b, c, d = (float(v) for v in z)
         return LossCurve("sublinear", (max(a, 0.0), max(b, 0.0), max(c, 1e-12), d))
@@ -236,7 +237,8 @@ def fit_curve(ks: Sequence[float], losses: Sequence[float], kind: str = "subline
             mu, b, c = z
             return w * (mu ** (k - b) + c - y)
         sol = least_squares(res, [mu0, b0, c0],
-                            bounds=([1e-9, -np.inf, -np.inf], [1 - 1e-9, np.inf, np.inf]))
+                            bounds=([1e-9, -np.inf, -np.inf], [1 - 1e-9, np.inf, np.inf]),
+                            max_nfev=MAX_NFEV)
         mu, b, c = (float(v) for v in sol.x)
         return LossCurve("linear", (mu, b, c))
     raise ValueError(f"cannot fit a {kind!r} curve (sublinear, linear or points)")
@@ -285,13 +287,46 @@ class Utility:
 
 # ---------------------------------------------------------------- SLAQ's fit
 
+#: least_squares' function evaluations per model in ``fit_curve`` (scipy's
+#: default is 100 per parameter: 400 and 300). A real loss curve converges in
+#: well under this (measured: at most ~70); points that are not one ran to
+#: the limit, and the result was no better for it.
+MAX_NFEV = 100
+
+
+def straight_line(points: Sequence[tuple[float, float]]) -> bool:
+    """Three or more (k, loss) points on a straight line (least squares, to
+    within 1e-6 of their span), not flat: an objective that falls by the
+    same amount every epoch (e.g. a simulated job without a loss curve
+    reports the epochs left). Neither of SLAQ's models fits it (their
+    floors run off to minus infinity): it is no loss curve."""
+    if len(points) < 3:
+        return False
+    ks = [float(k) for k, _ in points]
+    ys = [float(y) for _, y in points]
+    span = max(ys) - min(ys)
+    if span <= 1e-12 * max(1.0, abs(ys[0])):
+        return False
+    n = len(ks)
+    mk, my = sum(ks) / n, sum(ys) / n
+    sxx = sum((k - mk) ** 2 for k in ks)
+    if sxx <= 0:
+        return False
+    slope = sum((k - mk) * (y - my) for k, y in zip(ks, ys)) / sxx
+    return max(abs(y - (my + slope * (k - mk))) for k, y in zip(ks, ys)) <= 1e-6 * span
+
+
 @lru_cache(maxsize=8192)
 def slaq_fit(points: tuple[tuple[float, float], ...]
              ) -> tuple[LossCurve, float, float | None] | None:
     """SLAQ's fit of a job's (iterations done, objective) points: the better
     of the two fits (weighted residual), its sign (-1: the objective grows and
     was negated) and the normalizer; None when the points cannot be fitted.
-    Memoized on the points (the policies call it on every decision)."""
+    Memoized on the points (the policies call it on every decision).
+    Each model's least squares stops at ``MAX_NFEV`` evaluations: points
+    that are no loss curve (noise, a straight line) ran to scipy's limit,
+    ~0.2 s a job per decision; a caller that wants no fit for a straight
+    line asks :func:`straight_line` first (``estimates.Estimator``)."""
     import numpy as np
 
     ks = [k for k, _ in points]

@@ -33,7 +33,7 @@ from __future__ import annotations
 import statistics
 
 from harmony.policies.view import ClusterView, JobView
-from harmony.policies.curves import slaq_fit
+from harmony.policies.curves import slaq_fit, straight_line
 from harmony.sched.model import Profile, job_iter_time, t_cpu_at, t_net_at
 
 #: a job's share of a machine's (CPU, link) without a profile of its own
@@ -66,7 +66,10 @@ def shares(p: Profile, m: int) -> tuple[float, float]:
 class Estimator:
     """Demand and remaining-time estimates for the jobs of one view."""
 
-    def __init__(self, view: ClusterView) -> None:
+    def __init__(self, view: ClusterView, fit_lines: bool = True) -> None:
+        # fit_lines False: a job whose objective falls on a straight line has
+        # no loss curve: no fit (the defaults), not a fit ground out of it
+        self.fit_lines = fit_lines
         self.profiles = {j.id: p for j in view.active + view.waiting
                          if (p := profile_of(j)) is not None}
         known = list(self.profiles.values())
@@ -76,6 +79,11 @@ class Estimator:
             self.median = Profile("median", statistics.median(t_cpu_at(p, 1) for p in known),
                                   statistics.median(t_net_at(p, 1) for p in known), 1, 0.0)
         self._iters: dict[str, float | None] = {}
+
+    def _fit(self, j: JobView):
+        if not self.fit_lines and straight_line(j.progress):
+            return None
+        return slaq_fit(j.progress)
 
     def profile(self, j: JobView) -> Profile | None:
         return self.profiles.get(j.id, self.median)
@@ -90,7 +98,7 @@ class Estimator:
             return self._iters[j.id]
         out = None
         if j.id in self.profiles and len(j.progress) >= MIN_POINTS:
-            fit = slaq_fit(j.progress)
+            fit = self._fit(j)
             if fit is not None:
                 curve, _, norm = fit
                 k = j.progress[-1][0]
@@ -117,7 +125,7 @@ class Estimator:
         (0: converged, 1: nothing made yet); None without a fit."""
         if len(j.progress) < MIN_POINTS:
             return None
-        fit = slaq_fit(j.progress)
+        fit = self._fit(j)
         if fit is None:
             return None
         curve, _, norm = fit
