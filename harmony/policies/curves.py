@@ -287,11 +287,13 @@ class Utility:
 
 # ---------------------------------------------------------------- SLAQ's fit
 
-#: least_squares' function evaluations per model in ``fit_curve`` (scipy's
-#: default is 100 per parameter: 400 and 300). A real loss curve converges in
-#: well under this (measured: at most ~70); points that are not one ran to
-#: the limit, and the result was no better for it.
-MAX_NFEV = 100
+#: least_squares' function evaluations per model in ``fit_curve`` (None:
+#: scipy's default, 100 per parameter: 400 and 300). A real loss curve
+#: converges in well under 100 (measured: at most ~70); points that are not
+#: one run to the limit. Kept at scipy's default: a cap of 100 changed
+#: slaq's decisions on the golden trace (its fits of curve-less simulated
+#: jobs), and mlfs, whose fits ground, now asks ``straight_line`` first.
+MAX_NFEV: int | None = None
 
 
 def straight_line(points: Sequence[tuple[float, float]]) -> bool:
@@ -323,10 +325,11 @@ def slaq_fit(points: tuple[tuple[float, float], ...]
     of the two fits (weighted residual), its sign (-1: the objective grows and
     was negated) and the normalizer; None when the points cannot be fitted.
     Memoized on the points (the policies call it on every decision).
-    Each model's least squares stops at ``MAX_NFEV`` evaluations: points
-    that are no loss curve (noise, a straight line) ran to scipy's limit,
-    ~0.2 s a job per decision; a caller that wants no fit for a straight
-    line asks :func:`straight_line` first (``estimates.Estimator``)."""
+    Each model's least squares stops at ``MAX_NFEV`` evaluations (scipy's
+    default): points that are no loss curve (noise, a straight line) run to
+    that limit, ~0.2 s a job per decision; a caller that wants no fit for a
+    straight line asks :func:`straight_line` first
+    (``estimates.Estimator``)."""
     import numpy as np
 
     ks = [k for k, _ in points]
