@@ -132,8 +132,8 @@ def _parse_lines(lines: list[str], path: str, first: int) -> np.ndarray:
                 seen += 1
                 if seen == k:
                     raise InputError(path, first + off,
-                                     f"user and item must be integers from 0 to {MAX_ID} "
-                                     f"and the rating finite: {s[:60]!r}")
+                                     f"user and item must be non-negative integers up to "
+                                     f"{MAX_ID} and the rating finite: {s[:60]!r}")
     return arr
 
 

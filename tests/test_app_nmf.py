@@ -111,9 +111,9 @@ def test_every_epoch_visits_ratings_in_a_new_seeded_order(zipf):
 
 
 @pytest.mark.parametrize("body, line, text", [
-    ("1 2 3.0\n4 9223372036854775807 1.0\n", 2, "user and item must be integers from 0 to"),
-    ("1 2 3.0\n3000000000 2 1.0\n", 2, "user and item must be integers from 0 to"),
-    ("1 2 3.0\n1 -2 1.0\n", 2, "user and item must be integers"),
+    ("1 2 3.0\n4 9223372036854775807 1.0\n", 2, "user and item must be non-negative integers up to"),
+    ("1 2 3.0\n3000000000 2 1.0\n", 2, "user and item must be non-negative integers up to"),
+    ("1 2 3.0\n1 -2 1.0\n", 2, "user and item must be non-negative integers"),
 ])
 def test_nmf_ids_out_of_range_name_the_file_and_line(tmp_path, body, line, text):
     """An item id of 2^63-1 gave a raw numpy error; ids past 2^31-2 are
