@@ -138,6 +138,12 @@ def _room(g: RunningGroup, profiles: dict[str, Profile], profiling: dict) -> flo
 FREES_EPOCHS = 1.0
 
 
+def _epoch_s(p: Profile, m: int) -> float:
+    """A job's epoch on ``m`` machines alone, by its profile: its iterations
+    at the model's iteration time, then its evaluation and epoch end."""
+    return max(1.0, p.iters) * job_iter_time(p, m) + p.end_cpu + p.end_other
+
+
 def _frees_in(active, profiles: dict[str, Profile]) -> list[tuple[float, int]]:
     """(seconds until it ends, machines it frees) of every running job whose
     epochs left are known (its --max-epochs), from its profile on the
@@ -148,8 +154,7 @@ def _frees_in(active, profiles: dict[str, Profile]) -> list[tuple[float, int]]:
         p = profiles.get(j.id)
         if p is None or j.epochs_left is None or not j.workers or j.state != "running":
             continue
-        epoch = max(1.0, p.iters) * job_iter_time(p, len(j.workers)) + p.end_cpu + p.end_other
-        out.append((j.epochs_left * epoch, len(j.workers)))
+        out.append((j.epochs_left * _epoch_s(p, len(j.workers)), len(j.workers)))
     return sorted(out)
 
 
@@ -171,7 +176,7 @@ def _frees_first(g: RunningGroup, frees: list[tuple[float, int]],
     if not ps:
         return False
     m = len(g.machines)
-    epoch = max(max(1.0, p.iters) * job_iter_time(p, m) + p.end_cpu + p.end_other for p in ps)
+    epoch = max(_epoch_s(p, m) for p in ps)
     horizon, got = FREES_EPOCHS * epoch, 0
     for t, n in frees:
         if t > horizon:
