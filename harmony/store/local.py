@@ -346,12 +346,19 @@ class LocalInput:
         memory before it can be counted, so a job refused only once a block
         overshoots has already crossed its budget, and the daemon's OOM
         killer, which counts the process, may kill it before it reports why
-        (seen under load). The room keeps the process under the limit."""
+        (seen under load). The room keeps the process under the limit.
+
+        With ``spill`` on, a block goes to disk once keeping it would leave no
+        room for the next one: a block spilled is in memory while it is
+        written (the next one is being read, and LMDB's write copies it), so
+        keeping blocks up to the limit let the process cross it by a block or
+        two (an emulated OOM kill at 71 MiB of a 70 MiB budget, seen under
+        load)."""
         held = self.memory.total_bytes()
         for blk in blocks:
             if not isinstance(blk, Block):
                 raise TypeError(f"read_input yielded {type(blk).__name__}, not a Block")
-            over = memory_limit is not None and held + blk.nbytes > memory_limit
+            over = memory_limit is not None and held + 2 * blk.nbytes > memory_limit
             if not spill and memory_limit is not None and held + 2 * blk.nbytes > memory_limit:
                 raise SpillDisabledError(
                     f"out of memory: input blocks need more than {_mib(memory_limit)} "
