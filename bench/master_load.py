@@ -87,6 +87,7 @@ from harmony.comm import messages as M  # noqa: E402
 from harmony.comm import security  # noqa: E402
 from harmony.worker.daemon_core import DaemonCore, Deliver, Sub  # noqa: E402
 from harmony.subtasks.queues import Grant, QueueError  # noqa: E402
+from harmony.subtasks.sync import Enqueue, Failed, Plan, Sync, SyncLeader, SyncRouter  # noqa: E402
 
 _events = zmq.backend.Socket.get          # an int, not the sugar's enum (a hot path)
 _ZMQ_EVENTS = int(zmq.EVENTS)
@@ -108,7 +109,7 @@ def _worker_curve(keydir: str, name: str) -> tuple[bytes, bytes]:
 class Exec:
     """One emulated executor: its own socket (its machine's key)."""
     __slots__ = ("m", "job", "jnum", "index", "attempt", "count", "sock", "seq", "epoch",
-                 "state", "replica", "queued", "rnd", "t_epoch", "alive")
+                 "state", "replica", "queued", "rnd", "t_epoch", "alive", "gen")
 
     def __init__(self, m: "Machine", job: str, index: int, attempt: int, count: int,
                  sock: zmq.Socket) -> None:
@@ -123,12 +124,13 @@ class Exec:
         self.rnd = 0            # free mode: barrier rounds sent
         self.t_epoch = 0.0
         self.alive = True
+        self.gen: int | None = None     # leader synchronization: the layout's generation
 
 
 class Machine:
     """One emulated worker daemon."""
     __slots__ = ("name", "sock", "pub", "sec", "core", "execs", "registered", "hb_sent",
-                 "hb_next")
+                 "hb_next", "leader", "router", "links")
 
     def __init__(self, name: str, sock: zmq.Socket, pub: bytes, sec: bytes) -> None:
         self.name, self.sock, self.pub, self.sec = name, sock, pub, sec
@@ -137,6 +139,19 @@ class Machine:
         self.registered = False
         self.hb_sent: list[float] = []
         self.hb_next = 0.0
+        # the synchronizer off the master (--sync leader): the jobs it leads,
+        # where its executors' syncs go, and its connections to leaders
+        self.leader = SyncLeader(name)
+        self.router = SyncRouter()
+        self.links: dict[str, zmq.Socket] = {}
+
+
+class Link:
+    """A daemon's connection to a leader (an emulator process's sync socket)."""
+    __slots__ = ("m",)
+
+    def __init__(self, m: Machine) -> None:
+        self.m = m
 
 
 class Emulator:
@@ -171,14 +186,23 @@ class Emulator:
         self.hb_rtt = array("d")        # (t, rtt)
         self.counts = {"sent": 0, "recv": 0, "dropped": 0, "aborts": 0, "errors": 0,
                        "unknown_worker": 0, "unsupported": 0, "launches": 0, "ckpts": 0,
-                       "pauses": 0, "kills": 0, "epochs": 0, "queue_errors": 0}
+                       "pauses": 0, "kills": 0, "epochs": 0, "queue_errors": 0,
+                       "peer_sent": 0, "peer_recv": 0}
         self.errors: dict[str, int] = {}
         self.machines: list[Machine] = []
+        # --sync leader: one sync socket per emulator process serves as the
+        # leader endpoint of its machines (a real daemon has its own); the
+        # job -> its leader here; machine -> its link's identity here
+        self.sync_sock: zmq.Socket | None = None
+        self.sync_ep = ""
+        self.leads: dict[str, Machine] = {}
+        self.members: dict[str, bytes] = {}
         # (t, sent, recv, CPU seconds) each second
         self.series: list[tuple[float, int, int, float]] = []
 
     # -- sockets --------------------------------------------------------------------
-    def _socket(self, pub: bytes, sec: bytes, owner: object) -> zmq.Socket:
+    def _socket(self, pub: bytes, sec: bytes, owner: object,
+                endpoint: str | None = None) -> zmq.Socket:
         s = self.ctx.socket(zmq.DEALER)
         s.curve_serverkey = self.server_pub
         s.curve_publickey = pub
@@ -186,13 +210,16 @@ class Emulator:
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDTIMEO, SOCK_TIMEOUT_MS)
         s.setsockopt(zmq.RCVTIMEO, SOCK_TIMEOUT_MS)
-        s.connect(self.endpoint)
+        s.connect(endpoint or self.endpoint)
+        self._watch(s, owner)
+        return s
+
+    def _watch(self, s: zmq.Socket, owner: object) -> None:
         fd = s.getsockopt(zmq.FD)
         self.ep.register(fd, select.EPOLLIN)
         self.by_fd[fd] = s
         self.owner[s] = owner
         self.pending.add(s)
-        return s
 
     def _close(self, s: zmq.Socket) -> None:
         fd = s.getsockopt(zmq.FD)
@@ -205,7 +232,8 @@ class Emulator:
         self.pending.discard(s)
         s.close(linger=0)
 
-    def send(self, s: zmq.Socket, mtype: str, **fields) -> None:
+    def send(self, s: zmq.Socket, mtype: str, peer: bool = False, **fields) -> None:
+        """Send to the master (``peer``: to another daemon: counted apart)."""
         if self.check:      # validated against the schema (the test); else the same bytes
             raw = M.encode(mtype, **fields)
         else:
@@ -213,7 +241,7 @@ class Emulator:
             raw = packb({k: v for k, v in fields.items() if v is not None}, use_bin_type=True)
         try:
             s.send(raw, zmq.NOBLOCK)
-            self.counts["sent"] += 1
+            self.counts["peer_sent" if peer else "sent"] += 1
             # a send may take the socket's read signal (zmq.FD is edge-like): look again
             self.pending.add(s)
         except zmq.Again:
@@ -226,6 +254,17 @@ class Emulator:
     def run(self) -> None:
         pubsec = {n: _worker_curve(self.cfg["keys"], n) for n in self.names}
         self.machines = []
+        if self.cfg.get("sync") == "leader":
+            s = self.ctx.socket(zmq.ROUTER)
+            _, secret = zmq.auth.load_certificate(
+                os.path.join(self.cfg["keys"], "cluster.key_secret"))
+            s.curve_server = True
+            s.curve_publickey, s.curve_secretkey = self.server_pub, secret
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDTIMEO, SOCK_TIMEOUT_MS)
+            port = s.bind_to_random_port("tcp://127.0.0.1")
+            self.sync_sock, self.sync_ep = s, f"tcp://127.0.0.1:{port}"
+            self._watch(s, self)
         t0 = mono()
         for i, n in enumerate(self.names):
             m = Machine(n, None, *pubsec[n])
@@ -258,10 +297,14 @@ class Emulator:
                         if not _events(s, _ZMQ_EVENTS) & 1:      # POLLIN (no Again raised)
                             break
                         try:
-                            raw = s.recv(zmq.NOBLOCK)
+                            if obj is self:         # the sync socket: [identity, message]
+                                ident, raw = s.recv_multipart(zmq.NOBLOCK)
+                            else:
+                                raw = s.recv(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        self.counts["recv"] += 1
+                        self.counts["peer_recv" if obj is self or isinstance(obj, Link)
+                                    else "recv"] += 1
                         try:
                             if self.check:
                                 msg = M.decode([raw])
@@ -273,8 +316,12 @@ class Emulator:
                             continue
                         if isinstance(obj, Machine):
                             self._on_daemon(obj, msg)
-                        else:
+                        elif isinstance(obj, Exec):
                             self._on_exec(obj, msg)
+                        elif isinstance(obj, Link):
+                            self._on_daemon(obj.m, msg)     # an enqueue from a leader
+                        else:
+                            self._on_lsync(ident, msg)
                         if s not in self.owner:     # closed by its handler
                             break
                     else:
@@ -315,7 +362,8 @@ class Emulator:
     def _register(self, m: Machine) -> None:
         self.send(m.sock, "register", name=m.name, host="127.0.0.1", cpus=16,
                   memory=64 << 30, pid=os.getpid(), executors=sorted(m.execs),
-                  data_endpoint="tcp://127.0.0.1:1", revision=None, dilation=1.0)
+                  data_endpoint="tcp://127.0.0.1:1", revision=None, dilation=1.0,
+                  sync_endpoint=self.sync_ep or None)
 
     def _heartbeat(self, m: Machine, now: float) -> None:
         q = m.core.queue_stats()
@@ -351,6 +399,8 @@ class Emulator:
                 self.hb_rtt.extend((now, now - sent))
         elif t == "launch":
             self._launch(m, msg)
+        elif t == "sync_plan":
+            self._plan(m, msg)
         elif t == "registered":
             m.registered = True
             m.hb_sent.clear()
@@ -408,6 +458,7 @@ class Emulator:
         t = msg.type
         if t == "job_start":
             ex.queued = msg["mode"] == "queued"
+            ex.gen = msg.get("sync_gen")
             ex.state = "running"
             ex.t_epoch = mono()
             reps = msg.get("replicas") or []
@@ -445,8 +496,71 @@ class Emulator:
         """Subtask ``ex.seq`` is done (0: none yet): tell the synchronizer
         which kind the next one is."""
         nxt = self.plan[ex.seq % len(self.plan)]
-        self.r_send.extend((ex.jnum, ex.attempt, ex.seq, mono(), ex.count))
-        self.send(ex.sock, "sync", job=ex.job, index=ex.index, seq=ex.seq, next=nxt)
+        now = mono()
+        self.r_send.extend((ex.jnum, ex.attempt, ex.seq, now, ex.count))
+        if ex.gen is None:
+            self.send(ex.sock, "sync", job=ex.job, index=ex.index, seq=ex.seq, next=nxt)
+            return
+        # to its daemon (in-process here, a local socket on a real machine)
+        s = Sync(ex.job, ex.attempt, ex.gen, ex.index, ex.seq, nxt, 0.0)
+        p = ex.m.router.route(s, now)
+        if p is not None:
+            self._forward(ex.m, p, s)
+
+    # -- the synchronizer off the master (--sync leader) ----------------------------
+    def _plan(self, m: Machine, msg: M.Message) -> None:
+        now = mono()
+        plan = Plan(msg["job"], msg["attempt"], msg["gen"], tuple(msg["machines"]),
+                    msg["leader"], msg["endpoint"])
+        if plan.leader == m.name:
+            self.leads[plan.job] = m
+        self._lead(m, m.leader.plan(plan, now))
+        for p, s in m.router.plan(plan, now):
+            self._forward(m, p, s)
+
+    def _forward(self, m: Machine, p: Plan, s: Sync) -> None:
+        if p.leader == m.name:
+            return self._lead(m, m.leader.sync(m.name, s, mono()))
+        link = m.links.get(p.endpoint)
+        if link is None:
+            link = m.links[p.endpoint] = self._socket(m.pub, m.sec, Link(m), p.endpoint)
+        self.send(link, "lsync", peer=True, job=s.job, attempt=s.attempt, gen=s.gen, index=s.index,
+                  seq=s.seq, next=s.next, prio=s.prio, machine=m.name)
+
+    def _on_lsync(self, ident: bytes, msg: M.Message) -> None:
+        if msg.type != "lsync":
+            self.counts["unsupported"] += 1
+            return
+        lead = self.leads.get(msg["job"])
+        self.members[msg["machine"]] = ident
+        if lead is None:
+            self.counts["errors"] += 1
+            return
+        s = Sync(msg["job"], msg["attempt"], msg["gen"], msg["index"], msg["seq"],
+                 msg["next"], float(msg.get("prio") or 0.0))
+        self._lead(lead, lead.leader.sync(msg["machine"], s, mono()))
+
+    def _lead(self, m: Machine, cmds: list) -> None:
+        for c in cmds:
+            if isinstance(c, Failed):
+                self.send(m.sock, "sync_failed", job=c.job, attempt=c.attempt, error=c.error)
+                continue
+            if c.machine == m.name:
+                self._on_daemon(m, M.Message("enqueue", {"job": c.job, "seq": c.seq,
+                                                         "kind": c.kind, "prio": c.prio}, []))
+                continue
+            ident = self.members.get(c.machine)
+            if ident is None:
+                self.counts["errors"] += 1
+                continue
+            raw = packb({"t": "enqueue", "job": c.job, "seq": c.seq, "kind": c.kind,
+                         "prio": c.prio}, use_bin_type=True)
+            try:
+                self.sync_sock.send_multipart([ident, raw], zmq.NOBLOCK)
+                self.counts["peer_sent"] += 1
+                self.pending.add(self.sync_sock)
+            except zmq.ZMQError:
+                self.counts["dropped"] += 1
 
     def _sub_done(self, ex: Exec, seq: int) -> None:
         if not ex.alive:
@@ -690,7 +804,7 @@ def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, i
     master = None
     stop = mp.get_context("fork").Event()
     res: dict = {"machines": machines, "jobs": jobs, "dop": f"{dop[0]}-{dop[1]}",
-                 "subtask": subtask, "mode": a.mode, "policy": a.policy,
+                 "subtask": subtask, "mode": a.mode, "sync": a.sync, "policy": a.policy,
                  "pinned": bool(a.pin)}
     try:
         keydir = a.keys or os.path.join(tempfile.gettempdir(), "harmony-master-load-keys")
@@ -740,7 +854,7 @@ def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, i
         nproc = max(1, min(a.procs, machines))
         cfg = {"keys": keydir, "subtask": subtask, "iters": a.iters, "seed": a.seed,
                "setup": a.setup, "max_seconds": a.warmup + a.duration + 300, "nice": a.nice,
-               "check": a.check}
+               "check": a.check, "sync": a.sync}
         ctx = mp.get_context("fork")
         outs = []
         for p in range(nproc):
@@ -946,6 +1060,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--setup", type=float, default=0.2, help="emulated executor start-up s")
     p.add_argument("--poll-hz", type=float, default=3.0, help="each reader's requests/s")
     p.add_argument("--mode", default="harmony", choices=["harmony", "naive"])
+    p.add_argument("--sync", default="leader", choices=["leader", "master"],
+                   help="harmony mode: who synchronizes subtasks: a leader daemon of each "
+                        "job (the default, #32) or the master (the emulated daemons then "
+                        "register no sync endpoint)")
     p.add_argument("--policy", default="colocate")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0)
     p.add_argument("--no-dashboard", dest="dashboard", action="store_false",

@@ -492,7 +492,14 @@ RULES = {
     'sub_done': ('-', 'O', '-', '-'),
     'submit': ('C', '-', '-', '-'),
     'submitted': ('-', '-', '-', '-'),
-    'sync': ('W', '-', '-', '-'),
+    'sync': ('W', 'O', '-', '-'),
+    # the synchronizer off the master: plans come from the master only; an
+    # lsync reaches a daemon's sync socket (probed as a "daemon" socket, with
+    # the executors' one) and is taken only from the machine it names, for a
+    # job that machine's plan has; a leader's verdict goes to the master
+    'sync_plan': ('-', '-', '-', '-'),
+    'lsync': ('-', '-', '-', '-'),
+    'sync_failed': ('W', '-', '-', '-'),
 }
 SOCKETS = ("master", "daemon", "data", "shard")
 ROLE_OF = {"C": "client", "R": "reader", "W": "worker"}
@@ -559,22 +566,23 @@ def probe_every_message_type_from_every_role(cl):
     c, job = cl.attack["client"], cl.attack["job"]
     data = dict(c.log_sources(job))                       # machine -> data endpoint
     daemons = {p.pid: p.args for p in cl.procs[1:]}
-    daemon_eps = {pid: ep for pid, ep in _listening(cl) if pid in daemons
-                  and ep not in data.values()}
+    daemon_eps = [(pid, ep) for pid, ep in _listening(cl) if pid in daemons
+                  and ep not in data.values()]
     shards = _executors(cl)
     procs = [p.pid for p in cl.procs] + [pid for pid, _ in shards]
     rss0 = {pid: _rss(pid) for pid in procs}
     keys = {"client": _keys(cl, "client", "admin"), "reader": _keys(cl, "reader", "reader"),
             "worker": _keys(cl, "worker", "m1")}
     targets = [("master", cl.endpoint)] + [("data", ep) for ep in data.values()] + \
-        [("shard", ep) for _, ep in shards] + [("daemon", ep) for ep in daemon_eps.values()]
-    m1_daemon = next(ep for pid, ep in daemon_eps.items() if "m1" in daemons[pid])
-    assert len(targets) == 1 + 2 + 2 + 2, targets
+        [("shard", ep) for _, ep in shards] + [("daemon", ep) for _, ep in daemon_eps]
+    m1_daemon = {ep for pid, ep in daemon_eps if "m1" in daemons[pid]}
+    # each daemon: its executors' socket and its synchronizer's
+    assert len(targets) == 1 + 2 + 2 + 2 * 2, targets
     bad = []
     for sock, ep in targets:
         col = SOCKETS.index(sock)
         for role, k in keys.items():
-            own = sock == "daemon" and role == "worker" and ep == m1_daemon
+            own = sock == "daemon" and role == "worker" and ep in m1_daemon
             deny = [t for t, r in RULES.items()
                     if not any(ROLE_OF.get(x) == role or (own and x == "O") for x in r[col])]
             # a daemon hears only its own machine's executors: m1's key at m0's
@@ -615,4 +623,8 @@ def test_the_victim_job_finishes_undisturbed(target):
     obj = np.array([e["metrics"]["objective"] for e in st["epochs"]])
     assert len(obj) >= 10, st
     steps = np.diff(obj)              # the toy adds the same amount every epoch
-    assert np.allclose(steps, steps[0], rtol=1e-3), "an update was lost or doubled"
+    # the objective is a float32 sum: past 2**19 its steps are whole
+    # multiples of 1/32 (the probes ran longer as sockets were added: seen)
+    ulp = float(np.spacing(np.float32(np.abs(obj).max())))
+    assert np.allclose(steps, np.median(steps), rtol=1e-3, atol=4 * ulp), \
+        "an update was lost or doubled"

@@ -83,7 +83,12 @@ def test_harmony_queues_and_synchronizer(hcluster):
         assert not overlaps(intervals(mine, "net", "primary")), f"two NET primaries on {m}"
         assert len({e["job"] for e in mine if e["role"] == "secondary"}) > 0
         assert not any(e["ev"] == "stop" for e in mine)     # equal COMPs never preempt
-    # the same order of co-located jobs' subtasks on every machine
+    # the same order of co-located jobs' subtasks on every machine, from the
+    # group's leader daemon (#32): the master synchronized none of them
+    log = open(os.path.join(hcluster.state_dir, "logs", "master.log")).read()
+    leaders = {j: log.split(f"{j}: its subtasks are synchronized by ")[1].split()[0]
+               for j in jobs}
+    assert len(set(leaders.values())) == 1 and leaders[jobs[0]] in ("m0", "m1"), leaders
     order = {m: [(e["job"], e["seq"], e["kind"]) for e in evs
                  if e["ev"] == "grant" and e["job"] in jobs]
              for m, evs in per_machine.items()}

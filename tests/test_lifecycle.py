@@ -176,6 +176,43 @@ def test_lost_worker_is_noticed_and_its_job_moves(tmp_path):
         cl.stop()
 
 
+def test_a_lost_sync_leader_is_a_lost_machine_and_its_jobs_go_on(tmp_path):
+    """#32: the daemon that synchronizes a job's subtasks dies with its
+    machine: the job resumes elsewhere under a new leader and finishes."""
+    cl = LocalCluster(3, str(tmp_path / "c"), port=0, heartbeat_timeout=2.0,
+                      mode="harmony", policy="colocate", isolate=ISOLATE)
+    cl.start()
+    try:
+        with Client(cl.endpoint) as c:
+            job = c.submit("toy.py", TOY_APP, ["--max-epochs", "60", "--sleep", "0.01"], 2,
+                           checkpoint_every=5)
+            st = wait_state(c, job, ("running",))
+            log = os.path.join(cl.state_dir, "logs", "master.log")
+            deadline = time.time() + 10
+            while f"{job}: its subtasks are synchronized by" not in open(log).read():
+                assert time.time() < deadline
+                time.sleep(0.1)
+            leader = open(log).read().split(f"{job}: its subtasks are synchronized by ")[1][:2]
+            assert leader in st["workers"]
+            idx = int(leader[1:]) + 1
+            cl.procs[idx].kill()               # the leader's machine goes silent
+            deadline = time.time() + 60
+            while True:
+                st = c.status(job)
+                if st["attempt"] >= 2 and st["state"] == "running" and leader not in st["workers"]:
+                    break
+                assert st["state"] not in ("failed", "finished"), st["error"]
+                assert time.time() < deadline, st
+                time.sleep(0.2)
+            st = wait_state(c, job, ("finished", "failed"), timeout=120)
+            assert st["state"] == "finished", st["error"]
+            text = open(log).read()
+            assert text.count(f"{job}: its subtasks are synchronized by") >= 2
+            assert any("lost" in e[2] for e in st["events"])
+    finally:
+        cl.stop()
+
+
 def test_cluster_down_stops_a_master_restarted_by_hand(tmp_path):
     """A master killed and restarted on the cluster's state dir is not in
     cluster.json: `cluster down` finds it by its command line and stops it

@@ -163,6 +163,71 @@ def test_a_sync_that_overtakes_another_machines_sync_waits_for_it():
     assert not [s for s in c.sent[n:] if s.type == "enqueue"]
 
 
+def _leading_cluster(machines: int = 3, **kw) -> Cluster:
+    """Daemons that can lead synchronizers (they registered an endpoint)."""
+    c = Cluster(machines=0, mode="harmony", policy="colocate", **kw)
+    for i in range(machines):
+        c.msg(f"d:m{i}".encode(), "register", name=f"m{i}", host="h", cpus=2,
+              memory=1 << 30, pid=1, executors=[], data_endpoint=f"tcp://h:{i}",
+              sync_endpoint=f"tcp://h:9{i}")
+    return c
+
+
+def test_a_leader_daemon_synchronizes_and_the_master_hears_no_syncs():
+    """#32: every daemon of the job gets the plan before its executors start;
+    co-located jobs share the leader, one of their machines; the master
+    ignores syncs of a led job; the epoch's answer carries the priorities."""
+    c = _leading_cluster()
+    a = c.submit(machines=2)
+    n = len(c.sent)
+    ex = c.start(a)
+    job, run = c.core.jobs[a], c.core.runs[a]
+    plans = [s for s in c.sent[n:] if s.type == "sync_plan"]
+    assert sorted(s.to for s in plans) == sorted(f"d:{m}".encode() for m in job.workers)
+    leader = plans[0].fields["leader"]
+    assert leader in job.workers and run.sync_leader == leader
+    assert plans[0].fields["endpoint"] == f"tcp://h:9{leader[1:]}"
+    first_start = next(i for i, s in enumerate(c.sent) if s.type == "job_start")
+    assert all(c.sent.index(p) < first_start for p in plans)       # plans first
+    assert all(s.fields["sync_gen"] == 1 for s in c.sent[n:] if s.type == "job_start")
+    n = len(c.sent)
+    for i in range(2):
+        c.msg(ex[i], "sync", job=a, index=i, seq=0, next="net")
+    assert not [s for s in c.sent[n:] if s.type == "enqueue"]
+    c.core.validate()
+    # a job placed beside it (colocate: m2 and m0) takes its leader, which
+    # is one of its own machines, rather than its own first machine
+    b = c.submit(machines=2)
+    assert leader == "m0" and c.core.jobs[b].workers == ["m2", "m0"]
+    c.start(b)
+    assert c.core.runs[b].sync_leader == "m0"
+
+
+def test_a_sync_failure_counts_only_from_the_jobs_leader():
+    c = _leading_cluster()
+    a = c.submit(machines=2)
+    c.start(a)
+    run, job = c.core.runs[a], c.core.jobs[a]
+    other = next(m for m in ("m0", "m1", "m2") if m != run.sync_leader)
+    c.msg(f"d:{other}".encode(), "sync_failed", job=a, attempt=run.attempt, error="x")
+    assert job.state.active
+    c.msg(f"d:{run.sync_leader}".encode(), "sync_failed", job=a, attempt=run.attempt,
+          error="executors disagree on the next subtask after 3")
+    assert job.state == JobState.FAILED and "disagree" in job.error
+
+
+def test_with_sync_master_or_a_daemon_that_cannot_lead_the_master_synchronizes():
+    for c in (_leading_cluster(sync="master"), Cluster(machines=2, mode="harmony",
+                                                       policy="colocate")):
+        a = c.submit(machines=2)
+        n = len(c.sent)
+        ex = c.start(a)
+        assert not [s for s in c.sent[n:] if s.type == "sync_plan"]
+        for i in range(2):
+            c.msg(ex[i], "sync", job=a, index=i, seq=0, next="net")
+        assert len([s for s in c.sent[n:] if s.type == "enqueue"]) == 2
+
+
 def test_executors_that_disagree_on_the_next_subtask_fail_the_job():
     c = Cluster(machines=2, mode="harmony", policy="colocate")
     jid = c.submit(machines=2)

@@ -23,11 +23,12 @@ def _bench():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("mode", ["harmony", "naive"])
-def test_master_load_tiny(tmp_path, mode):
+@pytest.mark.parametrize("mode,sync", [("harmony", "leader"), ("harmony", "master"),
+                                       ("naive", "master")])
+def test_master_load_tiny(tmp_path, mode, sync):
     ml = _bench()
     a = argparse.Namespace(
-        mode=mode, policy="colocate", warmup=1.0, duration=3.0, procs=2, iters=3,
+        mode=mode, sync=sync, policy="colocate", warmup=1.0, duration=3.0, procs=2, iters=3,
         ckpt_every=2, setup=0.05, poll_hz=4.0, heartbeat_timeout=5.0, dashboard=False,
         log_level="INFO", keys=str(tmp_path / "keys"), seed=3, nice=0, profile=None,
         keep=False, check=True, pin=False)
@@ -49,3 +50,7 @@ def test_master_load_tiny(tmp_path, mode):
     assert row["hb_p50_ms"] is not None and row["hb_p50_ms"] > 0
     assert row["msgs_per_s"] > 0 and row["master_cores"] > 0 and row["master_rss_mb"] > 10
     assert "sync99" in ml.table([row])
+    # with leader daemons the master hears no sync; the daemons speak among
+    # themselves (lsync and enqueue) instead
+    peers = row["counts"]["peer_sent"] + row["counts"]["peer_recv"]
+    assert (peers > 0) == (sync == "leader"), row["counts"]

@@ -115,7 +115,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     # worker daemon -> master
     "register": {"name": str, "host": str, "cpus": int, "memory": int, "pid": int,
                  "executors": list, "data_endpoint": (str, _OPT), "revision": (str, _OPT),
-                 "dilation": (_NUM, _OPT)},     # its time dilation (harmony.dilation)
+                 "dilation": (_NUM, _OPT),      # its time dilation (harmony.dilation)
+                 # where its daemon leads the subtask synchronizer of jobs
+                 # (harmony.subtasks.sync); none: the master synchronizes them
+                 "sync_endpoint": (str, _OPT)},
     "registered": {"heartbeat_interval": _NUM},
     "heartbeat": {"name": str, "executors": list, "stats": (dict, _OPT)},
     "hb_ack": {},
@@ -133,6 +136,16 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "ckpt_gc": {"job": str, "keep": (int, _OPT)},
     # subtask synchronizer; prio: the subtask's expected seconds
     "enqueue": {"job": str, "seq": int, "kind": str, "prio": (_NUM, _OPT)},
+    # the synchronizer off the master (harmony.subtasks.sync): who leads a job
+    # attempt's layout ``gen``, sent to every daemon of the job
+    "sync_plan": {"job": str, "attempt": int, "gen": int, "machines": list, "leader": str,
+                  "endpoint": str},
+    # a member daemon -> the leader daemon: an executor's sync (machine: the
+    # sender's name, checked against its key where there are keys)
+    "lsync": {"job": str, "attempt": int, "gen": int, "index": int, "seq": int,
+              "next": str, "prio": (_NUM, _OPT), "machine": str},
+    # the leader daemon -> the master: the job's executors broke the protocol
+    "sync_failed": {"job": str, "attempt": int, "error": str},
     # job executor <-> its worker daemon (subtask queues)
     "hello": {"job": str, "index": int, "attempt": int},
     "grant": {"seq": int, "role": str},
@@ -159,7 +172,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                    "num_keys": int, "dim": int, "model_blocks": int, "local_blocks": int,
                    "join": (bool, _OPT), "setup_s": (_NUM, _OPT), "setup_cpu": (_NUM, _OPT)},
     "barrier": {"job": str, "index": int, "epoch": int, "iter": int},
-    "sync": {"job": str, "index": int, "seq": int, "next": str},
+    # to the master, or (with attempt and gen, leader synchronization) to the
+    # executor's daemon; prio: the next subtask's expected seconds
+    "sync": {"job": str, "index": int, "seq": int, "next": str,
+             "attempt": (int, _OPT), "gen": (int, _OPT), "prio": (_NUM, _OPT)},
     "epoch_done": {"job": str, "index": int, "epoch": int, "sums": dict,
                    "timings": dict, "store": (dict, _OPT)},   # store: block-store stats
     "epoch_report": {"job": str, "index": int, "epoch": int, "metrics": dict,
@@ -194,7 +210,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                   "machines": list, "replicas": (list, _OPT),
                   # per index: more holders to try, in order, when the replica
                   # machine cannot take the part (its disk is full, it is gone)
-                  "replica_alts": (list, _OPT)},
+                  "replica_alts": (list, _OPT),
+                  # sync_gen: the executors send syncs to their daemon, for
+                  # the leader of layout gen (none: to the master)
+                  "sync_gen": (int, _OPT)},
     # live resize: the new layout; index -1 leaves. sends: [[sec, block, new index]];
     # paced: the executor sends them only as the master's ``move`` commands say
     "migrate": {"index": int, "count": int, "peers": list, "owner": list, "machines": list,
@@ -204,12 +223,15 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "paced": (bool, _OPT)},
     # one move of a paced resize's plan (sends as in migrate); op -1: no more
     "move": {"op": int, "sends": list},
-    "reconfigured": {},
+    "reconfigured": {"sync_gen": (int, _OPT)},
     "leave": {},
     "release": {"epoch": int, "iter": int},
     "epoch_sums": {"epoch": int, "sums": dict, "pause": (bool, _OPT),
                    "reconfig": (bool, _OPT), "checkpoint": (bool, _OPT),
-                   "stop": (bool, _OPT)},
+                   "stop": (bool, _OPT),
+                   # the job's expected COMP and network subtask seconds (the
+                   # subtask priorities that leader-synchronized syncs carry)
+                   "prio": (list, _OPT)},
     "abort": {"reason": str},
     # PS data plane (executor <-> server shard); arrays follow as raw frames
     # "tag" names the job attempt: a shard refuses requests of another attempt

@@ -164,7 +164,8 @@ class Master:
                  keep_models: int | None = None, recover: bool = False,
                  master_file: str | None = None, dashboard_port: int | None = None,
                  dashboard_host: str | None = None, cruise: bool = False,
-                 max_moves: int = C.MAX_MOVES, dilation: float = 1.0) -> None:
+                 max_moves: int = C.MAX_MOVES, dilation: float = 1.0,
+                 sync: str = "leader") -> None:
         # who may send what: with keys, every peer is authenticated (CURVE)
         # and each message type is accepted only from its role (the core's table)
         self.keys = keys
@@ -184,7 +185,7 @@ class Master:
             keep_models=keep_models, pid=os.getpid(),
             revision=os.environ.get("HARMONY_REVISION") or None, state_dir=self.state_dir,
             now=self.clock(), cruise=cruise, max_moves=max_moves, predict_epochs=True,
-            dilation=self.clock.dilation)
+            dilation=self.clock.dilation, sync=sync)
         if keys is not None:
             security.use(keys)
         os.makedirs(self.state_dir, exist_ok=True)

@@ -38,6 +38,7 @@ from harmony.util import names
 from harmony.worker import jobckpt
 from harmony.worker.dataservice import DataService
 from harmony.worker.netem import NetEm, job_token
+from harmony.worker.syncservice import SyncService
 from harmony.worker.nicstats import NicMeter
 from harmony.worker.daemon_core import (DaemonCore, Deliver, Demote, Done, Grant, OomKill,
                                         Promote, QueueError, Resume, Stop, Sub)
@@ -178,6 +179,10 @@ class Daemon:
         self.core = DaemonCore(preempt=preempt, memory_budget=int(self.memory),
                                oom_kill=oom_kill)
         self.clock = dil.Clock(self.dilation, time.monotonic)
+        # the synchronizer of the jobs this machine leads, and the way to
+        # the leaders of the others (harmony.subtasks.sync)
+        self.syncs = SyncService(self.ctx, self.host, self.name, self._enqueue,
+                                 self._send, self.clock)
         self._netem_primary: int | None = None     # the token last set (None: not yet)
         self.xident: dict[str, bytes] = {}           # job -> executor identity
         self.events_path = os.path.join(self.state_dir, "queue-events.jsonl")
@@ -210,6 +215,7 @@ class Daemon:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.xsock, zmq.POLLIN)
+        self.syncs.register(poller)
         try:
             while not self._stop:
                 try:
@@ -229,6 +235,9 @@ class Daemon:
                         except zmq.Again:
                             break
                         self._guarded(self._handle, frames)
+                    for sock in self.syncs.sockets():
+                        if sock in ready:
+                            self._guarded(self.syncs.drain, sock)
                 except zmq.ZMQError as exc:
                     if exc.errno != zmq.EINTR:
                         raise
@@ -251,6 +260,7 @@ class Daemon:
                                    memory=self.memory, pid=os.getpid(),
                                    executors=sorted(self.execs),
                                    data_endpoint=self.data.endpoint,
+                                   sync_endpoint=self.syncs.endpoint,
                                    revision=os.environ.get("HARMONY_REVISION") or None,
                                    dilation=self.dilation)
                 if self.memory_set and now - self._mem_at >= MEM_CHECK_S:
@@ -305,6 +315,7 @@ class Daemon:
                 ep.proc.wait()
         self.execs.clear()
         self.data.stop()
+        self.syncs.close()
         self.sock.close(linger=0)
         self.xsock.close(linger=0)
         security.stop_authenticator(self.ctx)
@@ -339,13 +350,9 @@ class Daemon:
         elif msg.type == "launch":
             self._launch(msg)
         elif msg.type == "enqueue":
-            sub = Sub(msg["job"], msg["seq"], msg["kind"], float(msg.get("prio") or 0.0))
-            try:
-                # (deferred by the core if it overtook the release of the job's
-                # previous subtask)
-                self._apply(self.core.enqueue(sub, self.clock()))
-            except QueueError as exc:
-                log.warning("enqueue refused: %s", exc)
+            self._enqueue(Sub(msg["job"], msg["seq"], msg["kind"], float(msg.get("prio") or 0.0)))
+        elif msg.type == "sync_plan":
+            self.syncs.plan(msg)
         elif msg.type == "data_copy":
             threading.Thread(target=self._copy_chunks, args=(dict(msg.fields),),
                              daemon=True).start()
@@ -389,6 +396,7 @@ class Daemon:
             # an older attempt of the same job: stop it without blocking the
             # daemon (its shard refuses the new attempt's requests meanwhile)
             self._drop(job)
+            self.syncs.exited(job, old.attempt)
             self._terminate(old)
             self.retiring.append(old)
         d = names.under(os.path.join(self.state_dir, "jobs"),
@@ -529,6 +537,7 @@ class Daemon:
                 continue
             del self.execs[job]
             self.xident.pop(job, None)
+            self.syncs.exited(job, ep.attempt)
             self._apply(self.core.exited(job, self.clock()))
             tail = _tail(ep.log_path) if code != 0 else ""
             if ep.oom:   # the reason first: the log's tail may be long
@@ -610,6 +619,16 @@ class Daemon:
                 self.netem.set_primary(self.name, token)
                 self._netem_primary = token
 
+    def _enqueue(self, sub: Sub) -> None:
+        """The synchronizer (the master, or the job's leader daemon)
+        enqueued ``sub`` here."""
+        try:
+            # (deferred by the core if it overtook the release of the job's
+            # previous subtask)
+            self._apply(self.core.enqueue(sub, self.clock()))
+        except QueueError as exc:
+            log.warning("enqueue refused: %s", exc)
+
     def _grant(self, sub: Sub, role: str) -> None:
         ident = self.xident.get(sub.job)
         if ident is not None:
@@ -658,6 +677,10 @@ class Daemon:
             except QueueError as exc:
                 return self._xsend(ident, M.error("bad_request", str(exc)))
             self._apply(acts)
+        elif msg.type == "sync":       # to the job's leader (harmony.subtasks.sync)
+            if msg.get("attempt") is None or self._mine(ident, msg) is None:
+                return self._xsend(ident, M.error("unexpected", "sync from a stranger"))
+            self.syncs.exec_sync(msg)
         elif msg.type == "mem_query":
             if self._mine(ident, msg) is None:
                 return self._xsend(ident, M.error("unexpected", "mem_query from a stranger"))

@@ -232,6 +232,10 @@ class Executor:
         self.client: PSClient | None = None
         self.queued = False
         self.seq = 0
+        # syncs go to this machine's daemon, for the leader of this layout
+        # generation (harmony.subtasks.sync); None: to the master
+        self.sync_gen: int | None = None
+        self.prio = (0.0, 0.0)    # the job's expected COMP and network subtask seconds
         self.last_contact = self.last_ping = time.monotonic()
         self.net_wait = 0.0   # seconds spent in emulated transfers
         self.machines: list[str] = []          # the job's machines, by executor index
@@ -414,6 +418,7 @@ class Executor:
         init or from a checkpoint. Returns the first epoch to run."""
         start = self.wait("job_start")
         self.queued = start["mode"] == "queued"
+        self.sync_gen = start.get("sync_gen")
         self.machines = list(start["machines"])
         self.replicas = start.get("replicas")
         self.replica_alts = start.get("replica_alts")
@@ -460,7 +465,7 @@ class Executor:
         self.send("migrated", bytes_out=0, bytes_in=int(self.server.arrived_bytes),
                   seconds=dil.undilated(time.perf_counter() - t0, self.dil))
         self._apply_layout(m, spec.dim, spec.dtype)
-        self.wait("reconfigured")
+        self.sync_gen = self.wait("reconfigured").get("sync_gen")
         return m["epoch"] + 1
 
     def _apply_layout(self, m: M.Message, dim: int, dtype: str) -> None:
@@ -539,7 +544,7 @@ class Executor:
             self.wait("leave")
             raise Left(f"moved {nsent} block(s) away after epoch {epoch}")
         self._apply_layout(m, table.dim, table.dtype.str)
-        self.wait("reconfigured")
+        self.sync_gen = self.wait("reconfigured").get("sync_gen")
 
     def _more(self, mtype: str) -> list[M.Message]:
         """Messages of ``mtype`` that have arrived already (no waiting)."""
@@ -820,7 +825,12 @@ class Executor:
         daemon to grant the CPU or NET slot, run, and release the slot."""
         if not self.queued:
             return fn()
-        self.send("sync", seq=self.seq, next=kind)
+        if self.sync_gen is None:
+            self.send("sync", seq=self.seq, next=kind)
+        else:
+            self.dsock.send(M.encode("sync", job=self.job, index=self.index, seq=self.seq,
+                                     next=kind, attempt=self.attempt, gen=self.sync_gen,
+                                     prio=self.prio[0 if kind == "cpu" else 1]))
         self.seq += 1
         while True:
             while self.ctl.poll(0):  # pongs, aborts
@@ -985,6 +995,10 @@ class Executor:
             self.send("epoch_done", epoch=epoch, sums=sums,
                       timings=dil.undilate_timings(tm, self.dil), store=store)
             total = self.wait("epoch_sums")
+            pr = total.get("prio")
+            if isinstance(pr, list) and len(pr) == 2 \
+                    and all(isinstance(x, (int, float)) for x in pr):
+                self.prio = (float(pr[0]), float(pr[1]))
             metrics = _plain(app.metrics(total["sums"]))
             # the app's own stop rule, or the scheduler ends the job early
             stop = should_stop(opts, epoch, metrics) or bool(total.get("stop"))

@@ -29,7 +29,8 @@ class Daemons(Lifecycle):
         if old is not None and old.ident != ident:
             self.by_ident.pop(old.ident, None)
         w = Worker(name, ident, msg["host"], msg["cpus"], msg["memory"], msg["pid"], self.now,
-                   data_endpoint=msg.get("data_endpoint") or "", revision=msg.get("revision") or "")
+                   data_endpoint=msg.get("data_endpoint") or "", revision=msg.get("revision") or "",
+                   sync_endpoint=msg.get("sync_endpoint") or "")
         self.workers[name] = w
         self.by_ident[ident] = name
         log.info("worker %s registered (%s, %d cpus, %.1f GiB)", name, w.host, w.cpus,

@@ -49,6 +49,7 @@ MESSAGES: dict[str, Route] = {
     "register": Route(Daemons._on_register, WORKER, own_name=True),
     "heartbeat": Route(Daemons._on_heartbeat, WORKER),
     "exec_exited": Route(Daemons._on_exec_exited, WORKER),
+    "sync_failed": Route(Executors._on_sync_failed, WORKER),
     # job executors
     "exec_ready": Route(Executors._on_exec_ready, WORKER),
     "barrier": Route(Executors._on_barrier, WORKER),

@@ -13,6 +13,7 @@ from harmony.master.core.records import Run
 from harmony.master.core.state import executor_message, log
 from harmony.master.jobs import SETUPS_KEPT, Job, JobState
 from harmony.policies import view as P
+from harmony.subtasks.sync import choose_leader
 
 #: an epoch's timings are those of its slowest (largest) machine, but for
 #: these: summed over the job's machines (the job's PS bytes pulled, pushed)
@@ -89,11 +90,46 @@ class Executors(Cruise):
         replicas = self._replicas(job.workers)
         alts = self._replica_alts(job.workers, replicas)
         self._may_hold_parts(job.id, [r[0] for r in replicas if r])
+        gen = self._sync_plan(job, run)
         for i in sorted(run.idents):
             self._send(run.idents[i], _msg(
                 "job_start", peers=peers, owner=owner, model_blocks=nblocks,
                 mode="queued" if self.queued else "free", machines=list(job.workers),
-                replicas=replicas, replica_alts=alts))
+                replicas=replicas, replica_alts=alts, sync_gen=gen))
+
+    def _sync_plan(self, job: Job, run: Run) -> int | None:
+        """Appoint the leader that synchronizes this attempt's subtasks on
+        its current machines (``harmony.subtasks.sync``) and tell every
+        daemon of the job, before its executors hear of the layout. Returns
+        the layout's generation, or None: this loop synchronizes the job
+        (``--sync master``, not queued, or a daemon that cannot lead)."""
+        run.sync_leader = None
+        if self.sync != "leader" or not self.queued or not all(
+                self.workers[m].sync_endpoint for m in job.workers if m in self.workers) \
+                or not all(m in self.workers for m in job.workers):
+            return None
+        others = [(j.workers, r.sync_leader) for j in self._active()
+                  if j is not job and (r := self.runs.get(j.id)) is not None and r.sync_leader]
+        leader = choose_leader(list(job.workers), others)
+        run.sync_leader, run.sync_gen = leader, run.sync_gen + 1
+        plan = _msg("sync_plan", job=job.id, attempt=run.attempt, gen=run.sync_gen,
+                    machines=list(job.workers), leader=leader,
+                    endpoint=self.workers[leader].sync_endpoint)
+        for m in job.workers:
+            self._send(self.workers[m].ident, plan)
+        log.info("%s: its subtasks are synchronized by %s (layout %d)", job.id, leader,
+                 run.sync_gen)
+        return run.sync_gen
+
+    def _on_sync_failed(self, ident: bytes, msg: M.Message) -> None:
+        """A leader daemon says the job's executors broke the protocol."""
+        job, run = self.jobs.get(msg["job"]), self.runs.get(msg["job"])
+        if job is None or run is None or run.attempt != msg["attempt"] \
+                or run.sync_leader is None or not job.state.active \
+                or self.by_ident.get(ident) != run.sync_leader:
+            return
+        self._end(job, JobState.FAILED, f"{msg['error']} (from its synchronizer, "
+                                        f"{run.sync_leader})")
 
     @executor_message
     def _on_barrier(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
@@ -117,6 +153,8 @@ class Executors(Cruise):
         master handles one message at a time and sends to the daemons in
         the same order, so co-located jobs' subtasks are enqueued in the
         same order on every machine of a group."""
+        if run.sync_leader is not None:
+            return              # a leader daemon synchronizes this layout
         f = msg.fields
         nxt, seq = f["next"], f["seq"]
         if nxt != "cpu" and nxt != "net":
@@ -135,12 +173,17 @@ class Executors(Cruise):
         kind = kinds.pop()
         # the subtask's expected seconds from the job's profile: of two
         # network subtasks on a machine, the shorter leads the link
-        p = job.profile
-        prio = (p.get("t_cpu") if kind == "cpu" else p.get("t_net", 0.0) / 2) or 0.0
+        prio = self._prio(job)[0 if kind == "cpu" else 1]
         out = _msg("enqueue", job=job.id, seq=seq + 1, kind=kind, prio=float(prio))
         workers, send = self.workers, self._out.append
         for name in job.workers:
             send(Send(workers[name].ident, "enqueue", out[1]))
+
+    @staticmethod
+    def _prio(job: Job) -> list[float]:
+        """The expected seconds of the job's COMP and network subtasks."""
+        p = job.profile
+        return [float(p.get("t_cpu") or 0.0), float(p.get("t_net", 0.0) or 0.0) / 2]
 
     @executor_message
     def _on_epoch_done(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
@@ -190,6 +233,8 @@ class Executors(Cruise):
             run.ckpt_epoch, run.ckpt_parts = ep, {}
         out = {"epoch": ep, "sums": total, "pause": run.pausing or None,
                "reconfig": reconfig or None, "checkpoint": ckpt or None, "stop": end or None}
+        if run.sync_leader is not None:    # the syncs carry their subtasks' priority
+            out["prio"] = self._prio(job)
         send = self._out.append
         for i in self._all_idents(run):
             send(Send(i, "epoch_sums", out))

@@ -72,6 +72,11 @@ class MasterCore(Dispatch, Clients, Daemons, Scheduling, Executors):
             if job is None or job.state.terminal:
                 raise PhaseError(f"{jid}: attempt {run.attempt} runs for a job that is "
                                  f"{'unknown' if job is None else job.state.value}")
+            if run.sync_leader is not None and run.sync_leader not in job.workers:
+                # a leader is always a machine of its job: losing it is losing
+                # a machine of the job, which the liveness check handles
+                raise PhaseError(f"{jid}: its synchronizer {run.sync_leader} is not one "
+                                 f"of its machines {job.workers}")
 
     def recover(self, now: float) -> list:
         """Jobs that were active when the last master stopped go back to the

@@ -46,6 +46,7 @@ class Worker:
     stats: deque = field(default_factory=lambda: deque(maxlen=3600))
     data_endpoint: str = ""      # its data service: checkpoint parts on its disk
     revision: str = ""           # the code it runs (deployed git revision), if it said
+    sync_endpoint: str = ""      # where its daemon leads jobs' synchronizers (none: cannot)
 
 
 @dataclass
@@ -114,6 +115,11 @@ class Run:
     # the final checkpoint (at the stop epoch): index -> (machine, replica,
     # bytes, epoch, error)
     final: dict[int, tuple] = field(default_factory=dict)
+    # the synchronizer off the master (harmony.subtasks.sync): the leader
+    # machine of the current layout and its generation (None: the master
+    # synchronizes this attempt)
+    sync_leader: str | None = None
+    sync_gen: int = 0
 
     @property
     def phase(self) -> Phase:

@@ -291,6 +291,7 @@ class Resize(Lifecycle):
             job.event(self.now, job.state.value, note)
         self._persist("save", job)
         self._dirty = True
+        gen = self._sync_plan(job, run)
         for i in sorted(run.idents):
-            self._send(run.idents[i], _msg("reconfigured"))
+            self._send(run.idents[i], _msg("reconfigured", sync_gen=gen))
         log.info("%s: %s", job.id, note)

@@ -36,6 +36,11 @@ LIVENESS_EVERY = 0.25       # s between liveness checks (on ticks)
 KEEP_MODELS = 20
 
 
+#: --sync: "leader": a daemon of each group synchronizes its jobs' subtasks
+#: (where every machine of the job can lead); "master": this loop does
+SYNC_MODES = ("leader", "master")
+
+
 class CoreState:
     """See the module docstring. ``jobs`` and ``datasets``: the job table and
     the data catalog as loaded (the shell owns their storage)."""
@@ -49,7 +54,8 @@ class CoreState:
                  revision: str | None = None, state_dir: str = "",
                  now: float = 0.0, liveness_every: float = LIVENESS_EVERY,
                  cruise: bool = False, max_moves: int = MAX_MOVES,
-                 predict_epochs: bool = False, dilation: float = 1.0) -> None:
+                 predict_epochs: bool = False, dilation: float = 1.0,
+                 sync: str = "leader") -> None:
         # time dilation (harmony.dilation): ``now`` is in undilated seconds
         # already (the shell's clock); D is what daemons must run at
         self.dilation = dil.check(dilation)
@@ -72,6 +78,11 @@ class CoreState:
         if policy not in R.POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose from {sorted(R.POLICIES)}")
         self.mode = mode
+        if sync not in SYNC_MODES:
+            raise ValueError(f"unknown --sync {sync!r}; choose from {sorted(SYNC_MODES)}")
+        # who synchronizes queued jobs' subtasks: a leader daemon of each
+        # group (harmony.subtasks.sync), or this loop
+        self.sync = sync
         self.max_jobs = max_jobs_per_machine
         self.keep_models = keep_models
         self.queued = R.MODES[mode][1]
