@@ -87,7 +87,7 @@ from harmony.comm import messages as M  # noqa: E402
 from harmony.comm import security  # noqa: E402
 from harmony.worker.daemon_core import DaemonCore, Deliver, Sub  # noqa: E402
 from harmony.subtasks.queues import Grant, QueueError  # noqa: E402
-from harmony.subtasks.sync import Enqueue, Failed, Plan, Sync, SyncLeader, SyncRouter  # noqa: E402
+from harmony.subtasks.sync import Failed, Plan, Sync, SyncLeader, SyncRouter  # noqa: E402
 
 _events = zmq.backend.Socket.get          # an int, not the sugar's enum (a hot path)
 _ZMQ_EVENTS = int(zmq.EVENTS)
