@@ -196,6 +196,7 @@ class Emulator:
         self.sync_sock: zmq.Socket | None = None
         self.sync_ep = ""
         self.leads: dict[str, Machine] = {}
+        self.silenced: set[str] = set()
         self.members: dict[str, bytes] = {}
         # (t, sent, recv, CPU seconds) each second
         self.series: list[tuple[float, int, int, float]] = []
@@ -274,6 +275,9 @@ class Emulator:
             self.machines.append(m)
             self._register(m)
         self.at(t0 + 1.0, self._housekeeping)
+        if self.cfg.get("silence") is not None and \
+                self.cfg["silence"][1] in {m.name for m in self.machines}:
+            self.at(t0 + 0.1, self._watch_silence)
         deadline = t0 + float(self.cfg["max_seconds"])
         try:
             while not self.stop.is_set() and mono() < deadline:
@@ -339,6 +343,25 @@ class Emulator:
             self.ep.close()
             self.ctx.term()
 
+    def _watch_silence(self) -> None:
+        """--liveness: when the bench says so, one machine goes silent, as a
+        machine that lost its network does: its daemon and its executors
+        stop sending and reading."""
+        ev, name = self.cfg["silence"]
+        if not ev.is_set():
+            return self.at(mono() + 0.1, self._watch_silence)
+        m = next(x for x in self.machines if x.name == name)
+        m.registered = False
+        for job in list(m.execs):
+            ex = m.execs.pop(job)
+            ex.alive = False
+            self._close(ex.sock)
+        for link in m.links.values():
+            self._close(link)
+        m.links.clear()
+        self._close(m.sock)
+        self.silenced.add(m.name)       # its timers and its leader's work stop
+
     def _housekeeping(self) -> None:
         now = mono()
         self.series.append((now, self.counts["sent"], self.counts["recv"], time.process_time()))
@@ -349,6 +372,8 @@ class Emulator:
     def _beat(self, m: Machine) -> None:
         """A daemon's timer: a heartbeat each interval (the master's answer
         to its registration: 1 s), or, not registered, a registration."""
+        if m.name in self.silenced:
+            return
         now = mono()
         m.hb_next += 1.0 if m.registered else 2.0
         if m.hb_next < now:             # fell behind: no burst to catch up
@@ -533,7 +558,7 @@ class Emulator:
             return
         lead = self.leads.get(msg["job"])
         self.members[msg["machine"]] = ident
-        if lead is None:
+        if lead is None or lead.name in self.silenced:
             self.counts["errors"] += 1
             return
         s = Sync(msg["job"], msg["attempt"], msg["gen"], msg["index"], msg["seq"],
@@ -796,6 +821,75 @@ def _rounds(send: np.ndarray, recv: np.ndarray, t0: float, t1: float) -> dict:
     return out
 
 
+def _liveness(endpoint: str, reader, admin, silence, victim: str, machines: int,
+              timeout: float, log) -> dict:
+    """Item 3: one machine goes silent: how long until the master says it
+    is lost (goal: within the heartbeat timeout), and whether any machine
+    that kept beating was taken as lost over the next two timeouts."""
+    from harmony.client import Client
+    out: dict = {}
+    with Client(endpoint, timeout_s=30.0, keys=reader) as c:
+        silence.set()
+        t = mono()
+        lost_at = None
+        while mono() < t + 4 * timeout + 10:
+            ws = {w["name"]: w["alive"] for w in c.cluster()["workers"]}
+            if not ws.get(victim, True):
+                lost_at = mono() - t
+                break
+            time.sleep(0.05)
+        out["silent_lost_after_s"] = round(lost_at, 2) if lost_at is not None else None
+        time.sleep(2 * timeout)
+        ws = c.cluster()["workers"]
+        out["others_lost"] = sum(1 for w in ws if not w["alive"] and w["name"] != victim)
+    log(f"  a silent machine was declared lost after {out['silent_lost_after_s']}s "
+        f"(heartbeat timeout {timeout}s); {out['others_lost']} other machine(s) lost")
+    return out
+
+
+def _restart(master, cmd: list, env: dict, mlog, endpoint: str, reader, machines: int,
+             ids: list, res: dict, log):
+    """Item 3: the master is killed with -9 and started again on the same
+    state dir and port: how long until every machine that is alive has
+    registered again, and until every job runs again with new epochs."""
+    from harmony.client import Client, ClientError
+    with Client(endpoint, timeout_s=30.0, keys=reader) as c:
+        before = {j["id"]: j.get("epochs_total", 0) for j in c.jobs()}
+    master.kill()
+    master.wait(timeout=30)
+    port = endpoint.rsplit(":", 1)[1]
+    cmd = [x for x in cmd]
+    cmd[cmd.index("--port") + 1] = port
+    t = mono()
+    master = subprocess.Popen(cmd, stdout=mlog, stderr=subprocess.STDOUT, env=env)
+    want = machines - 1                          # the silenced one stays away
+    rejoin = resumed = None
+    with Client(endpoint, timeout_s=5.0, keys=reader) as c:
+        while mono() < t + 180:
+            try:
+                alive = sum(1 for w in c.cluster()["workers"] if w["alive"])
+                if rejoin is None and alive >= want:
+                    rejoin = mono() - t
+                js = {j["id"]: j for j in c.jobs()}
+            except ClientError:
+                time.sleep(0.2)
+                continue
+            going = [i for i in ids if js.get(i, {}).get("state") == "running"
+                     and (js[i].get("epochs_total") or 0) > 0]
+            if rejoin is not None and len(going) == len(ids):
+                resumed = mono() - t
+                break
+            time.sleep(0.2)
+    res.update({"restart_rejoin_s": round(rejoin, 2) if rejoin is not None else None,
+                "restart_all_running_s": round(resumed, 2) if resumed is not None else None,
+                "restart_jobs_running": len(going),
+                "restart_epochs_before": int(sum(before.values()))})
+    log(f"  master kill -9 and restart: {want} machines back after {res['restart_rejoin_s']}s, "
+        f"{len(going)}/{len(ids)} jobs running with epochs after "
+        f"{res['restart_all_running_s']}s")
+    return master
+
+
 def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, int],
               subtask: float, log=print) -> dict:
     """One sweep point: a fresh master, emulators, jobs; returns the row."""
@@ -803,6 +897,7 @@ def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, i
     procs: list = []
     master = None
     stop = mp.get_context("fork").Event()
+    silence = mp.get_context("fork").Event()
     res: dict = {"machines": machines, "jobs": jobs, "dop": f"{dop[0]}-{dop[1]}",
                  "subtask": subtask, "mode": a.mode, "sync": a.sync, "policy": a.policy,
                  "pinned": bool(a.pin)}
@@ -854,7 +949,8 @@ def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, i
         nproc = max(1, min(a.procs, machines))
         cfg = {"keys": keydir, "subtask": subtask, "iters": a.iters, "seed": a.seed,
                "setup": a.setup, "max_seconds": a.warmup + a.duration + 300, "nice": a.nice,
-               "check": a.check, "sync": a.sync}
+               "check": a.check, "sync": a.sync,
+               "silence": (silence, "w0000") if a.liveness else None}
         ctx = mp.get_context("fork")
         outs = []
         for p in range(nproc):
@@ -915,6 +1011,11 @@ def run_point(a: argparse.Namespace, machines: int, jobs: int, dop: tuple[int, i
         th1 = _threads(mproc)
         loop_cpu = th1.get(master.pid, 0.0) - th0.get(master.pid, 0.0)
         pol.stop()
+        if a.liveness:
+            res.update(_liveness(endpoint, reader, admin, silence, "w0000", machines,
+                                 a.heartbeat_timeout, log))
+            master = _restart(master, cmd, env, mlog, endpoint, reader, machines, ids, res,
+                              log)
         with Client(endpoint, timeout_s=30.0, keys=reader) as c:
             workers = c.cluster()
             js = c.jobs()
@@ -1077,6 +1178,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="the master on CPU 0 alone, the emulators on the others")
     p.add_argument("--profile", default=None, metavar="PATH",
                    help="cProfile the master into PATH (HARMONY_MASTER_PROFILE)")
+    p.add_argument("--liveness", action="store_true",
+                   help="after the window: one machine goes silent (how long until it is "
+                        "declared lost), then the master is killed with -9 and restarted "
+                        "(how long until the machines and jobs are back); issue #32 item 3")
     p.add_argument("--check", action="store_true",
                    help="the emulators validate every message against the schemas (slower)")
     p.add_argument("--json", default=None, help="write the rows here")

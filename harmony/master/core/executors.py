@@ -13,7 +13,6 @@ from harmony.master.core.records import Run
 from harmony.master.core.state import executor_message, log
 from harmony.master.jobs import SETUPS_KEPT, Job, JobState
 from harmony.policies import view as P
-from harmony.subtasks.sync import choose_leader
 
 #: an epoch's timings are those of its slowest (largest) machine, but for
 #: these: summed over the job's machines (the job's PS bytes pulled, pushed)
@@ -96,30 +95,6 @@ class Executors(Cruise):
                 "job_start", peers=peers, owner=owner, model_blocks=nblocks,
                 mode="queued" if self.queued else "free", machines=list(job.workers),
                 replicas=replicas, replica_alts=alts, sync_gen=gen))
-
-    def _sync_plan(self, job: Job, run: Run) -> int | None:
-        """Appoint the leader that synchronizes this attempt's subtasks on
-        its current machines (``harmony.subtasks.sync``) and tell every
-        daemon of the job, before its executors hear of the layout. Returns
-        the layout's generation, or None: this loop synchronizes the job
-        (``--sync master``, not queued, or a daemon that cannot lead)."""
-        run.sync_leader = None
-        if self.sync != "leader" or not self.queued or not all(
-                self.workers[m].sync_endpoint for m in job.workers if m in self.workers) \
-                or not all(m in self.workers for m in job.workers):
-            return None
-        others = [(j.workers, r.sync_leader) for j in self._active()
-                  if j is not job and (r := self.runs.get(j.id)) is not None and r.sync_leader]
-        leader = choose_leader(list(job.workers), others)
-        run.sync_leader, run.sync_gen = leader, run.sync_gen + 1
-        plan = _msg("sync_plan", job=job.id, attempt=run.attempt, gen=run.sync_gen,
-                    machines=list(job.workers), leader=leader,
-                    endpoint=self.workers[leader].sync_endpoint)
-        for m in job.workers:
-            self._send(self.workers[m].ident, plan)
-        log.info("%s: its subtasks are synchronized by %s (layout %d)", job.id, leader,
-                 run.sync_gen)
-        return run.sync_gen
 
     def _on_sync_failed(self, ident: bytes, msg: M.Message) -> None:
         """A leader daemon says the job's executors broke the protocol."""

@@ -1,5 +1,5 @@
 """A job's lifecycle on its machines: a launch (a new attempt or a new
-launch of the same one), a pause or an early stop asked at the next epoch
+launch of the same one) and the leader that synchronizes it, a pause or an early stop asked at the next epoch
 end, and every way it leaves them: finished, failed, cancelled, or
 requeued after a failure."""
 from __future__ import annotations
@@ -12,6 +12,7 @@ from harmony.master.core.state import log
 from harmony.master.core.views import Views
 from harmony.master.jobs import MAX_ATTEMPTS, Job, JobState
 from harmony.policies import view as P
+from harmony.subtasks.sync import choose_leader
 
 
 class Lifecycle(Checkpoints, Catalog, Views):
@@ -50,6 +51,30 @@ class Lifecycle(Checkpoints, Catalog, Views):
                 app_source=job.app_source, args=job.args, attempt=job.launches,
                 resume=resume, datasets=datasets, secret=self.runs[job.id].secret),
                 fail=Unreachable(name, job.id, job.launches, "at launch"))
+
+    def _sync_plan(self, job: Job, run: Run) -> int | None:
+        """Appoint the leader that synchronizes this attempt's subtasks on
+        its current machines (``harmony.subtasks.sync``) and tell every
+        daemon of the job, before its executors hear of the layout. Returns
+        the layout's generation, or None: this loop synchronizes the job
+        (``--sync master``, not queued, or a daemon that cannot lead)."""
+        run.sync_leader = None
+        if self.sync != "leader" or not self.queued or not all(
+                self.workers[m].sync_endpoint for m in job.workers if m in self.workers) \
+                or not all(m in self.workers for m in job.workers):
+            return None
+        others = [(j.workers, r.sync_leader) for j in self._active()
+                  if j is not job and (r := self.runs.get(j.id)) is not None and r.sync_leader]
+        leader = choose_leader(list(job.workers), others)
+        run.sync_leader, run.sync_gen = leader, run.sync_gen + 1
+        plan = _msg("sync_plan", job=job.id, attempt=run.attempt, gen=run.sync_gen,
+                    machines=list(job.workers), leader=leader,
+                    endpoint=self.workers[leader].sync_endpoint)
+        for m in job.workers:
+            self._send(self.workers[m].ident, plan)
+        log.info("%s: its subtasks are synchronized by %s (layout %d)", job.id, leader,
+                 run.sync_gen)
+        return run.sync_gen
 
     def _unreachable(self, ev: Unreachable) -> None:
         """A launch could not be sent: the machine is taken as lost (at
