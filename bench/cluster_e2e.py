@@ -62,7 +62,7 @@ from cluster_e2e_jobs import app_job, describe, make_data, scaled_trace, \
 from dilation import CpuMeter  # noqa: E402
 from scheduler_e2e import ceiling, print_prediction_tables, run_mode  # noqa: E402
 
-from harmony.cli import parse_size  # noqa: E402
+from harmony.cli.common import parse_size  # noqa: E402
 from harmony.sched.throughput import best_dop  # noqa: E402
 from harmony.sim.trace import iteration_profile, save_trace, sched_profile  # noqa: E402
 from harmony.worker.netem import parse_rate  # noqa: E402

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from harmony.client import Client  # noqa: E402
 from harmony.cluster import LocalCluster  # noqa: E402
 from harmony.datagen.nmf import gen_nmf  # noqa: E402
-from harmony.cli import parse_size  # noqa: E402
+from harmony.cli.common import parse_size  # noqa: E402
 
 
 def make_jobs(tmp: str, a: argparse.Namespace) -> list[tuple[str, list[str]]]:

@@ -60,7 +60,9 @@ import numpy as np
 
 from harmony.store.alpha import max_disk_blocks
 from harmony.store.blocks import Block, BlockStore
-from harmony.store.lmdb_store import LmdbBlockStore, LmdbEnv, crc32
+from harmony.store.framing import crc32
+from harmony.store.lmdb_env import LmdbEnv
+from harmony.store.lmdb_store import LmdbBlockStore
 from harmony.store.local import LocalInput
 from harmony.store.reload import ReloadPipeline, choose_disk_blocks
 

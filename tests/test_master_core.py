@@ -915,7 +915,7 @@ def test_a_jobs_story_is_bounded_and_keeps_its_first_event():
     """A job paused and moved for weeks: its events keep the first
     ("submitted") and the latest EVENTS_KEPT - 1, and count what they
     dropped; `harmony status --events` says so."""
-    from harmony.cli import event_lines
+    from harmony.cli.jobs import event_lines
     from harmony.master.jobs import EVENTS_KEPT, Job
     j = Job("job-0001", "a.py", "", [], 1)
     j.event(0.0, "waiting", "submitted")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from harmony.app import InputPart, load_app, parse_app_args, run_local
-from harmony.cli import top_words_lines
+from harmony.cli.jobs import top_words_lines
 from harmony.client import Client, ClientError
 from harmony.datagen.lasso import gen_lasso
 from harmony.datagen.lda import gen_lda

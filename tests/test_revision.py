@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from harmony.cli import _revision
+from harmony.cli.daemons import _revision
 from harmony.cluster import LocalCluster
 from conftest import run_cli
 

@@ -12,7 +12,8 @@ import pytest
 
 from harmony.store.blocks import Block, export_block
 from harmony.store.checkpoint import CheckpointError, CheckpointStore, _dkey
-from harmony.store.lmdb_store import LmdbEnv, StoreFullError
+from harmony.store.errors import StoreFullError
+from harmony.store.lmdb_env import LmdbEnv
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,7 +12,8 @@ import pytest
 from conftest import NMF_APP
 from harmony.client import Client
 from harmony.cluster import LocalCluster
-from harmony.store.lmdb_store import DamagedStoreError, LmdbEnv
+from harmony.store.errors import DamagedStoreError
+from harmony.store.lmdb_env import LmdbEnv
 from harmony.store.staging import ChunkStore
 
 

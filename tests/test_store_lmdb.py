@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from harmony.store.blocks import Block, export_block
-from harmony.store.lmdb_store import (BlockLoadError, JobStorage, LmdbBlockStore, LmdbEnv,
-                                      StoreBusyError, StoreError, StoreFullError, _ResizeLock,
-                                      decode_block, frame, frame_block, sweep_stale)
+from harmony.store.errors import BlockLoadError, StoreBusyError, StoreError, StoreFullError
+from harmony.store.framing import decode_block, frame, frame_block
+from harmony.store.lmdb_env import LmdbEnv, _ResizeLock
+from harmony.store.lmdb_store import JobStorage, LmdbBlockStore, sweep_stale
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,8 +103,8 @@ def test_crc_is_zlibs_so_blocks_stored_before_isal_still_read(tmp_path):
     import struct
     import zlib
 
-    from harmony.store import lmdb_store
-    blk = make_block(7, n=3 * lmdb_store._CHUNK // 32 + 5)     # "L" spans 3+ chunks
+    from harmony.store import framing
+    blk = make_block(7, n=3 * framing._CHUNK // 32 + 5)     # "L" spans 3+ chunks
     payload = export_block(blk)
     old = payload + struct.pack("<4sIQ", b"HSC1", zlib.crc32(payload), len(payload))
     assert frame(payload) == old == bytes(frame_block(blk))
@@ -191,7 +192,8 @@ def test_os_refusing_the_write_raises_store_full(tmp_path):
         import json, os, resource, signal
         import numpy as np
         from harmony.store.blocks import Block
-        from harmony.store.lmdb_store import JobStorage, StoreFullError
+        from harmony.store.errors import StoreFullError
+        from harmony.store.lmdb_store import JobStorage
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         st = JobStorage({str(tmp_path)!r}, "job-disk")
         small = Block(1, {{"a": np.arange(1000)}})

@@ -7,7 +7,8 @@ import pytest
 
 from harmony.ps.server import ShardTable
 from harmony.store.blocks import Block
-from harmony.store.lmdb_store import JobStorage, StoreError, StoreFullError
+from harmony.store.errors import StoreError, StoreFullError
+from harmony.store.lmdb_store import JobStorage
 from harmony.store.local import BlockSeq, LocalInput, SpillDisabledError, digests
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from harmony.store.blocks import Block, BlockStore, export_block
-from harmony.store.lmdb_store import BlockLoadError, JobStorage
+from harmony.store.errors import BlockLoadError
+from harmony.store.lmdb_store import JobStorage
 from harmony.store.reload import (PipelineClosed, ReloadPipeline, WritebackError,
                                   apply_placement, choose_disk_blocks, disk_count,
                                   spill_priority)

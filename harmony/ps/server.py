@@ -22,7 +22,7 @@ from harmony.comm import messages as M
 from harmony.comm.zmqutil import bind_random, make_socket
 from harmony.ps.keymap import block_of
 from harmony.store.blocks import Block
-from harmony.store.lmdb_store import release_scratch
+from harmony.store.framing import release_scratch
 from harmony.store.transfer import Assembler, TransferError
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ class BlockFormatError(ValueError):
 class Block:
     id: int
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
-    #: a zero-copy load's :class:`~harmony.store.lmdb_store.ReadLease` (its
+    #: a zero-copy load's :class:`~harmony.store.lmdb_env.ReadLease` (its
     #: read-only arrays are views of the stored bytes), else None
     lease: object = field(default=None, repr=False, compare=False)
 

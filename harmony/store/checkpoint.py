@@ -52,7 +52,7 @@ from typing import Any, Callable, Mapping
 import msgpack
 
 from harmony.store.blocks import Block, BlockFormatError, export_block, import_block
-from harmony.store.lmdb_store import LmdbEnv, MiB
+from harmony.store.lmdb_env import LmdbEnv, MiB
 
 log = logging.getLogger("harmony.store.checkpoint")
 

@@ -7,7 +7,7 @@ the process with SIGBUS on the first access past its end, with every thread
 in it. :func:`check_lmdb_file` reads only the two meta pages with ordinary
 reads and compares them with the file's size, so that the opener gets an
 exception it can handle instead. The master checks its job table with it,
-and every :class:`harmony.store.lmdb_store.LmdbEnv` (a worker's staged
+and every :class:`harmony.store.lmdb_env.LmdbEnv` (a worker's staged
 chunks, checkpoints, spilled blocks) checks its file when it opens one.
 """
 from __future__ import annotations

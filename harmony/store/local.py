@@ -74,7 +74,9 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from harmony.store.blocks import Block, BlockStore
-from harmony.store.lmdb_store import LmdbBlockStore, StoreError, crc32, release_scratch
+from harmony.store.errors import StoreError
+from harmony.store.framing import crc32, release_scratch
+from harmony.store.lmdb_store import LmdbBlockStore
 from harmony.store.reload import ReloadPipeline, ReloadStats, choose_disk_blocks
 
 log = logging.getLogger("harmony.store.local")
@@ -170,7 +172,7 @@ class MemoryWatch:
 
 
 def _crc(a: np.ndarray) -> int:
-    """CRC-32 of an array's bytes (ISA-L's, see lmdb_store: this runs over
+    """CRC-32 of an array's bytes (ISA-L's, see framing: this runs over
     every non-pinned array of every dropped disk-block)."""
     if not a.nbytes:
         return 0

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Protocol, Sequence
 
 from harmony.store.blocks import Block, BlockStore
-from harmony.store.lmdb_store import BlockLoadError, StoreError
+from harmony.store.errors import BlockLoadError, StoreError
 
 log = logging.getLogger("harmony.store.reload")
 

@@ -23,7 +23,8 @@ from harmony.comm import messages as M
 from harmony.comm.zmqutil import NoHandshake, make_socket, send
 from harmony.store import lmdbcheck
 from harmony.store.datanames import URL, StagingError, check_name, refs  # noqa: F401
-from harmony.store.lmdb_store import DamagedStoreError, LmdbEnv
+from harmony.store.errors import DamagedStoreError
+from harmony.store.lmdb_env import LmdbEnv
 from harmony.store.transfer import Payload, TransferError, receive, send_payloads, wait_acks
 from harmony.util import names
 

@@ -31,7 +31,7 @@ import zmq
 
 from harmony.comm import messages as M
 from harmony.store.blocks import Block
-from harmony.store.lmdb_store import crc32
+from harmony.store.framing import crc32
 
 CHUNK_BYTES = 8 << 20
 MAX_OPEN = 4

@@ -25,7 +25,7 @@ from harmony.comm import security
 from harmony.comm.zmqutil import bind_random, make_socket
 from harmony.obs import logs as obs_logs
 from harmony.store.checkpoint import CheckpointError, CheckpointStore
-from harmony.store.lmdb_store import StoreError
+from harmony.store.errors import StoreError
 from harmony.store import staging
 from harmony.store.staging import ChunkStore, StagingError
 from harmony.store.transfer import (CHUNK_BYTES, HEAD_BYTES, Assembler, Payload,

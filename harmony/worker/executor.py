@@ -47,7 +47,8 @@ from harmony.store.checkpoint import CheckpointError
 from harmony.store.transfer import Payload, TransferError, send_payloads, wait_acks
 from harmony.worker import jobckpt
 from harmony.store.alpha import AlphaController, Observation, Thresholds, initial_alpha
-from harmony.store.lmdb_store import JobStorage, StoreError
+from harmony.store.errors import StoreError
+from harmony.store.lmdb_store import JobStorage
 from harmony.store.local import (BlockSeq, LocalInput, MemoryWatch, SpillDisabledError,
                                  own_memory, trim_heap)
 from harmony.store.memory import executors_memory

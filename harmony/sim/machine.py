@@ -1,0 +1,196 @@
+"""A simulated machine: its CPU, link and serving side shared by the
+subtasks that run there (processor sharing, rates recomputed on every
+change), and, in the harmony mode, the worker daemon's own subtask queues
+(:class:`harmony.worker.daemon_core.DaemonCore`) whose actions it carries
+out. Without the queues (the isolated and naive modes) subtasks share the
+machine under the contention model (:class:`harmony.sim.engine.Contention`).
+"""
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING, Any, Callable
+
+from harmony.worker.daemon_core import DaemonCore, Deliver
+from harmony.subtasks.queues import Demote, Grant, Promote, Resume, Stop
+
+if TYPE_CHECKING:
+    from harmony.sim.engine import Simulator
+    from harmony.sim.executor import _Exec
+
+INF = float("inf")
+
+
+class _Res:
+    """One resource of one machine (its CPU or its link): the subtasks
+    using it progress at rates that depend on who else runs (processor
+    sharing), recomputed on every change."""
+    __slots__ = ("sim", "kind", "machine", "running", "last", "version", "busy_since", "due")
+
+    def __init__(self, sim: "Simulator", kind: str, machine: "_Machine") -> None:
+        self.sim, self.kind, self.machine = sim, kind, machine
+        self.running: dict[Any, list] = {}     # key -> [remaining, rate, callback]
+        self.last = 0.0
+        self.version = 0
+        self.due = INF          # when the one valid pending event fires (INF: none)
+        self.busy_since: float | None = None
+
+    def _advance(self, now: float) -> None:
+        dt = now - self.last
+        if dt > 0:
+            busy = False
+            for r in self.running.values():
+                rate = r[1]
+                r[0] -= dt * rate
+                if rate > 0:
+                    busy = True
+            if busy:
+                self.sim._busy(self.kind, self.last, now)
+        self.last = now
+
+    def start(self, key: Any, work: float, done: Callable[[], None], now: float) -> None:
+        if now != self.last:
+            self._advance(now)
+        self.running[key] = [max(0.0, work), 0.0, done]
+        self._reschedule(now)
+
+    def drop(self, key: Any, now: float) -> None:
+        if now != self.last:
+            self._advance(now)
+        if self.running.pop(key, None) is not None:
+            self._reschedule(now)
+
+    def set_rates(self, now: float) -> None:
+        if now != self.last:
+            self._advance(now)
+        self._reschedule(now)
+
+    def _reschedule(self, now: float) -> None:
+        """Recompute the rates and the next completion. The pending event
+        stays valid when the next completion did not move (a subtask that
+        joins at rate 0, a rate change elsewhere): half of the events at
+        1,000 machines were such stale wake-ups."""
+        nxt = INF
+        if self.running:
+            self.machine.rates(self)
+            for r in self.running.values():
+                rate = r[1]
+                if rate > 0:
+                    t = now + r[0] / rate
+                    if t < nxt:
+                        nxt = t
+        if nxt == self.due:
+            return
+        self.version += 1
+        self.due = nxt
+        if nxt < INF:
+            sim = self.sim
+            heapq.heappush(sim._q, (nxt, next(sim._n), self._fire, (self.version,)))
+
+    def _fire(self, version: int) -> None:
+        if version != self.version:
+            return
+        self.due = INF
+        now = self.sim.now
+        self._advance(now)
+        running = self.running
+        # done: no work left to speak of, or so little that the clock cannot
+        # tell its end from now (past 2**24 s, 1e-9 s is below a double's
+        # resolution: the same event fired at the same instant forever)
+        done = [k for k, r in running.items()
+                if r[1] > 0 and (r[0] <= 1e-9 or now + r[0] / r[1] <= now)]
+        cbs = [running.pop(k)[2] for k in done]
+        self._reschedule(now)
+        for cb in cbs:
+            cb()
+
+
+class _Machine:
+    """One simulated machine: its resources, speeds, executors and queues."""
+
+    def __init__(self, sim: "Simulator", name: str, queued: bool) -> None:
+        self.sim, self.name = sim, name
+        self.ident = f"d:{name}".encode()
+        self.cpu = _Res(sim, "cpu", self)
+        self.net = _Res(sim, "net", self)
+        self.up = _Res(sim, "up", self)       # serving model blocks (block_work)
+        self.cpu_speed = self.net_speed = 1.0
+        self.q = DaemonCore() if queued else None      # the daemon's own protocol core
+        self.execs: dict[str, "_Exec"] = {}       # job -> its executor here
+        self.roles: dict[tuple[str, int], str] = {}   # queued: running net subtask roles
+        self.stopped: set[tuple[str, int]] = set()
+
+    def rates(self, res: _Res) -> None:
+        c = self.sim.contention
+        run = res.running
+        n = len(run)
+        if not n:
+            return
+        if res.kind == "up":                # a server's link: shared evenly by its readers
+            for r in run.values():
+                r[1] = 1.0 / n
+            return
+        if res.kind == "cpu":
+            # COMPs use every core of the machine, the local part of a
+            # transfer (serialization, copies to the machine's own shard)
+            # one: all progress at cores / demand when the demand exceeds
+            # the cores; the queues decide which COMPs run (a stopped one
+            # does not), not the transfers' local parts
+            cores = self.sim.cpus
+            stopped = self.stopped
+            comps = whole = 0
+            for key in run:
+                if len(key) == 2:
+                    whole += 1
+                    if key not in stopped:
+                        comps += 1
+            locals_ = n - whole
+            demand = cores * comps + locals_
+            rate = 1.0 if demand <= cores else cores / demand
+            if self.q is None and comps + locals_ > 1:      # no queues: interference
+                m = comps + locals_
+                rate *= m * c.model.rate("cpu", m)
+            if stopped:
+                for key, r in run.items():
+                    r[1] = 0.0 if key in stopped else rate
+            else:
+                for r in run.values():
+                    r[1] = rate
+            return
+        if self.q is not None:            # Harmony's NET queue: the primary leads
+            if n == 1:       # alone on the link: the full rate, primary or not
+                for r in run.values():
+                    r[1] = 1.0
+                return
+            prim = self.q.primary()
+            pkey = (prim.job, prim.seq) if prim is not None else None
+            has_primary = pkey in run
+            share = c.secondary_share
+            for key, r in run.items():
+                r[1] = 1.0 if key == pkey or not has_primary else share
+            return
+        rate = c.model.rate(res.kind, n)
+        for r in run.values():
+            r[1] = rate
+
+    # queue actions (harmony mode), as the daemon carries them out
+    def act(self, actions: list) -> None:
+        now = self.sim.now
+        for a in actions:
+            kind = type(a)
+            if kind is Grant or kind is Deliver:
+                if kind is Grant and a.held:
+                    continue            # delivered once its executor is ready
+                ex = self.execs.get(a.sub.job)
+                if ex is not None:
+                    ex.granted(a.sub.seq)
+            elif kind is Stop:
+                self.stopped.add((a.sub.job, a.sub.seq))
+                self.cpu.set_rates(now)
+            elif kind is Resume:
+                self.stopped.discard((a.sub.job, a.sub.seq))
+                self.cpu.set_rates(now)
+                ex = self.execs.get(a.sub.job)
+                if ex is not None and a.tell:
+                    ex.stood += a.stood
+            elif kind is Promote or kind is Demote:
+                self.net.set_rates(now)
