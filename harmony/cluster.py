@@ -125,8 +125,9 @@ class LocalCluster:
                  port_fallback: bool = False, dashboard: bool = True,
                  dashboard_port: int = 0, cpu_speed: str | list[float] | None = None,
                  cruise: bool = False, max_moves: int = MAX_MOVES,
-                 dilation: float = 1.0) -> None:
+                 dilation: float = 1.0, sync: str = "leader") -> None:
         self.cruise = cruise
+        self.sync = sync             # --sync: leader daemons or the master
         # time dilation: every machine D times slower, times reported undilated
         try:
             self.dilation = dil.check(dilation)
@@ -257,7 +258,7 @@ class LocalCluster:
                               "--mode", self.mode,
                               *(["--policy", self.policy] if self.policy else []),
                               *(["--cruise"] if self.cruise else []),
-                              "--max-moves", str(self.max_moves),
+                              "--max-moves", str(self.max_moves), "--sync", self.sync,
                               "--max-jobs-per-machine", str(self.max_jobs_per_machine),
                               "--heartbeat-timeout", str(self.heartbeat_timeout), *sec,
                               "--dilation", repr(self.dilation),

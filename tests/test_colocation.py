@@ -241,3 +241,28 @@ def test_isolated_runs_jobs_one_after_another_naive_shares(tmp_path, mode):
     else:
         assert second["started"] < first["ended"]
         assert first["ended"] <= third["started"] < second["ended"]
+
+
+def test_with_sync_master_the_master_synchronizes_in_the_same_order(tmp_path):
+    """harmony-master --sync master: the synchronizer in the master's loop
+    (no leader appointed), the same order of co-located subtasks."""
+    cl = LocalCluster(2, str(tmp_path / "c"), port=0, mode="harmony", policy="colocate",
+                      cpus_per_machine=1, sync="master")
+    cl.start()
+    try:
+        with Client(cl.endpoint) as c:
+            jobs = [c.submit("toy.py", TOY_APP, ["--max-epochs", "3", *STEADY], machines=2)
+                    for _ in range(2)]
+            for j in jobs:
+                st = wait_state(c, j, ("finished", "failed"))
+                assert st["state"] == "finished", st["error"]
+        log = open(os.path.join(cl.state_dir, "logs", "master.log")).read()
+        assert "its subtasks are synchronized by" not in log
+        order = {m: [(e["job"], e["seq"], e["kind"]) for e in events(cl, m)
+                     if e["ev"] == "grant" and e["job"] in jobs] for m in ("m0", "m1")}
+        assert len(order["m0"]) > 10
+        for kind in ("cpu", "net"):
+            assert [x for x in order["m0"] if x[2] == kind] == \
+                   [x for x in order["m1"] if x[2] == kind]
+    finally:
+        cl.stop()

@@ -43,6 +43,7 @@ def cmd_cluster(a: argparse.Namespace) -> int:
                           cpu_speed=getattr(a, "cpu_speed", None),
                           cruise=getattr(a, "cruise", False),
                           max_moves=getattr(a, "max_moves", MAX_MOVES),
+                          sync=getattr(a, "sync", "leader"),
                           dilation=a.dilation)
     except (ClusterError, ValueError) as exc:
         return _die(str(exc), 2)

@@ -47,6 +47,10 @@ def _scheduler_args(s: argparse.ArgumentParser) -> None:
                    help="a live resize runs its plan's block moves at most N at once over "
                         "the whole job, the most blocks first (default 4, Cruise's limit; "
                         "0: all at once, each sender keeping 4 blocks open)")
+    s.add_argument("--sync", default="leader", choices=["leader", "master"],
+                   help="who synchronizes queued jobs' subtasks: a leader daemon of each "
+                        "group (default: the master hears no per-subtask message) or the "
+                        "master itself")
     s.add_argument("--objective", default="throughput", choices=["throughput", "util"],
                    help="the Harmony scheduler's objective: throughput (default: each job's "
                         "iteration rate over its rate alone at its best DoP, summed) or util "

@@ -82,7 +82,7 @@ def master_main(argv: list[str] | None = None) -> int:
         keys = _process_keys(a, "master", "", a.host)
         m = Master(a.state_dir, a.host, a.port, heartbeat_timeout=a.heartbeat_timeout,
                    policy=objective_policy(a), mode=a.mode, cruise=a.cruise,
-                   max_moves=a.max_moves,
+                   max_moves=a.max_moves, sync=a.sync,
                    max_jobs_per_machine=a.max_jobs_per_machine,
                    keys=keys, keep_models=a.keep_models, recover=a.recover,
                    master_file=a.master_file, dashboard_port=a.dashboard_port,
