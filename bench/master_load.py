@@ -854,7 +854,7 @@ def _restart(master, cmd: list, env: dict, mlog, endpoint: str, reader, machines
     registered again, and until every job runs again with new epochs."""
     from harmony.client import Client, ClientError
     with Client(endpoint, timeout_s=30.0, keys=reader) as c:
-        before = {j["id"]: j.get("epochs_total", 0) for j in c.jobs()}
+        before = {j["id"]: j["epochs"] for j in c.jobs()}
     master.kill()
     master.wait(timeout=30)
     port = endpoint.rsplit(":", 1)[1]
@@ -864,6 +864,8 @@ def _restart(master, cmd: list, env: dict, mlog, endpoint: str, reader, machines
     master = subprocess.Popen(cmd, stdout=mlog, stderr=subprocess.STDOUT, env=env)
     want = machines - 1                          # the silenced one stays away
     rejoin = resumed = None
+    kept: dict[str, int] = {}          # epochs each job kept (up to its checkpoint)
+    going: list = []
     with Client(endpoint, timeout_s=5.0, keys=reader) as c:
         while mono() < t + 180:
             try:
@@ -874,8 +876,12 @@ def _restart(master, cmd: list, env: dict, mlog, endpoint: str, reader, machines
             except ClientError:
                 time.sleep(0.2)
                 continue
+            for i in ids:       # the epochs it kept: up to its checkpoint, once relaunched
+                if i in js:
+                    kept[i] = min(kept.get(i, js[i]["epochs"]), js[i]["epochs"])
+            # running again, with an epoch done since the restart
             going = [i for i in ids if js.get(i, {}).get("state") == "running"
-                     and (js[i].get("epochs_total") or 0) > 0]
+                     and js[i]["epochs"] > kept.get(i, 0)]
             if rejoin is not None and len(going) == len(ids):
                 resumed = mono() - t
                 break
@@ -883,10 +889,14 @@ def _restart(master, cmd: list, env: dict, mlog, endpoint: str, reader, machines
     res.update({"restart_rejoin_s": round(rejoin, 2) if rejoin is not None else None,
                 "restart_all_running_s": round(resumed, 2) if resumed is not None else None,
                 "restart_jobs_running": len(going),
-                "restart_epochs_before": int(sum(before.values()))})
+                "restart_epochs_before": int(sum(before.values())),
+                # epochs run again: those since each job's last checkpoint
+                "restart_epochs_redone": int(sum(before.get(i, 0) - kept.get(i, 0)
+                                                 for i in ids))})
     log(f"  master kill -9 and restart: {want} machines back after {res['restart_rejoin_s']}s, "
-        f"{len(going)}/{len(ids)} jobs running with epochs after "
-        f"{res['restart_all_running_s']}s")
+        f"{len(going)}/{len(ids)} jobs running with a new epoch after "
+        f"{res['restart_all_running_s']}s ({res['restart_epochs_redone']} of "
+        f"{res['restart_epochs_before']} epochs redone: those after the last checkpoints)")
     return master
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from harmony.comm import messages as M
 from harmony.master import core as C
+from harmony.master.core.master import REJOIN_GRACE_S
 from harmony.master.jobs import JobState
 
 
@@ -687,6 +688,26 @@ def test_checkpoint_gc_at_the_end_reaches_a_replica_target_that_never_acknowledg
         {f"d:{here}".encode(), f"d:{replica}".encode()}
 
 
+def test_after_a_restart_requeued_jobs_wait_for_the_machines_to_register_again():
+    """#32 item 3: placing the requeued jobs on the first machines back
+    piled 6 jobs on 6 of 20 machines; they wait REJOIN_GRACE_S, then spread."""
+    c = Cluster(machines=4, mode="harmony", policy="colocate")
+    ids = [c.submit(machines=1) for _ in range(4)]
+    jobs = {j: c.core.jobs[j] for j in ids}
+    c.core = C.MasterCore(jobs, mode="harmony", policy="colocate", heartbeat_timeout=5.0,
+                          launch_timeout=60.0)
+    c.run(c.core.recover(0.0))
+    c.msg(b"d:m0", "register", name="m0", host="h", cpus=2, memory=1 << 30, pid=1,
+          executors=[], data_endpoint="tcp://h:0")
+    c.tick(1.0)
+    assert all(not j.workers for j in jobs.values())       # m0 alone: nothing placed
+    for i in range(1, 4):
+        c.msg(f"d:m{i}".encode(), "register", name=f"m{i}", host="h", cpus=2,
+              memory=1 << 30, pid=1, executors=[], data_endpoint=f"tcp://h:{i}")
+    c.tick(REJOIN_GRACE_S)
+    assert sorted(j.workers[0] for j in jobs.values()) == ["m0", "m1", "m2", "m3"]
+
+
 def test_checkpoint_gc_after_a_master_restart_tells_every_machine():
     c = Cluster(machines=4)
     jid = c.submit()
@@ -699,6 +720,9 @@ def test_checkpoint_gc_after_a_master_restart_tells_every_machine():
         c.msg(f"d:m{i}".encode(), "register", name=f"m{i}", host="h", cpus=2,
               memory=1 << 30, pid=1, executors=[], data_endpoint=f"tcp://h:{i}")
     c.tick()
+    # the requeued job waits for the machines to come back (#32)
+    assert not c.core.jobs[jid].workers
+    c.tick(REJOIN_GRACE_S)
     ex = c.start(jid)
     c.core.snapshots.add(jid)
     c.msg(ex[0], "epoch_done", job=jid, index=0, epoch=0, sums={}, timings={})

@@ -31,7 +31,7 @@ def test_master_load_tiny(tmp_path, mode, sync):
         mode=mode, sync=sync, policy="colocate", warmup=1.0, duration=3.0, procs=2, iters=3,
         ckpt_every=2, setup=0.05, poll_hz=4.0, heartbeat_timeout=5.0, dashboard=False,
         log_level="INFO", keys=str(tmp_path / "keys"), seed=3, nice=0, profile=None,
-        keep=False, check=True, pin=False)
+        keep=False, check=True, pin=False, liveness=False)
     row = ml.run_point(a, machines=4, jobs=2, dop=(2, 3), subtask=0.05, log=lambda *_: None)
     assert "error" not in row, row
     # every job ran, on machines that stayed alive: no lost worker, no requeue
@@ -54,3 +54,24 @@ def test_master_load_tiny(tmp_path, mode, sync):
     # themselves (lsync and enqueue) instead
     peers = row["counts"]["peer_sent"] + row["counts"]["peer_recv"]
     assert (peers > 0) == (sync == "leader"), row["counts"]
+
+
+@pytest.mark.timeout(180)
+def test_master_load_liveness_and_restart(tmp_path):
+    """#32 item 3 at a tiny size: a silent machine is declared lost within
+    the heartbeat timeout and no other is; after the master's kill -9 and
+    restart every machine registers again and every job runs new epochs."""
+    ml = _bench()
+    a = argparse.Namespace(
+        mode="harmony", sync="leader", policy="colocate", warmup=1.0, duration=2.0, procs=2,
+        iters=3, ckpt_every=2, setup=0.05, poll_hz=2.0, heartbeat_timeout=2.0,
+        dashboard=False, log_level="INFO", keys=str(tmp_path / "keys"), seed=4, nice=0,
+        profile=None, keep=False, check=True, pin=False, liveness=True)
+    row = ml.run_point(a, machines=6, jobs=3, dop=(2, 3), subtask=0.05, log=lambda *_: None)
+    assert "error" not in row, row
+    # (a loose upper bound: the goal, within the timeout, is measured by the bench)
+    assert row["silent_lost_after_s"] is not None and row["silent_lost_after_s"] < 4 * 2.0
+    assert row["others_lost"] == 0
+    assert row["restart_rejoin_s"] is not None and row["restart_all_running_s"] is not None
+    assert row["restart_jobs_running"] == 3
+    assert row["restart_all_running_s"] < 60

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from harmony.master.core.clients import Clients
-from harmony.master.core.daemons import Daemons
+from harmony.master.core.daemons import HEARTBEAT_INTERVAL, Daemons
 from harmony.master.core.dispatch import Dispatch
 from harmony.master.core.executors import Executors
 from harmony.master.core.protocol import (Admitted, AdmitFailed, Malformed, Received, Solved,
@@ -14,6 +14,11 @@ from harmony.master.core.protocol import (Admitted, AdmitFailed, Malformed, Rece
 from harmony.master.core.scheduling import Scheduling
 from harmony.master.core.state import log
 from harmony.master.jobs import MAX_ATTEMPTS, JobState
+
+#: after a restart, the requeued jobs wait this long (undilated seconds) for
+#: the machines to register again: a daemon told it is unknown registers at
+#: its next heartbeat, within two intervals
+REJOIN_GRACE_S = 2 * HEARTBEAT_INTERVAL + 1.0
 
 
 class MasterCore(Dispatch, Clients, Daemons, Scheduling, Executors):
@@ -34,7 +39,7 @@ class MasterCore(Dispatch, Clients, Daemons, Scheduling, Executors):
                     self._check_liveness(now)
                 except Exception:   # a bug here must not stop the master either
                     log.exception("the liveness check failed")
-            if self._dirty:
+            if self._dirty and now >= self.rejoin_until:
                 self._dirty = False
                 try:
                     self._schedule()
@@ -84,8 +89,10 @@ class MasterCore(Dispatch, Clients, Daemons, Scheduling, Executors):
         one, else from epoch 0; nothing is silently dropped. Paused jobs stay
         paused (their checkpoints are on disk)."""
         self.now = now
+        requeued = False
         for job in self.jobs.values():
             if job.state.active:
+                requeued = True
                 where = (f"epoch {job.resume['epoch']} (its last checkpoint)" if job.resume
                          else "epoch 0")
                 # its run was stopped: that counts as a failed attempt, but a
@@ -95,5 +102,11 @@ class MasterCore(Dispatch, Clients, Daemons, Scheduling, Executors):
                                                  f"{where})", now=now)
                 job.workers = []
                 self._persist("save", job)
+        if requeued:
+            # the machines re-register at their next heartbeat (they are
+            # told they are unknown): placing the requeued jobs on the first
+            # few back would pile them there (seen at 20 machines: 6 jobs
+            # on the first 6 back, their epochs 10x slower)
+            self.rejoin_until = now + REJOIN_GRACE_S
         out, self._out = self._out, []
         return out

@@ -83,6 +83,9 @@ class CoreState:
         # who synchronizes queued jobs' subtasks: a leader daemon of each
         # group (harmony.subtasks.sync), or this loop
         self.sync = sync
+        # after a restart with jobs to requeue: no scheduling before this
+        # (the machines are still registering again)
+        self.rejoin_until = 0.0
         self.max_jobs = max_jobs_per_machine
         self.keep_models = keep_models
         self.queued = R.MODES[mode][1]
