@@ -109,7 +109,7 @@ def _worker_curve(keydir: str, name: str) -> tuple[bytes, bytes]:
 class Exec:
     """One emulated executor: its own socket (its machine's key)."""
     __slots__ = ("m", "job", "jnum", "index", "attempt", "count", "sock", "seq", "epoch",
-                 "state", "replica", "queued", "rnd", "t_epoch", "alive", "gen")
+                 "state", "replica", "queued", "rnd", "t_epoch", "alive", "gen", "secret")
 
     def __init__(self, m: "Machine", job: str, index: int, attempt: int, count: int,
                  sock: zmq.Socket) -> None:
@@ -125,6 +125,7 @@ class Exec:
         self.t_epoch = 0.0
         self.alive = True
         self.gen: int | None = None     # leader synchronization: the layout's generation
+        self.secret = ""                # the attempt's secret (tags its syncs to a leader)
 
 
 class Machine:
@@ -458,6 +459,7 @@ class Emulator:
         job = msg["job"]
         self._drop(m, job)
         ex = Exec(m, job, msg["index"], msg["attempt"], msg["count"], None)
+        ex.secret = msg.get("secret") or ""
         ex.sock = self._socket(m.pub, m.sec, ex)
         m.execs[job] = ex
         m.core.started(job, mono())
@@ -549,8 +551,10 @@ class Emulator:
         link = m.links.get(p.endpoint)
         if link is None:
             link = m.links[p.endpoint] = self._socket(m.pub, m.sec, Link(m), p.endpoint)
+        ex = m.execs.get(s.job)
         self.send(link, "lsync", peer=True, job=s.job, attempt=s.attempt, gen=s.gen, index=s.index,
-                  seq=s.seq, next=s.next, prio=s.prio, machine=m.name)
+                  seq=s.seq, next=s.next, prio=s.prio, machine=m.name,
+                  tag=ex.secret if ex is not None else "")
 
     def _on_lsync(self, ident: bytes, msg: M.Message) -> None:
         if msg.type != "lsync":

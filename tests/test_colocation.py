@@ -266,3 +266,62 @@ def test_with_sync_master_the_master_synchronizes_in_the_same_order(tmp_path):
                    [x for x in order["m1"] if x[2] == kind]
     finally:
         cl.stop()
+
+
+def test_forged_and_malformed_syncs_at_a_leader_change_nothing(hcluster):
+    """#32: the leader's sync socket takes a sync only from the machine it
+    names (its worker key) with the job attempt's secret, for a plan it has,
+    within its bounds. Another machine's key speaking for the leader's own
+    machine, bogus rounds from a member's key (without the secret they
+    stalled both jobs: every open round taken), a client's key and garbage:
+    the jobs finish as undisturbed ones do (every epoch, the toy's exact
+    objective steps)."""
+    import numpy as np
+    import zmq
+    from harmony.comm import messages as M
+    from harmony.comm import security
+    from harmony.comm.zmqutil import make_socket
+    logs = {m: open(os.path.join(hcluster.state_dir, "logs", f"worker-{m}.log")).read()
+            for m in ("m0", "m1")}
+    ep = {m: t.split("subtask synchronizer on ")[1].split()[0] for m, t in logs.items()}
+    ctx = zmq.Context()
+    socks = []
+
+    def sock(role, name, m):
+        s = make_socket(ctx, zmq.DEALER, keys=security.Keys.load(hcluster.keys, role, name),
+                        timeout_s=2.0)
+        s.connect(ep[m])
+        socks.append(s)
+        return s
+    try:
+        with Client(hcluster.endpoint) as c:
+            jobs = [c.submit("toy.py", TOY_APP, ["--max-epochs", "6", *STEADY], machines=2)
+                    for _ in range(2)]
+            for j in jobs:
+                wait_state(c, j, ("running",))
+            attackers = [(sock("worker", "m1", m), sock("client", "admin", m)) for m in ep]
+            for w, cl in attackers:
+                for j in jobs:
+                    for seq in range(40):
+                        for attempt, gen in ((1, 1), (1, 2), (2, 1)):
+                            for s in (w, cl):
+                                # m1's key speaking for m0; m1 for itself at bogus rounds
+                                for machine, index in (("m0", 0), ("m1", 1), ("m1", 7)):
+                                    s.send(M.encode("lsync", job=j, attempt=attempt, gen=gen,
+                                                    index=index, seq=seq * 1000 + 5,
+                                                    next="cpu", prio=1e9, machine=machine,
+                                                    tag="0" * 32))
+                    w.send(b"\x93garbage")
+                    w.send(M.encode("enqueue", job=j, seq=1, kind="cpu"))
+            sts = [wait_state(c, j, ("finished", "failed")) for j in jobs]
+        for st in sts:
+            assert st["state"] == "finished" and st["failures"] == 0, st["error"]
+            obj = np.array([e["metrics"]["objective"] for e in st["epochs"]])
+            assert len(obj) == 6
+            steps = np.diff(obj)
+            assert np.allclose(steps, steps[0], rtol=1e-3), "an update was lost or doubled"
+        assert all(p.poll() is None for p in hcluster.procs)    # every daemon still runs
+    finally:
+        for s in socks:
+            s.close(0)
+        ctx.term()

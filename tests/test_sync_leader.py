@@ -127,3 +127,11 @@ def test_the_leader_is_shared_by_co_located_jobs_and_is_one_of_the_jobs_machines
     assert S.choose_leader(["m4"], [(["m1"], "m1")]) == "m4"
     with pytest.raises(ValueError):
         Plan("a", 1, 1, ("m0",), "m9")
+
+
+def test_one_machine_cannot_fill_the_syncs_held_for_their_plans():
+    ld = SyncLeader("m0")
+    for seq in range(S.MAX_HELD_PER_MACHINE + 10):
+        ld.sync("m1", sync(job=f"j{seq}", index=1), 0.0)
+    assert ld.refused == 10
+    assert ld.sync("m2", sync(job="x", index=1), 0.0) == [] and ld.refused == 10   # held

@@ -141,9 +141,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "sync_plan": {"job": str, "attempt": int, "gen": int, "machines": list, "leader": str,
                   "endpoint": str},
     # a member daemon -> the leader daemon: an executor's sync (machine: the
-    # sender's name, checked against its key where there are keys)
+    # sender's name, checked against its key where there are keys; tag: the
+    # job attempt's secret, which only the job's daemons and executors hold)
     "lsync": {"job": str, "attempt": int, "gen": int, "index": int, "seq": int,
-              "next": str, "prio": (_NUM, _OPT), "machine": str},
+              "next": str, "prio": (_NUM, _OPT), "machine": str, "tag": str},
     # the leader daemon -> the master: the job's executors broke the protocol
     "sync_failed": {"job": str, "attempt": int, "error": str},
     # job executor <-> its worker daemon (subtask queues)

@@ -41,6 +41,8 @@ MAX_OPEN_ROUNDS = 4
 #: syncs travel on different connections), per process, and for how long
 MAX_HELD = 4096
 HELD_S = 30.0
+#: of them, from one machine (one member's flood cannot crowd out the others')
+MAX_HELD_PER_MACHINE = 64
 #: jobs one leader or router keeps plans for
 MAX_PLANS = 4096
 
@@ -145,7 +147,8 @@ class SyncLeader:
         led = self._jobs.get(s.job)
         if led is None or (led.plan.attempt, led.plan.gen) < (s.attempt, s.gen):
             # its plan may be on its way: hold it (bounded, for HELD_S)
-            if len(self._held) < MAX_HELD:
+            if len(self._held) < MAX_HELD and sum(
+                    1 for h in self._held if h[1] == machine) < MAX_HELD_PER_MACHINE:
                 self._held.append((now, machine, s))
             else:
                 self.refused += 1

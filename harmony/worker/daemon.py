@@ -212,6 +212,8 @@ class Daemon:
         signal.signal(signal.SIGINT, self.request_stop)
         log.info("worker %s (%d cpus, %.1f GiB) -> master %s", self.name, self.cpus,
                  self.memory / 2**30, self.master)
+        log.info("data service on %s, subtask synchronizer on %s", self.data.endpoint,
+                 self.syncs.endpoint)
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.xsock, zmq.POLLIN)
@@ -412,6 +414,7 @@ class Daemon:
                                           f"executor: {why}"[:4000])
             return
         self.execs[job] = ExecProc(job, msg["index"], msg["attempt"], proc, d, log_path)
+        self.syncs.launched(job, msg["attempt"], msg.get("secret"))
         self.core.started(job, self.clock())      # its memory counts from now
         log.info("started executor %d of %s (attempt %d, pid %d)", msg["index"], job,
                  msg["attempt"], proc.pid)

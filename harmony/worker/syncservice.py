@@ -9,10 +9,14 @@ executors report to. Runs on the daemon's thread and poller.
 With keys, the ROUTER is a CURVE server behind the key set's ZAP handler and
 a sync is taken only from the worker key of the machine it names; without
 keys (a local cluster without security) the name is trusted, as every
-message is there.
+message is there. Either way a sync carries the job attempt's secret (the
+one its PS shards check), which the master gives only to the job's daemons
+in ``launch``: a key holder outside the job, or a stolen key used from
+elsewhere, cannot complete, open or fill a job's rounds.
 """
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Callable
 
@@ -48,6 +52,7 @@ class SyncService:
         self.leader = SyncLeader(name)
         self.router = SyncRouter()
         self._members: dict[str, bytes] = {}         # machine -> its connection here
+        self._secrets: dict[str, tuple[int, str]] = {}   # job -> (attempt, its secret)
         self._leaders: dict[str, zmq.Socket] = {}    # leader endpoint -> DEALER
         self._poller: zmq.Poller | None = None
         self.bad = 0
@@ -109,20 +114,31 @@ class SyncService:
         if p is not None:
             self._forward(p, s)
 
+    def launched(self, job: str, attempt: int, secret: str | None) -> None:
+        """This machine runs ``attempt`` of ``job``: its secret tags the
+        syncs sent for it and is what syncs for it must carry here."""
+        self._secrets[job] = (attempt, secret or "")
+
     def exited(self, job: str, attempt: int) -> None:
         """The job's executor (this attempt) left this machine."""
         self.leader.drop(job, attempt)
         self.router.drop(job, attempt)
+        sec = self._secrets.get(job)
+        if sec is not None and sec[0] <= attempt:
+            del self._secrets[job]
 
     # -- internals ----------------------------------------------------------------------
     def _forward(self, p: Plan, s: Sync) -> None:
         if p.leader == self.name:
             return self._apply(self.leader.sync(self.name, s, self._clock()))
+        sec = self._secrets.get(s.job)
+        if sec is None or sec[0] != s.attempt:
+            return          # not launched here (an executor checked by the daemon: none)
         sock = self._leader(p.endpoint)
         try:
             sock.send(M.encode("lsync", job=s.job, attempt=s.attempt, gen=s.gen,
                                index=s.index, seq=s.seq, next=s.next, prio=s.prio,
-                               machine=self.name), zmq.NOBLOCK)
+                               machine=self.name, tag=sec[1]), zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             # its leader is gone or stalled: so is a machine of the job, and
             # the master's liveness check requeues it
@@ -161,6 +177,11 @@ class SyncService:
                 frames[1].get("User-Id")) != msg["machine"]):
             self.bad += 1
             return          # only a machine's own key speaks for it
+        sec = self._secrets.get(msg["job"])
+        if sec is None or sec[0] != msg["attempt"] or not hmac.compare_digest(
+                msg["tag"].encode(), sec[1].encode()):
+            self.bad += 1
+            return          # not a job attempt this machine runs, or not its secret
         machine = msg["machine"]
         self._members[machine] = ident
         s = Sync(msg["job"], msg["attempt"], msg["gen"], msg["index"], msg["seq"],
