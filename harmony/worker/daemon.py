@@ -625,6 +625,7 @@ class Daemon:
     def _enqueue(self, sub: Sub) -> None:
         """The synchronizer (the master, or the job's leader daemon)
         enqueued ``sub`` here."""
+        self._log_event("enqueue", sub)
         try:
             # (deferred by the core if it overtook the release of the job's
             # previous subtask)
