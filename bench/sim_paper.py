@@ -24,6 +24,7 @@ process CPU seconds, simulated events and scheduler decisions per second of
 wall time, and the seconds spent inside the policy.
 
     python bench/sim_paper.py --speed [--big] [--limit 300] [--setups isolated,muri,harmony]
+        [--short 2500x64,10000x1000]
 """
 from __future__ import annotations
 
@@ -113,7 +114,11 @@ def main() -> None:
     ap.add_argument("--limit", type=float, default=300.0,
                     help="--speed: stop each 1000x1000 run after this many seconds of wall time")
     ap.add_argument("--setups", default="isolated,muri,harmony",
-                    help="--speed --big: the setups run at 1000x1000")
+                    help="--speed --big / --short: the setups run")
+    ap.add_argument("--short", default=None, metavar="JOBSxMACHINES",
+                    help="--speed: many short jobs over weeks (the 'short' workload, the "
+                         "shape of public DL cluster traces; issue #32 item 6), e.g. "
+                         "2500x64 or 10000x1000")
     a = ap.parse_args()
     logging.getLogger("harmony.master").setLevel(logging.ERROR)
     if a.speed:
@@ -122,6 +127,12 @@ def main() -> None:
         if a.big:
             big = generate("paper", 1000, 1, mean_gap=24.0)
             runs += [(f"1000x1000 {n}", big, 1000, n) for n in a.setups.split(",") if n]
+        for spec in (a.short or "").split(","):
+            if spec:
+                nj, nm = (int(x) for x in spec.split("x"))
+                short = generate("short", nj, 1)
+                runs += [(f"short {nj}x{nm} {n}", short, nm, n)
+                         for n in a.setups.split(",") if n]
         speed(runs, a.limit)
         return
     cont = Contention()

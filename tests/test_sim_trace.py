@@ -310,3 +310,17 @@ def test_ceiling_bounds_the_makespan_and_the_cpu_utilization_any_schedule_can_re
     assert ceiling([wide], 2, 1e6).makespan == pytest.approx(2 * (2.0 + 0.5))
     with pytest.raises(ValueError):
         ceiling([], 2, None)
+
+
+def test_short_workload_is_many_short_small_jobs_over_weeks():
+    """#32 item 6: the simulator's speed case, the shape of DL cluster traces."""
+    from harmony.sim.workload import SHORT_RUN_CLIP_S, generate as gen
+    jobs = gen("short", 2000, 3)
+    assert jobs == gen("short", 2000, 3) and len(jobs) == 2000
+    assert 2 * 7 * 86400 < jobs[-1].arrival < 4 * 7 * 86400           # about three weeks
+    sizes = [j.machines for j in jobs]
+    assert set(sizes) <= {1, 2, 4, 8} and 0.5 < sizes.count(1) / len(sizes) < 0.7
+    bw = workload.PAPER_BANDWIDTH
+    runs = sorted(j.iterations * (j.cpu_s + j.bytes / bw * 15 / 16) for j in jobs)
+    assert runs[len(runs) // 2] < 30 * 60                               # most run minutes
+    assert runs[-1] <= SHORT_RUN_CLIP_S[1] * 1.01

@@ -40,6 +40,16 @@ job set, as traces (``harmony.sim.trace.TraceJob``).
     §4.4.5: the 60 of the 80 paper jobs with the highest (lowest)
     COMP/COMM ratio, in the same arrival order (``n_jobs`` of 80 * 3/4).
 
+``short``
+    Many short jobs arriving over weeks, the shape of public DL cluster
+    traces (issue #32 item 6: most jobs run minutes, a few run a day; most
+    ask for one or two machines): the paper's apps and profiles as above,
+    but run length alone log-normal with median 8 minutes and sigma 1.5,
+    clipped to 1 minute - 24 hours, and machines asked for 1 (60%), 2
+    (25%), 4 (10%) or 8 (5%). Default 2,500 jobs, mean gap 720 s (three
+    weeks). For the simulator's speed on real-sized traces
+    (``bench/sim_paper.py --speed --short``), not a claim about any cluster.
+
 ``e2e``
     ``bench/scheduler_e2e.py``'s job set with its defaults: 8 NMF jobs
     alternating CPU-heavy and network-heavy (``cpu-heavy-1``,
@@ -141,7 +151,7 @@ E2E_MEAN_GAP_S = 6.0
 E2E_EPOCHS = 12
 E2E_ITERS_PER_EPOCH = 2
 
-KINDS = ("paper", "paper-cpu", "paper-net", "e2e")
+KINDS = ("paper", "paper-cpu", "paper-net", "short", "e2e")
 
 
 def poisson_arrivals(n: int, mean_gap: float, rng: random.Random) -> list[float]:
@@ -193,6 +203,38 @@ def paper_jobs(n_jobs: int, seed: int, mean_gap: float | None = None,
     return [TraceJob(arrival=t, **s) for t, s in zip(times, specs)]
 
 
+SHORT_RUN_MEDIAN_S = 8 * 60.0
+SHORT_RUN_SIGMA = 1.5
+SHORT_RUN_CLIP_S = (60.0, 24 * 3600.0)
+SHORT_MACHINES = ((1, 0.60), (2, 0.25), (4, 0.10), (8, 0.05))
+SHORT_MEAN_GAP_S = 720.0
+
+
+def short_jobs(n_jobs: int, seed: int, mean_gap: float | None = None,
+               bandwidth: float = PAPER_BANDWIDTH) -> list[TraceJob]:
+    """``short``: the paper's apps with short runs and small asks (above)."""
+    rng = random.Random(seed)
+    specs = []
+    sizes, weights = zip(*SHORT_MACHINES)
+    for i in range(n_jobs):
+        ad = PAPER_MIX[rng.randrange(len(PAPER_MIX))]
+        h = 2.0 ** rng.uniform(-1.0, 1.0)
+        t_net = ad.t_net16 * h
+        t_cpu = ad.ratio * math.exp(rng.gauss(0.0, PAPER_RATIO_SIGMA)) * t_net
+        run = rng.lognormvariate(math.log(SHORT_RUN_MEDIAN_S), SHORT_RUN_SIGMA)
+        run = min(max(run, SHORT_RUN_CLIP_S[0]), SHORT_RUN_CLIP_S[1])
+        iters = max(PAPER_ITERS_PER_EPOCH, round(run / (t_cpu + t_net)))
+        curve, target = job_curve(ad.app, iters)
+        specs.append(dict(
+            id=f"{ad.app}-{ad.dataset}-s{i + 1}", app=ad.app, dataset=ad.dataset,
+            iterations=iters, iters_per_epoch=PAPER_ITERS_PER_EPOCH, curve=curve,
+            target=target, cpu_s=t_cpu, bytes=t_net * bandwidth * PAPER_DOP / (PAPER_DOP - 1),
+            ref_dop=PAPER_DOP, input_bytes=ad.input_bytes, model_bytes=ad.model_bytes * h,
+            machines=rng.choices(sizes, weights)[0]))
+    times = poisson_arrivals(n_jobs, SHORT_MEAN_GAP_S if mean_gap is None else mean_gap, rng)
+    return [TraceJob(arrival=t, **s) for t, s in zip(times, specs)]
+
+
 def e2e_jobs(n_jobs: int = 8, seed: int = 1, mean_gap: float | None = None,
              epochs: int = E2E_EPOCHS, machines: int = 1) -> list[TraceJob]:
     times = poisson_arrivals(n_jobs, E2E_MEAN_GAP_S if mean_gap is None else mean_gap,
@@ -236,6 +278,8 @@ def generate(kind: str, n_jobs: int | None = None, seed: int = 1,
         kept = [j for j in jobs if j.id in keep]
         t0 = kept[0].arrival if kept else 0.0     # the first kept job arrives at 0
         return [replace(j, arrival=j.arrival - t0) for j in kept]
+    if kind == "short":
+        return short_jobs(2500 if n_jobs is None else n_jobs, seed, mean_gap, **opts)
     if kind == "e2e":
         return e2e_jobs(8 if n_jobs is None else n_jobs, seed, mean_gap, **opts)
     raise ValueError(f"unknown workload kind {kind!r} (one of {', '.join(KINDS)})")
