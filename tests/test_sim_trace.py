@@ -324,3 +324,15 @@ def test_short_workload_is_many_short_small_jobs_over_weeks():
     runs = sorted(j.iterations * (j.cpu_s + j.bytes / bw * 15 / 16) for j in jobs)
     assert runs[len(runs) // 2] < 30 * 60                               # most run minutes
     assert runs[-1] <= SHORT_RUN_CLIP_S[1] * 1.01
+
+
+def test_a_minimum_epoch_length_groups_the_iterations_of_long_jobs():
+    from harmony.sim.run import FINE_EPOCHS, sim_jobs
+    jobs = workload.generate("short", 200, 2)
+    fine = sim_jobs(jobs, workload.PAPER_BANDWIDTH)
+    coarse = sim_jobs(jobs, workload.PAPER_BANDWIDTH, min_epoch_s=600.0)
+    assert sum(j.epochs for j in coarse) < 0.8 * sum(j.epochs for j in fine)
+    for a, b in zip(fine, coarse):
+        # the same iterations; the profiling epochs stay at the trace's own
+        assert sum(k for _, k in a.plan) == sum(k for _, k in b.plan)
+        assert a.plan[:FINE_EPOCHS] == b.plan[:FINE_EPOCHS]

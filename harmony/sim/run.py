@@ -55,11 +55,12 @@ def setup(name: str) -> tuple[str, str]:
 
 
 def sim_jobs(trace: list[TraceJob], bandwidth: float, grain: int = GRAIN,
-             error: float = 0.0, seed: int = 1) -> list[SimJob]:
+             error: float = 0.0, seed: int = 1, min_epoch_s: float = 0.0) -> list[SimJob]:
     """The engine's jobs: profiles from ``iteration_profile`` (the
-    scheduler's own DoP model), iterations grouped by ``grain``, and an
-    optional relative ``error`` injected into what each job reports (its
-    sign drawn per job, seeded)."""
+    scheduler's own DoP model), iterations grouped by ``grain`` (and, with
+    ``min_epoch_s``, into simulated epochs of at least that many seconds at
+    the DoP asked for), and an optional relative ``error`` injected into
+    what each job reports (its sign drawn per job, seeded)."""
     rng = random.Random(seed)
     out = []
     for tj in trace:
@@ -71,6 +72,9 @@ def sim_jobs(trace: list[TraceJob], bandwidth: float, grain: int = GRAIN,
         rest = total - fine
         if rest:
             k = max(ipe, math.ceil(rest / grain))
+            if min_epoch_s > 0:
+                it = sum(iteration_profile(tj, max(1, tj.machines), bandwidth))
+                k = max(k, math.ceil(min_epoch_s / it) if it > 0 else k)
             plan += [(1, min(k, rest - i)) for i in range(0, rest, k)]
         link = tj.link or bandwidth
         memo: dict[int, tuple[float, float]] = {}
@@ -105,14 +109,17 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
              cpu_speed: list[float] | None = None,
              net_speed: list[float] | None = None,
              max_moves: int = MAX_MOVES, statuses: bool = False,
-             validate: bool = False) -> SimResult:
+             validate: bool = False, min_epoch_s: float = 0.0) -> SimResult:
     """Simulate ``trace`` on ``machines`` under the setup ``name``;
     ``cruise``, ``cpu_speed``, ``net_speed``, ``max_moves``, ``validate``:
     see :class:`Simulator`. ``statuses``: keep every job's ``harmony status
     --json`` record as the master core has it at the end (its epochs and
-    events; its name is the trace's id) in ``meta["statuses"]``."""
+    events; its name is the trace's id) in ``meta["statuses"]``.
+    ``min_epoch_s``: simulated epochs (after the profiling ones) of at least
+    this many seconds (0: the grain alone): long traces of short jobs run
+    faster, with pauses and moves at coarser epoch ends."""
     policy, mode = setup(name)
-    jobs = sim_jobs(trace, bandwidth, grain, error, seed)
+    jobs = sim_jobs(trace, bandwidth, grain, error, seed, min_epoch_s)
     if bucket is None:
         span = max((j.arrival for j in jobs), default=0.0)
         bucket = max(1.0, span / 200)
