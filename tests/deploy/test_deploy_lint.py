@@ -59,6 +59,8 @@ def site(offline, *extra: str) -> subprocess.CompletedProcess:
     ("harmony_worker_cpus=-2", "harmony_worker_cpus must be empty or a positive whole number"),
     ("harmony_worker_memory=lots", "harmony_worker_memory must be empty or a size"),
     ("harmony_master_port=99999", "harmony_master_port must be a port number"),
+    ("harmony_dashboard_port=5760", "harmony_dashboard_port must be 0 (none) or a port"),
+    ("harmony_dashboard_port=web", "harmony_dashboard_port must be 0 (none) or a port"),
     ("harmony_stop_timeout=soon", "harmony_stop_timeout must be a positive whole number"),
     ("harmony_source=svn", "harmony_source must be 'rsync' or 'git'"),
     ('{"harmony_operator_cidrs": []}', "set harmony_operator_cidrs"),
@@ -115,7 +117,8 @@ def test_units_and_firewall_render_from_the_defaults(tmp_path):
     # from its environment file.
     assert execstart(r["harmony-master.service"]) == (
         "/opt/harmony/venv/bin/harmony-master start --host 203.0.113.10 --port 5760 "
-        "--state-dir /var/lib/harmony/master --keys /etc/harmony/keys")
+        "--state-dir /var/lib/harmony/master --dashboard-port 8765 --dashboard-host "
+        "203.0.113.10 --keys /etc/harmony/keys")
     assert "\nEnvironmentFile=-/opt/harmony/REVISION.env\n" in r["harmony-master.service"]
     assert execstart(r["harmony-worker-1.service"]) == (
         "/opt/harmony/venv/bin/harmony-worker start --master tcp://203.0.113.10:5760 "
@@ -136,9 +139,9 @@ def test_units_and_firewall_render_from_the_defaults(tmp_path):
         "tcp dport 22 ip saddr @operator4 accept",
         "tcp dport 22 ip6 saddr @operator6 accept",
         "tcp dport 22 counter drop",
-        "tcp dport { 5760, 49152-65535 } ip saddr @fleet4 accept",
-        "tcp dport { 5760, 49152-65535 } ip saddr @client4 accept",
-        "tcp dport { 5760, 49152-65535 } counter drop",
+        "tcp dport { 5760, 8765, 49152-65535 } ip saddr @fleet4 accept",
+        "tcp dport { 5760, 8765, 49152-65535 } ip saddr @client4 accept",
+        "tcp dport { 5760, 8765, 49152-65535 } counter drop",
     ], rules
     # No client CIDR by default: the client set is empty.
     assert "elements" not in re.search(r"set client4 \{(.*?)\}", nft, re.S)[1]
@@ -152,7 +155,7 @@ def test_inventory_group_and_host_vars_override_the_defaults(tmp_path):
                         "harmony-worker-1 ansible_host=203.0.113.11 harmony_worker_cpus=6 "
                         "harmony_worker_memory=20G")
     text += ("harmony_master_bind=10.0.0.99\nharmony_master_port=6000\nharmony_worker_cpus=4\n"
-             "harmony_keys_dir=/srv/harmony-keys\n")
+             "harmony_keys_dir=/srv/harmony-keys\nharmony_dashboard_port=0\n")
     r = render(tmp_path, text)
     assert "--host 10.0.0.99 --port 6000 " in execstart(r["harmony-master.service"])
     assert execstart(r["harmony-master.service"]).endswith(" --keys /srv/harmony-keys")
@@ -161,4 +164,5 @@ def test_inventory_group_and_host_vars_override_the_defaults(tmp_path):
     assert w1.endswith(" --cpus 6 --memory 20G"), w1
     assert w2.endswith(" --cpus 4"), w2
     assert "--master tcp://203.0.113.10:6000 " in w2
-    assert "tcp dport { 6000, 49152-65535 }" in r["harmony-master.nft"]
+    assert "tcp dport { 6000, 49152-65535 }" in r["harmony-master.nft"]    # no dashboard
+    assert "--dashboard" not in execstart(r["harmony-master.service"])
