@@ -455,13 +455,17 @@ def decode(frames: list, limits: Limits = DEFAULT_LIMITS) -> Message:
 
 # -- heartbeat statistics -----------------------------------------------------------
 #: what a daemon reports per heartbeat (harmony.worker.daemon.Daemon._stats):
-#: time, interval, CPU / memory / queue / network utilization, and the
-#: subtask queues' counters since the daemon started (COUNTER_KEYS)
-STATS_KEYS = frozenset({"t", "dt", "cpu", "mem", "q_cpu", "q_net", "net"})
+#: time, interval, CPU / memory / queue / network utilization, the free and
+#: total bytes of the disk that holds its state dir, and the subtask queues'
+#: counters since the daemon started (COUNTER_KEYS)
+STATS_KEYS = frozenset({"t", "dt", "cpu", "mem", "q_cpu", "q_net", "net",
+                        "disk_free", "disk_total"})
 #: per resource R (cpu, net): qg_R subtasks granted (told their executor),
 #: qw_R their seconds waiting in the queue, qd_R subtasks done, qr_R their
 #: run seconds (DaemonCore.queue_stats); never negative
 COUNTER_KEYS = frozenset(f"{k}_{r}" for k in ("qg", "qw", "qd", "qr") for r in ("cpu", "net"))
+#: never negative: the counters and the disk's bytes
+NONNEG_KEYS = COUNTER_KEYS | {"disk_free", "disk_total"}
 STATS_KEYS = STATS_KEYS | COUNTER_KEYS
 MAX_STATS_ENTRIES = 32
 
@@ -469,7 +473,7 @@ MAX_STATS_ENTRIES = 32
 def clean_stats(stats: Any) -> dict[str, float] | None:
     """A heartbeat's ``stats`` against their schema: a map of at most
     MAX_STATS_ENTRIES entries whose known keys (STATS_KEYS) hold finite
-    numbers (COUNTER_KEYS: not negative); unknown keys (a newer daemon's)
+    numbers (NONNEG_KEYS: not negative); unknown keys (a newer daemon's)
     are dropped. None: refused (not a map, too large, or a known key that
     is not such a number)."""
     if not isinstance(stats, dict) or len(stats) > MAX_STATS_ENTRIES:
@@ -481,7 +485,7 @@ def clean_stats(stats: Any) -> dict[str, float] | None:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             return None
         v = float(v) if isinstance(v, float) or abs(v) < 2**53 else math.nan
-        if not math.isfinite(v) or (v < 0 and k in COUNTER_KEYS):
+        if not math.isfinite(v) or (v < 0 and k in NONNEG_KEYS):
             return None
         out[k] = v
     return out

@@ -747,4 +747,9 @@ class Daemon:
         for r, q in self.core.queue_stats().items():
             out[f"qg_{r}"], out[f"qw_{r}"] = q.granted, q.wait
             out[f"qd_{r}"], out[f"qr_{r}"] = q.done, q.run
+        try:        # spills, checkpoint parts and staged data live there
+            du = psutil.disk_usage(self.state_dir)
+            out["disk_free"], out["disk_total"] = float(du.free), float(du.total)
+        except OSError:
+            pass
         return out
