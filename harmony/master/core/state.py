@@ -179,13 +179,18 @@ class CoreState:
         if not on:
             return []
         active = _ACTIVE
-        out = [j for j in on.values() if j.state in active]
-        if len(out) > 1:
+        return self._in_table_order([j for j in on.values() if j.state in active])
+
+    def _in_table_order(self, jobs: list[Job]) -> list[Job]:
+        """``jobs`` sorted in the job table's order (in place; returned)."""
+        if len(jobs) > 1:
             rank = self._rank
-            if any(j.id not in rank for j in out):     # a job added since: rank them again
+            try:
+                jobs.sort(key=lambda j: rank[j.id])
+            except KeyError:                # a job added since: rank them again
                 rank = self._rank = {jid: i for i, jid in enumerate(self.jobs)}
-            out.sort(key=lambda j: rank.get(j.id, len(rank)))
-        return out
+                jobs.sort(key=lambda j: rank.get(j.id, len(rank)))
+        return jobs
 
     # -- the machine -> jobs index ------------------------------------------------------------
     def _set_workers(self, job: Job, machines: list[str]) -> None:
