@@ -30,6 +30,7 @@ class Cluster:
         # every active job has a run (launched, executors not yet ended)
         active = {j.id for j in self.core.jobs.values() if j.state.active}
         assert active <= set(self.core.runs), active - set(self.core.runs)
+        self.core.validate()    # phases, and the machine -> jobs index against a scan
         out = []
         self.core_out += cmds
         for c in cmds:
@@ -446,6 +447,101 @@ def test_a_master_restart_during_a_pause_requeues_from_the_last_checkpoint():
     assert job.state == JobState.WAITING
 
 
+def _scan_jobs_on(core, name: str) -> list[str]:
+    """What ``_jobs_on`` answered before its index: a scan of every job."""
+    return [j.id for j in core.jobs.values() if j.state.active and name in j.workers]
+
+
+def test_the_machine_index_agrees_with_a_scan_of_every_job_through_a_jobs_life():
+    """Launch, a heartbeat that reports an executor gone, a lost machine, a
+    shrink, a pause and its resume, a finish, a cancel and a master restart:
+    after each, ``_jobs_on`` (the machine -> jobs index that heartbeats ask)
+    answers what a scan of every job answers, and ``validate`` agrees."""
+    c = Cluster(machines=4)
+    names = [f"m{i}" for i in range(4)]
+
+    def check(core=None) -> None:
+        core = core or c.core
+        core.validate()
+        for n in names:
+            assert [j.id for j in core._jobs_on(n)] == _scan_jobs_on(core, n), n
+        # a job that is over runs nowhere: it left the index, its workers stay
+        for j in core.jobs.values():
+            if j.state.terminal:
+                assert all(j.id not in core._on.get(n, {}) for n in names)
+
+    a = c.submit(machines=2)
+    b = c.submit(machines=2)
+    check()
+    ex_a, ex_b = c.start(a), c.start(b)
+    check()
+    # a heartbeat from a machine whose daemon lost b's executor requeues b
+    jb = c.core.jobs[b]
+    gone = jb.workers[0]
+    c.t = 4.0                            # past the launch's grace
+    c.heartbeat([n for n in names if n != gone])
+    c.msg(f"d:{gone}".encode(), "heartbeat", name=gone, executors=[
+        jid for jid in _scan_jobs_on(c.core, gone) if jid != b])
+    assert jb.failures == 1
+    c.tick()
+    check()
+    assert jb.state.active
+    ex_b = c.start(b)
+    # a shrink of a: 2 machines -> 1
+    ja = c.core.jobs[a]
+    c.msg(b"client", "resize", job=a, machines=1)
+    assert c.sent[-1].type == "ok"
+    for i in range(2):
+        c.msg(ex_a[i], "epoch_done", job=a, index=i, epoch=0, sums={}, timings={})
+    for i in range(2):
+        c.msg(ex_a[i], "at_boundary", job=a, index=i, epoch=0, seq=7, inputs=[[i, 10]])
+    c.do_moves(a)
+    for i in range(2):
+        c.msg(ex_a[i], "migrated", job=a, index=i, bytes_out=10 * i, bytes_in=10 * (1 - i),
+              seconds=0.1)
+    assert len(ja.workers) == 1 and c.core.runs[a].reconfig is None
+    check()
+    # a machine of b stops sending heartbeats: b is requeued and relaunched
+    c.heartbeat(names)
+    lost = c.core.jobs[b].workers[-1]
+    c.t += 3.0
+    c.heartbeat([n for n in names if n != lost])
+    c.tick(3.0)
+    assert not c.core.workers[lost].alive and c.core.jobs[b].failures == 2
+    assert c.core.jobs[b].state.active and lost not in c.core.jobs[b].workers
+    check()
+    # a pauses (held) and resumes
+    c.msg(b"client", "pause", job=a)
+    ex_a = ex_a[:1]
+    c.msg(ex_a[0], "epoch_done", job=a, index=0, epoch=1, sums={}, timings={})
+    c.msg(ex_a[0], "exec_paused", job=a, index=0, attempt=c.core.runs[a].attempt, epoch=1,
+          version=1)
+    assert ja.state == JobState.PAUSED and ja.workers == []
+    check()
+    c.msg(b"client", "resume", job=a)
+    c.tick()
+    assert ja.state.active and ja.workers
+    check()
+    # a third job finishes (its workers stay, it leaves the index); b is cancelled
+    d = c.submit(machines=1)
+    assert c.core.jobs[d].state.active
+    ex_d = c.start(d)
+    c.msg(ex_d[0], "epoch_done", job=d, index=0, epoch=0, sums={}, timings={})
+    c.msg(ex_d[0], "epoch_report", job=d, index=0, epoch=0, metrics={}, stop=True)
+    c.msg(ex_d[0], "exec_finished", job=d, index=0, attempt=c.core.runs[d].attempt)
+    assert c.core.jobs[d].state == JobState.FINISHED and c.core.jobs[d].workers
+    check()
+    c.msg(b"client", "cancel", job=b)
+    assert c.core.jobs[b].state == JobState.CANCELLED
+    check()
+    # a restarted master loads the table (the shell replaces it) and requeues
+    core2 = C.MasterCore(mode="naive")
+    core2.jobs = dict(c.core.jobs)
+    core2.recover(c.t + 1)
+    check(core2)
+    assert all(core2._jobs_on(n) == [] for n in names)
+
+
 def test_exec_exited_before_exec_finished_is_not_a_failure_after_the_stop():
     c = Cluster(machines=1)
     jid = c.submit()
@@ -586,6 +682,7 @@ def test_status_says_why_a_job_runs_where_it_runs():
     for j, t in ((job, (0.3, 0.2)), (c.core.jobs[other], (0.1, 0.4))):
         j.state, j.workers, j.sched_group, j.predicted = JobState.RUNNING, ["m0"], "g1", 0.6
         j.profile.update(t_cpu=t[0], t_net=t[1], machines=1, samples=3)
+    c.core._reindex()       # placed by hand: the machine -> jobs index learns it
     assert _why(c, jid) == (f"harmony: grouped with {other} in g1 on m0: predicted +67% "
                             f"throughput over running them one after another")
     # a start-only policy

@@ -279,6 +279,79 @@ def test_report_pngs_of_the_run(obs_cluster, tmp_path):
     assert not (tmp_path / "r2" / "objective.png").exists()
 
 
+def test_snapshots_kept_between_builds_equal_a_fresh_one_and_encode_the_same():
+    """Each machine's timeline is kept from one snapshot to the next (only
+    new heartbeats are converted) and encoded in pieces: after heartbeats,
+    a window past TIMELINE, a machine that registers again, one that leaves
+    and one that joins, a snapshot equals one built from nothing, its
+    machines' job lists equal a scan of every job, and its JSON is
+    ``json.dumps``' (as data)."""
+    import collections
+    import types
+    from unittest import mock
+    from harmony.master.jobs import Job, JobState
+    from harmony.obs import snapshot as S
+
+    def worker(name: str, n: int, t0: float = 0.0):
+        return types.SimpleNamespace(name=name, host="h", cpus=2, memory=1, alive=True,
+                                     last_seen=0, stats=collections.deque(
+                                         [_sample(t0 + i) for i in range(n)], maxlen=3600))
+
+    def _sample(t: float) -> dict:
+        return {"t": t, "dt": 1.0, "cpu": 0.5, "net": t % 3, "q_cpu": 0.2, "mem": 7.0,
+                "qg_cpu": int(t), "qw_cpu": 0.5, "qd_cpu": 3, "qr_cpu": 1.5, "qg_net": 9,
+                "qw_net": 0.25, "qd_net": 8, "qr_net": 2.0}
+
+    def beat(w, k: int = 1) -> None:
+        for _ in range(k):
+            w.stats.append(_sample(w.stats[-1]["t"] + 1 if w.stats else 0.0))
+
+    ws = {f"m{i}": worker(f"m{i}", i) for i in range(4)}
+    jobs = {}
+    for k, (state, on) in enumerate([(JobState.RUNNING, ["m0", "m1"]),
+                                     (JobState.PROFILING, ["m1"]),
+                                     (JobState.PAUSED, []), (JobState.RUNNING, ["m3", "m1"])]):
+        j = Job(id=f"job-{k:04d}", app_name="a.py", app_source="", args=[], machines=2,
+                submitted=0.0, entered=0.0)
+        j.transition(state if state != JobState.PAUSED else JobState.RUNNING, now=0.0)
+        if state == JobState.PAUSED:
+            j.transition(state, now=0.0)
+        j.workers = on
+        jobs[j.id] = j
+    m = types.SimpleNamespace(jobs=jobs, workers=ws, runs={}, mode="harmony", endpoint="e",
+                              state_dir="")
+    enc = S.SnapshotEncoder()
+
+    def same() -> None:
+        with mock.patch.object(S.time, "time", return_value=1000.0):
+            kept = S.build_snapshot(m)
+            fresh = S.build_snapshot(types.SimpleNamespace(**vars(m)))   # another master
+        assert kept == fresh
+        for mach in kept["machines"]:
+            assert mach["jobs"] == [j.id for j in sorted(jobs.values(), key=lambda j: j.id)
+                                    if j.state.active and mach["name"] in j.workers]
+            assert len(mach["timeline"]) == min(S.TIMELINE, len(ws[mach["name"]].stats))
+        assert json.loads(enc.encode(kept)) == json.loads(json.dumps(kept))
+
+    same()
+    for w in ws.values():
+        beat(w)
+    same()
+    same()                                  # nothing new
+    beat(ws["m2"], S.TIMELINE + 7)          # past the window
+    beat(ws["m0"], 3)
+    same()
+    beat(ws["m2"], 2)                       # the full window moves on
+    same()
+    ws["m1"] = worker("m1", 2, t0=50.0)     # registered again: a new record
+    del ws["m3"]
+    ws["m9"] = worker("m9", 5)
+    same()
+    jobs["job-0000"].transition(JobState.FINISHED, now=1.0)
+    beat(ws["m9"])
+    same()
+
+
 def test_snapshot_of_a_master_object_without_io(tmp_path):
     """build_snapshot reads only the master's attributes (and its decisions log)."""
     import collections

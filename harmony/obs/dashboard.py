@@ -38,12 +38,14 @@ from urllib.parse import parse_qs, urlsplit
 
 from harmony.obs import metrics as OM
 from harmony.obs.httpserver import BoundedHandler, BoundedHTTPServer
-from harmony.obs.snapshot import build_snapshot
+from harmony.obs.snapshot import SnapshotEncoder, build_snapshot
 
 log = logging.getLogger("harmony.obs")
 
 STATIC = Path(__file__).resolve().parent / "static"
 LABEL = b"harmony-dashboard-v1"
+#: s between snapshots: the master's loop builds one at most this often (on its
+#: ticks, never per fetch); readers get the latest, at most this old
 PUBLISH_EVERY = 1.0
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
           ".css": "text/css; charset=utf-8", ".png": "image/png", ".svg": "image/svg+xml"}
@@ -94,7 +96,9 @@ class ObsServer:
         self.collector = OM.SnapshotCollector()
         self.registry = OM.make_registry(self.collector)
         self._snap: dict[str, Any] | None = None
-        self._json: bytes = b"{}"
+        self._json: tuple[Any, bytes] = (None, b"{}")   # (a snapshot, its JSON)
+        self._encoder = SnapshotEncoder()       # the HTTP threads', under _encoding
+        self._encoding = threading.Lock()
         self._last = 0.0
         obs = self
 
@@ -142,8 +146,7 @@ class ObsServer:
 
     def publish(self, snap: dict[str, Any]) -> None:
         self.collector.observe(snap)
-        self._snap = snap
-        self._json = b""          # encoded on demand, in the HTTP thread
+        self._snap = snap         # encoded on demand, in the HTTP thread
 
     def info(self, role: str, name: str) -> dict[str, Any]:
         """The URL, and the token of the asking key (``dashboard_info``)."""
@@ -167,13 +170,18 @@ class ObsServer:
 
     # -- the HTTP thread -------------------------------------------------------------
     def snapshot_json(self) -> bytes:
-        snap = self._snap
-        data = self._json
-        if not data:
-            data = json.dumps(snap if snap is not None else {"t": None, "jobs": []},
-                              allow_nan=False, default=str).encode()
-            if snap is self._snap:
-                self._json = data
+        """The latest snapshot as JSON, encoded once per snapshot (the first
+        fetch after a publish), in pieces (:class:`SnapshotEncoder`: the
+        master's loop is not held up for the whole encoding)."""
+        snap, (of, data) = self._snap, self._json
+        if of is snap and data:
+            return data
+        with self._encoding:            # one encoder; a second fetch waits for it
+            snap, (of, data) = self._snap, self._json
+            if of is not snap or not data:
+                data = (self._encoder.encode(snap) if snap is not None
+                        else json.dumps({"t": None, "jobs": []}).encode())
+                self._json = (snap, data)   # the snapshot it encodes goes with it
         return data
 
     def allowed(self, token: str | None, now: float | None = None) -> bool:

@@ -4,9 +4,16 @@ Prometheus endpoint and ``harmony report`` read.
 :func:`build_snapshot` reads only attributes of the master object
 (``jobs``, ``workers``, ``runs``, ``mode``, ``endpoint``, ``state_dir``) and
 the decisions log it writes (``STATE/metrics/decisions.jsonl``); it never
-changes anything. The master calls it at most once a second, in its own
-loop, and hands the result to the HTTP thread (:mod:`harmony.obs.dashboard`),
-which never touches the master's objects.
+changes anything. The master calls it at most once a second
+(``dashboard.PUBLISH_EVERY``), in its own loop, and hands the result to the
+HTTP thread (:mod:`harmony.obs.dashboard`), which never touches the master's
+objects and encodes it once (:class:`SnapshotEncoder`).
+
+Its cost on the loop does not grow with the machines' history (issue #32):
+the machines' job lists come from one pass over the jobs, and each machine's
+timeline is kept from one build to the next (:class:`_Timeline`: only the
+heartbeats since the last build are converted); the dicts a snapshot holds
+are never changed after it is built (a later snapshot may share them).
 """
 from __future__ import annotations
 
@@ -177,30 +184,96 @@ def _job_cached(cache: dict, job, now: float) -> dict[str, Any]:
     return hit[1]
 
 
-_caches: dict[int, dict] = {}
+_SAMPLE_KEYS = ("t", "cpu", "net", "q_cpu", "q_net", "mem")
+
+
+def _sample(s: dict) -> dict[str, Any]:
+    return {k: s.get(k) for k in _SAMPLE_KEYS if k in s}
+
+
+class _Timeline:
+    """One machine's last TIMELINE samples as the snapshot shows them, kept
+    from one snapshot to the next: a heartbeat appends one sample (never
+    changed after), so each build converts only the samples that arrived
+    since the last one, instead of TIMELINE new dicts per machine (issue
+    #32: 70,000 dicts a snapshot at 1,000 machines)."""
+
+    __slots__ = ("worker", "last", "shown", "queues")
+
+    def __init__(self, worker) -> None:
+        self.worker = worker
+        self.last = None                  # the newest raw sample converted
+        self.shown: deque = deque(maxlen=TIMELINE)
+        self.queues: dict = {}
+
+    def update(self, stats) -> None:
+        last = stats[-1] if stats else None
+        if last is self.last:
+            return
+        new = []
+        found = False
+        for s in reversed(stats):         # the newest first, back to the last one seen
+            if s is self.last:
+                found = True
+                break
+            new.append(s)
+            if len(new) >= TIMELINE:
+                break
+        if not found and len(new) < TIMELINE:     # not an append: start again
+            self.shown.clear()
+        self.shown.extend(_sample(s) for s in reversed(new))
+        self.last = last
+        last = last or {}
+        # the subtask queues' counters since the daemon started (see
+        # harmony.comm.messages.COUNTER_KEYS); {} from a daemon without them
+        self.queues = {r: {name: last[f"{k}_{r}"] for k, name in _QUEUE_KEYS}
+                       for r in ("cpu", "net")
+                       if all(f"{k}_{r}" in last for k, _ in _QUEUE_KEYS)}
+
+
+class _Cache:
+    """What a master's snapshots keep between builds: the entries of jobs
+    that are over, and each machine's timeline."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, tuple] = {}
+        self.machines: dict[str, _Timeline] = {}
+
+
+_caches: dict[int, _Cache] = {}
 
 
 def build_snapshot(master) -> dict[str, Any]:
     """The master's state now, as a JSON-able dict (see the module doc)."""
     now = time.time()
-    cache = _caches.setdefault(id(master), {})
-    jobs = [_job_cached(cache, j, now) for j in sorted(master.jobs.values(), key=lambda j: j.id)]
+    cache = _caches.get(id(master))
+    if cache is None:
+        cache = _caches[id(master)] = _Cache()
+    jobs = [_job_cached(cache.jobs, j, now)
+            for j in sorted(master.jobs.values(), key=lambda j: j.id)]
+    placed: dict[str, list] = {}         # machine -> its running jobs, in id order
+    for j in jobs:
+        if j["state"] in ("running", "profiling"):
+            for n in dict.fromkeys(j["workers"]):
+                placed.setdefault(n, []).append(j["id"])
     machines = []
+    timelines = cache.machines
+    seen = set()
     for w in sorted(master.workers.values(), key=lambda w: w.name):
-        samples = list(w.stats)[-TIMELINE:]
-        last = samples[-1] if samples else {}
-        # the subtask queues' counters since the daemon started (see
-        # harmony.comm.messages.COUNTER_KEYS); {} from a daemon without them
-        queues = {r: {name: last[f"{k}_{r}"] for k, name in _QUEUE_KEYS}
-                  for r in ("cpu", "net") if all(f"{k}_{r}" in last for k, _ in _QUEUE_KEYS)}
+        tl = timelines.get(w.name)
+        if tl is None or tl.worker is not w:      # new, or registered again
+            tl = timelines[w.name] = _Timeline(w)
+        tl.update(w.stats)
+        seen.add(w.name)
         machines.append({
             "name": w.name, "host": w.host, "cpus": w.cpus, "memory": w.memory,
             "alive": bool(w.alive), "last_seen": w.last_seen,
-            "jobs": [j["id"] for j in jobs if j["state"] in ("running", "profiling")
-                     and w.name in j["workers"]],
-            "timeline": [{k: s.get(k) for k in ("t", "cpu", "net", "q_cpu", "q_net", "mem")
-                          if k in s} for s in samples],
-            "queues": queues})
+            "jobs": placed.get(w.name, []),
+            "timeline": list(tl.shown),
+            "queues": tl.queues})
+    if len(timelines) > len(seen):
+        for name in [n for n in timelines if n not in seen]:
+            del timelines[name]
     groups: dict[str, dict] = {}
     for j in jobs:
         if j["state"] not in ("running", "profiling") or not j["group"]:
@@ -228,3 +301,61 @@ def build_snapshot(master) -> dict[str, Any]:
             "jobs": jobs, "machines": machines, "groups": group_list,
             "decisions": decisions, "decisions_total": n_decisions,
             "running_attempts": len(runs)}
+
+
+class SnapshotEncoder:
+    """A snapshot as JSON bytes, in pieces: each job and each machine is
+    encoded on its own (the encoder holds the interpreter's lock for one
+    piece at a time, not for the whole snapshot: the master's loop runs in
+    between), and a machine's timeline samples, shared from one snapshot to
+    the next (:class:`_Timeline`), are encoded once each. Not thread-safe:
+    one caller at a time (the dashboard holds a lock)."""
+
+    def __init__(self) -> None:
+        self._enc = json.JSONEncoder(allow_nan=False, default=str).encode
+        # machine name -> its timeline's samples and their JSON, as last encoded
+        self._timelines: dict[str, tuple[list, list]] = {}
+
+    def encode(self, snap: dict[str, Any]) -> bytes:
+        enc = self._enc
+        parts = []
+        seen = set()
+        for k, v in snap.items():
+            if k in ("jobs", "machines") and isinstance(v, list):
+                if k == "machines":
+                    items = [self._machine(x, seen) for x in v]
+                else:
+                    items = [enc(x) for x in v]
+                parts.append(f"{enc(k)}: [{', '.join(items)}]")
+            else:
+                parts.append(f"{enc(k)}: {enc(v)}")
+        for name in [n for n in self._timelines if n not in seen]:
+            del self._timelines[name]
+        return ("{" + ", ".join(parts) + "}").encode()
+
+    def _machine(self, m: Any, seen: set) -> str:
+        enc = self._enc
+        tl = m.get("timeline") if isinstance(m, dict) else None
+        if not isinstance(tl, list) or not isinstance(m.get("name"), str):
+            return enc(m)
+        name = m["name"]
+        seen.add(name)
+        samples, frags = self._timelines.get(name, ([], []))
+        # the samples that arrived since (a window that moves on: the same
+        # objects, then new ones at its end)
+        last = samples[-1] if samples else None
+        n = 0
+        for s in reversed(tl):
+            if s is last:
+                break
+            n += 1
+        keep = len(tl) - n                  # samples already encoded, at the window's end
+        if last is None or n == len(tl) or keep > len(samples) \
+                or tl[0] is not samples[len(samples) - keep]:
+            samples, frags = list(tl), [enc(s) for s in tl]
+        else:
+            frags = frags[len(frags) - keep:] + [enc(s) for s in tl[keep:]]
+            samples = list(tl)
+        self._timelines[name] = (samples, frags)
+        rest = enc({k: v for k, v in m.items() if k != "timeline"})
+        return f"{rest[:-1]}{', ' if len(rest) > 2 else ''}\"timeline\": [{', '.join(frags)}]}}"

@@ -78,12 +78,17 @@ class Daemons(Lifecycle):
             if job is None or not job.state.active or (w.name not in job.workers
                                                        and w.name not in joining):
                 self._send(w.ident, _msg("kill", job=jid))
-        now = self.now
-        for job in self._jobs_on(w.name):
-            run = self.runs.get(job.id)
-            if job.id not in reported and run is not None and not run.stopping \
-                    and not run.pausing and now - run.launched > LAUNCH_GRACE:
-                self._retry_or_fail(job, f"its executor on worker {w.name} is gone")
+        on = self._on.get(w.name)       # the jobs placed here (state.py's index)
+        if not on or reported.issuperset(on):
+            return                          # every one of them reported: the usual case
+        now, runs = self.now, self.runs
+        gone = [job for jid, job in on.items() if jid not in reported and job.state.active
+                and (run := runs.get(jid)) is not None and not run.stopping
+                and not run.pausing and now - run.launched > LAUNCH_GRACE]
+        # requeuing one job changes no other job's run: deciding them all
+        # first is what deciding them one by one gave (_jobs_on's order)
+        for job in self._in_table_order(gone):
+            self._retry_or_fail(job, f"its executor on worker {w.name} is gone")
 
     def _on_exec_exited(self, ident: bytes, msg: M.Message) -> None:
         if ident not in self.by_ident:

@@ -261,7 +261,7 @@ class Executors(Cruise):
         old = list(job.workers)
         self._checkpointed(job, epoch, {i: (old[i], run.replicas.get(i), run.paused[i][2])
                                         for i in range(len(old))})
-        job.workers = []
+        self._set_workers(job, [])
         target = JobState.PROFILED if job.state == JobState.PROFILING and run.pause_to is None \
             and not job.held else JobState.PAUSED
         job.transition(target, f"{run.pause_note}; checkpointed after epoch {epoch} on "

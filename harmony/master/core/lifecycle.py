@@ -22,7 +22,7 @@ class Lifecycle(Checkpoints, Catalog, Views):
         # messages and PS requests); only failures start a new attempt
         job.launches += 1
         job.attempt = job.failures + 1
-        job.workers = list(machines)
+        self._set_workers(job, machines)
         self._may_hold_parts(job.id, machines)    # its executors write parts there
         if job.resume:
             # resume: keep the epochs up to the checkpoint, drop any later
@@ -148,6 +148,7 @@ class Lifecycle(Checkpoints, Catalog, Views):
             job.error = note
         self._note_ended(job)
         job.transition(state, note, now=self.now)
+        self._unindex(job)          # over: it runs nowhere (its workers stay shown)
         job.resume = None
         self._gc_checkpoints(job.id, None)
         self.snapshots.discard(job.id)
@@ -167,7 +168,7 @@ class Lifecycle(Checkpoints, Catalog, Views):
         self._kill_executors(job)
         self._note_ended(job)
         job.transition(JobState.WAITING, f"{reason}; requeued", now=self.now)
-        job.workers = []
+        self._set_workers(job, [])
         self._persist("save", job)
         self._dirty = True
         log.warning("%s requeued: %s", job.id, reason)
@@ -183,6 +184,7 @@ class Lifecycle(Checkpoints, Catalog, Views):
             self._note_ended(job)
             job.transition(JobState.FINISHED, f"{len(job.epochs)} epoch(s)" + (
                 f"; stopped early: {run.ending}" if run.ending else ""), now=self.now)
+            self._unindex(job)
             job.resume = None
             self.snapshots.discard(job.id)
             why = self._keep_final(job, run)

@@ -69,8 +69,12 @@ class MasterCore(Dispatch, Clients, Daemons, Scheduling, Executors):
         """Check the core's invariants (the simulator with ``validate=True``
         and the tests call it after every event): every attempt is in one
         phase at most (``Run.validate``) and belongs to a job that is not
-        over. A PhaseError (an AssertionError) names what is wrong."""
+        over; the machine -> jobs index agrees with a scan of every job
+        (``_jobs_on``). A PhaseError (an AssertionError) names what is wrong."""
         from harmony.master.core.records import PhaseError
+        errors = self._index_errors()
+        if errors:
+            raise PhaseError("the machine -> jobs index: " + "; ".join(errors[:5]))
         for jid, run in self.runs.items():
             run.validate(jid)
             job = self.jobs.get(jid)
@@ -89,6 +93,7 @@ class MasterCore(Dispatch, Clients, Daemons, Scheduling, Executors):
         one, else from epoch 0; nothing is silently dropped. Paused jobs stay
         paused (their checkpoints are on disk)."""
         self.now = now
+        self._reindex()         # the shell loaded the job table
         requeued = False
         for job in self.jobs.values():
             if job.state.active:
@@ -100,7 +105,7 @@ class MasterCore(Dispatch, Clients, Daemons, Scheduling, Executors):
                 job.failures = min(job.failures + 1, MAX_ATTEMPTS - 1)
                 job.transition(JobState.WAITING, f"master restarted; requeued (restarts from "
                                                  f"{where})", now=now)
-                job.workers = []
+                self._set_workers(job, [])
                 self._persist("save", job)
         if requeued:
             # the machines re-register at their next heartbeat (they are

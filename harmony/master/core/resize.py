@@ -276,7 +276,7 @@ class Resize(Lifecycle):
         moved = int(sum(m["bytes_out"] for m in rc.migrated.values()))
         stood = self.now - (rc.stood_since or rc.t0)
         self._move_took.append(self.now - rc.t0)
-        job.workers = list(rc.to)
+        self._set_workers(job, rc.to)
         # the block store's stats of machines that left would be summed with
         # the new ones (status, the trace importer's model bytes)
         job.store = {m: st for m, st in job.store.items() if m in rc.to}

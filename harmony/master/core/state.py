@@ -2,7 +2,8 @@
 worker, run and executor tables, the catalog, the scheduler's memory), the
 outbox every component writes its commands to (``_send``, ``_persist``,
 ``_record``, ``_say``), the queries every component asks (``_active``,
-``_placed``, ``_jobs_on``) and the executor check (``_exec_run``, and
+``_placed``, ``_jobs_on``), the machine -> jobs index behind ``_jobs_on``
+(``_set_workers`` is the one way a job's machines change) and the executor check (``_exec_run``, and
 :func:`executor_message`, which puts it in front of a handler).
 
 Every component of the core (``harmony.master.core.*``) is a mixin that
@@ -132,6 +133,16 @@ class CoreState:
         # job -> [epochs list, epochs summed, iterations done, progress points] (_job_view)
         self._progress: dict[str, list] = {}
         self._worker_views: dict[str, P.WorkerView] = {}     # _view's last one per machine
+        # machine -> {job id: job} of every job not over whose ``workers`` name it
+        # (``_set_workers`` keeps it; a job that ends leaves it, its workers
+        # kept for its status), and job id -> its place in ``jobs`` (the order
+        # ``_jobs_on`` answers in): a heartbeat asks about its machine's jobs,
+        # not every job ever submitted (issue #32). ``MasterCore.validate``
+        # checks it against a full scan; ``_reindex`` rebuilds it when the
+        # shell replaces ``jobs`` (a restart, before ``recover``).
+        self._on: dict[str, dict[str, Job]] = {}
+        self._rank: dict[str, int] = {}
+        self._reindex()
 
     # -- outputs -----------------------------------------------------------------------------
     def _send(self, ident: bytes, payload: tuple[str, dict], fail: Any = None) -> None:
@@ -176,7 +187,87 @@ class CoreState:
         return out
 
     def _jobs_on(self, name: str) -> list[Job]:
-        return [j for j in self.jobs.values() if j.state.active and name in j.workers]
+        """The active jobs placed on machine ``name``, in ``jobs``' order (as
+        a scan of every job would give them), from the index: O(its jobs)."""
+        on = self._on.get(name)
+        if not on:
+            return []
+        active = _ACTIVE
+        return self._in_table_order([j for j in on.values() if j.state in active])
+
+    def _in_table_order(self, jobs: list[Job]) -> list[Job]:
+        """``jobs`` sorted in the job table's order (in place; returned)."""
+        if len(jobs) > 1:
+            rank = self._rank
+            try:
+                jobs.sort(key=lambda j: rank[j.id])
+            except KeyError:                # a job added since: rank them again
+                rank = self._rank = {jid: i for i, jid in enumerate(self.jobs)}
+                jobs.sort(key=lambda j: rank.get(j.id, len(rank)))
+        return jobs
+
+    # -- the machine -> jobs index ------------------------------------------------------------
+    def _set_workers(self, job: Job, machines: list[str]) -> None:
+        """``job`` now runs on ``machines`` (index order; [] when it leaves
+        them): every change of a job's ``workers`` goes through here."""
+        self._unindex(job)
+        job.workers = list(machines)
+        if not job.state.terminal:
+            self._index(job)
+
+    def _index(self, job: Job) -> None:
+        jid, on = job.id, self._on
+        for n in job.workers:
+            d = on.get(n)
+            if d is None:
+                d = on[n] = {}
+            d[jid] = job
+
+    def _unindex(self, job: Job) -> None:
+        """``job`` leaves the index (it ended: its ``workers`` stay, shown in
+        its status, but it runs nowhere)."""
+        jid, on = job.id, self._on
+        for n in job.workers:
+            d = on.get(n)
+            if d is not None and d.get(jid) is job:
+                del d[jid]
+                if not d:
+                    del on[n]
+
+    def _reindex(self) -> None:
+        """Build the index again from ``jobs`` (the shell replaced the table)."""
+        self._on = {}
+        for job in self.jobs.values():
+            if not job.state.terminal:
+                self._index(job)
+        self._rank = {jid: i for i, jid in enumerate(self.jobs)}
+
+    def _index_errors(self) -> list[str]:
+        """How the index differs from a scan of every job (``validate``): one
+        pass over the jobs, then each machine's entry and ``_jobs_on``."""
+        want: dict[str, set[str]] = {}
+        active: dict[str, list[str]] = {}       # the old scan's answer, per machine
+        for j in self.jobs.values():
+            if j.state.terminal:
+                continue
+            for n in dict.fromkeys(j.workers):
+                want.setdefault(n, set()).add(j.id)
+                if j.state in _ACTIVE:
+                    active.setdefault(n, []).append(j.id)
+        errors = []
+        for n in sorted(set(want) | set(self._on)):
+            got = self._on.get(n, {})
+            if set(got) != want.get(n, set()):
+                errors.append(f"machine {n}: indexed {sorted(got)}, "
+                              f"placed {sorted(want.get(n, ()))}")
+            elif any(self.jobs.get(jid) is not job for jid, job in got.items()):
+                errors.append(f"machine {n}: an indexed job is not the one in the job table")
+            else:
+                on = [j.id for j in self._jobs_on(n)]
+                if on != active.get(n, []):
+                    errors.append(f"machine {n}: _jobs_on answers {on}, a scan "
+                                  f"{active.get(n, [])}")
+        return errors
 
     # -- the executor check ------------------------------------------------------------------
     def _exec_run(self, ident: bytes, msg: M.Message) -> tuple[Job, Run] | None:
