@@ -11,10 +11,11 @@ import urllib.error
 import urllib.request
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from apps_for_tests import TOY_APP
-from conftest import NMF_APP, wait_state
+from conftest import NMF_APP, ROOT, wait_state
 from harmony.client import Client
 from harmony.cluster import LocalCluster
 
@@ -137,6 +138,20 @@ def test_metrics_scrape(obs_cluster):
     for name in ("harmony_job_migrations", "harmony_store_reload_bytes",
                  "harmony_group_predicted_iteration_seconds"):
         assert name in fams
+    # the state dir's disk, per machine (the store-full alert)
+    for m in ("m0", "m1"):
+        free = val("harmony_machine_disk_free_bytes", machine=m)
+        total = val("harmony_machine_disk_total_bytes", machine=m)
+        assert free and total and 0 < free[0] <= total[0]
+    # every metric the shipped alert rules use is one the master exports
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())
+    exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    assert len(exprs) == 3
+    used = {n for e in exprs for n in re.findall(r"\bharmony_[a-z_]+", e)}
+    assert used and used <= set(fams), used - set(fams)
+    prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    assert prom["rule_files"] == ["alerts.yml"]
+    assert prom["scrape_configs"][0]["metrics_path"] == "/metrics"
 
 
 def test_snapshot_api(obs_cluster):

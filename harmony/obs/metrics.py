@@ -161,6 +161,11 @@ class SnapshotCollector:
                                    labels=rl)
         qdone = CounterMetricFamily("harmony_subtasks",
                                     "Subtasks done (the runs counted)", labels=rl)
+        dfree = GaugeMetricFamily("harmony_machine_disk_free_bytes",
+                                  "Free bytes on the disk of the worker's state dir (spilled "
+                                  "blocks, checkpoint parts, staged data)", labels=ml)
+        dtotal = GaugeMetricFamily("harmony_machine_disk_total_bytes",
+                                   "Size of the disk of the worker's state dir", labels=ml)
         for m in snap.get("machines", []):
             up.add_metric([m["name"]], 1.0 if m["alive"] else 0.0)
             cpus.add_metric([m["name"]], m["cpus"])
@@ -176,7 +181,11 @@ class SnapshotCollector:
                 for fam, key in ((qwait, "wait"), (qgrant, "granted"), (qrun, "run"),
                                  (qdone, "done")):
                     fam.add_metric([m["name"], r], q[key])
-        yield from (up, cpus, util, qbusy, mjobs, qwait, qgrant, qrun, qdone)
+            disk = m.get("disk") or {}
+            if disk:
+                dfree.add_metric([m["name"]], disk["free"])
+                dtotal.add_metric([m["name"]], disk["total"])
+        yield from (up, cpus, util, qbusy, mjobs, qwait, qgrant, qrun, qdone, dfree, dtotal)
 
         gl = ["group"]
         gp = GaugeMetricFamily("harmony_group_predicted_iteration_seconds",

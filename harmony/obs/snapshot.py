@@ -198,13 +198,14 @@ class _Timeline:
     since the last one, instead of TIMELINE new dicts per machine (issue
     #32: 70,000 dicts a snapshot at 1,000 machines)."""
 
-    __slots__ = ("worker", "last", "shown", "queues")
+    __slots__ = ("worker", "last", "shown", "queues", "disk")
 
     def __init__(self, worker) -> None:
         self.worker = worker
         self.last = None                  # the newest raw sample converted
         self.shown: deque = deque(maxlen=TIMELINE)
         self.queues: dict = {}
+        self.disk: dict = {}
 
     def update(self, stats) -> None:
         last = stats[-1] if stats else None
@@ -229,6 +230,9 @@ class _Timeline:
         self.queues = {r: {name: last[f"{k}_{r}"] for k, name in _QUEUE_KEYS}
                        for r in ("cpu", "net")
                        if all(f"{k}_{r}" in last for k, _ in _QUEUE_KEYS)}
+        # the state dir's disk (bytes): {} from a daemon that does not say
+        self.disk = ({"free": last["disk_free"], "total": last["disk_total"]}
+                     if "disk_free" in last and "disk_total" in last else {})
 
 
 class _Cache:
@@ -270,7 +274,7 @@ def build_snapshot(master) -> dict[str, Any]:
             "alive": bool(w.alive), "last_seen": w.last_seen,
             "jobs": placed.get(w.name, []),
             "timeline": list(tl.shown),
-            "queues": tl.queues})
+            "queues": tl.queues, "disk": tl.disk})
     if len(timelines) > len(seen):
         for name in [n for n in timelines if n not in seen]:
             del timelines[name]
