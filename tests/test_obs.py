@@ -191,6 +191,10 @@ def test_dashboard_renders_in_chromium(obs_cluster, tmp_path):
     assert counts.get(short) == 4 and counts.get(long, 0) >= 3
     assert dom.count('class="point"') >= 7
     assert re.search(r'data-machine="m0".*?data-name="CPU" data-points="[1-9]', dom, re.S)
+    # memory: per machine (the executors' share of its memory) and the cluster's
+    assert re.search(r'data-machine="m0".*?data-name="memory" data-points="[1-9]', dom, re.S)
+    assert re.search(r'GiB used by jobs', dom)
+    assert re.search(r'<h3>m0 \(\d+ cores, [\d.]+ GiB, disk [\d.]+ of [\d.]+ GiB free', dom)
     assert "<li>" in dom[dom.index('id="decisions"'):] or "<li " in dom
     if os.environ.get("HARMONY_SCREENSHOT"):     # docs/dashboard.png
         subprocess.run(args + ["--hide-scrollbars", "--window-size=1400,1250",

@@ -175,7 +175,10 @@
     box.textContent = "";
     for (const m of snap.machines) {
       const d = el("div", {class: "machine", "data-machine": m.name});
-      d.appendChild(el("h3", {}, m.name + " (" + m.cpus + " cores" + (m.alive ? "" : ", LOST") +
+      const disk = m.disk && m.disk.total ? ", disk " + num(m.disk.free / 2 ** 30, 3) +
+        " of " + num(m.disk.total / 2 ** 30, 3) + " GiB free" : "";
+      d.appendChild(el("h3", {}, m.name + " (" + m.cpus + " cores, " +
+                          num(m.memory / 2 ** 30, 3) + " GiB" + disk + (m.alive ? "" : ", LOST") +
                           ")" + (m.jobs.length ? ": " + m.jobs.join(", ") : "")));
       const t0 = snap.t;
       const pts = (k) => m.timeline.filter((s) => s[k] !== undefined).map((s) => [s.t - t0, s[k]]);
@@ -184,6 +187,7 @@
         {name: "network", color: "#e0662b", points: pts("net")},
         {name: "CPU queue busy", color: "#2a9d54", points: pts("q_cpu")},
         {name: "NET queue busy", color: "#b8329b", points: pts("q_net")},
+        {name: "memory", color: "#7a5c2e", points: pts("mem")},
       ].filter((s) => s.points.length);
       d.appendChild(lineChart(series, {w: 420, h: 150, ymin: 0, ymax: 1,
                                        xfmt: (x) => Math.round(x) + "s",
@@ -215,9 +219,17 @@
   function render(snap) {
     const by = {};
     for (const j of snap.jobs) by[j.state] = (by[j.state] || 0) + 1;
+    // the cluster's memory: the executors' use over what the live machines offer
+    let used = 0, offered = 0;
+    for (const m of snap.machines) {
+      const last = m.timeline.length ? m.timeline[m.timeline.length - 1] : {};
+      if (m.alive && last.mem !== undefined) { used += last.mem * m.memory; offered += m.memory; }
+    }
+    const mem = offered ? " · memory " + (100 * used / offered).toFixed(1) + "% of " +
+      num(offered / 2 ** 30, 3) + " GiB used by jobs" : "";
     $("#summary").textContent = snap.mode + " mode · " + snap.endpoint + " · " +
       snap.machines.filter((m) => m.alive).length + " machine(s) · " +
-      (Object.entries(by).map(([k, v]) => v + " " + k).join(", ") || "no jobs");
+      (Object.entries(by).map(([k, v]) => v + " " + k).join(", ") || "no jobs") + mem;
     $("#updated").textContent = "updated " + clock(snap.t);
     renderJobs(snap); renderObjective(snap); renderGroups(snap); renderMachines(snap);
     renderDecisions(snap);
