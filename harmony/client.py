@@ -138,8 +138,13 @@ class Client:
                             checkpoint_every=checkpoint_every,
                             checkpoint_seconds=checkpoint_seconds)["job"]
 
-    def jobs(self) -> list[dict]:
-        return self.request("list_jobs", "jobs")["jobs"]
+    def jobs(self, all: bool = False) -> list[dict]:
+        """The jobs in view (all: also the finished ones past the master's
+        retention)."""
+        return self.jobs_reply(all)["jobs"]
+
+    def jobs_reply(self, all: bool = False) -> dict:
+        return self.request("list_jobs", "jobs", all=all or None)
 
     def status(self, job: str) -> dict:
         return self.request("job_status", "status", job=job)["job"]

@@ -1112,3 +1112,33 @@ def test_data_rm_clears_the_chunks_of_a_put_that_never_committed():
     assert sorted(g.to for g in gcs) == [b"d:m0", b"d:m1"]
     (reply, gcs) = rm("../x")
     assert reply.type == "error" and "bad data set name" in reply.fields["message"] and not gcs
+
+
+def test_finished_jobs_leave_the_live_views_after_the_retention():
+    """#37: `harmony jobs` and the dashboard show a job that ended for
+    --retention seconds; `jobs --all` and `status` always do; the count by
+    state (harmony_jobs) keeps every job."""
+    from harmony.obs.snapshot import build_snapshot
+    c = Cluster(machines=1, retention=100.0)
+    done, live = c.submit(), c.submit()
+    ex = c.start(done)
+    c.msg(ex[0], "epoch_done", job=done, index=0, epoch=0, sums={}, timings={})
+    c.msg(ex[0], "epoch_report", job=done, index=0, epoch=0, metrics={}, stop=True)
+    c.msg(ex[0], "exec_finished", job=done, index=0)
+    assert c.core.jobs[done].state == JobState.FINISHED
+
+    def listed(**kw):
+        c.msg(b"client", "list_jobs", **kw)
+        reply = [s for s in c.sent if s.to == b"client" and s.type == "jobs"][-1].fields
+        return [j["id"] for j in reply["jobs"]], reply["hidden"]
+    assert listed() == ([done, live], 0)
+    c.tick(101.0)
+    assert listed() == ([live], 1)
+    assert listed(all=True) == ([done, live], 0)
+    c.msg(b"client", "job_status", job=done)
+    assert [s for s in c.sent if s.to == b"client"][-1].type == "status"
+    snap = build_snapshot(c.core)
+    assert [j["id"] for j in snap["jobs"]] == [live]
+    assert snap["job_counts"]["finished"] == 1
+    with pytest.raises(ValueError):
+        C.MasterCore(retention=-1)

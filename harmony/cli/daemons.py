@@ -62,6 +62,10 @@ def master_main(argv: list[str] | None = None) -> int:
                    help="finished jobs whose final checkpoint (their model, for 'harmony "
                         "model get') is kept, the most recent first (default "
                         "$HARMONY_KEEP_MODELS or 20)")
+    s.add_argument("--retention", type=float, default=3600.0, metavar="S",
+                   help="seconds a finished job stays in the live views (harmony jobs, the "
+                        "dashboard, per-job metrics) after it ends; 'harmony jobs --all' "
+                        "and 'status' show it after that too (default 3600; 0: always)")
     s.add_argument("--recover", action="store_true",
                    help="if the job table (STATE/master.lmdb) is damaged or missing, restore "
                         "its last good copy (STATE/master.lmdb.bak) and start")
@@ -82,7 +86,7 @@ def master_main(argv: list[str] | None = None) -> int:
         keys = _process_keys(a, "master", "", a.host)
         m = Master(a.state_dir, a.host, a.port, heartbeat_timeout=a.heartbeat_timeout,
                    policy=objective_policy(a), mode=a.mode, cruise=a.cruise,
-                   max_moves=a.max_moves, sync=a.sync,
+                   max_moves=a.max_moves, sync=a.sync, retention=a.retention,
                    max_jobs_per_machine=a.max_jobs_per_machine,
                    keys=keys, keep_models=a.keep_models, recover=a.recover,
                    master_file=a.master_file, dashboard_port=a.dashboard_port,

@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     submit_help = s.format_help()
     s = with_master(sub.add_parser("jobs", help="list jobs"))
     s.add_argument("--json", action="store_true")
+    s.add_argument("--all", action="store_true",
+                   help="also the jobs that ended longer ago than the master's --retention")
     s = with_master(sub.add_parser("status", help="show one job"))
     s.add_argument("job")
     s.add_argument("--json", action="store_true")

@@ -126,7 +126,8 @@ def _dur(s: float) -> str:
 
 def cmd_jobs(a: argparse.Namespace) -> int:
     with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
-        jobs = c.jobs()
+        reply = c.jobs_reply(all=getattr(a, "all", False))
+    jobs = reply["jobs"]
     if a.json:
         print(json.dumps(jobs, indent=2))
         return 0
@@ -141,6 +142,9 @@ def cmd_jobs(a: argparse.Namespace) -> int:
         print(f"{j['id']:10} {j['app'][:8]:8} {j['state']:10} {_dur(j.get('in_state', 0)):>7} "
               f"{len(j['workers']) or j['machines']:>4} {j['epochs']:>6} {obj:>12} {prof}  "
               f"{group[:10]:10} {','.join(j['workers'])}")
+    if reply.get("hidden"):
+        print(f"({reply['hidden']} job(s) that ended over {_dur(reply.get('retention') or 0)} "
+              f"ago not shown: harmony jobs --all)")
     return 0
 
 

@@ -95,8 +95,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                # seconds after submission; a Utility spec of the JCT (OASiS, MLFS)
                "deadline": (_NUM, _OPT), "utility": (str, _OPT)},
     "submitted": {"job": str},
-    "list_jobs": {},
-    "jobs": {"jobs": list},
+    # all: also the finished jobs past the master's --retention (hidden: how
+    # many were left out)
+    "list_jobs": {"all": (bool, _OPT)},
+    "jobs": {"jobs": list, "hidden": (int, _OPT), "retention": (_NUM, _OPT)},
     "job_status": {"job": str},
     "status": {"job": dict},
     "cancel": {"job": str},

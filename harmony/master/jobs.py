@@ -206,6 +206,13 @@ class Job:
                 "sched_group": self.sched_group, "predicted_iter": self.predicted,
                 "in_state": now - self.entered}   # a finished job: since it ended
 
+    def retained(self, now: float, retention: float) -> bool:
+        """Whether the live views (``harmony jobs``, the dashboard, per-job
+        metrics) still show it: a job that is not over, or one that ended
+        less than ``retention`` seconds ago (0: always)."""
+        return (not self.state.terminal or retention <= 0 or self.ended is None
+                or now - self.ended <= retention)
+
     def epoch_budget(self) -> int:
         """The epochs its app runs at most: its ``--max-epochs`` argument, or
         the runtime's default (``harmony.app.COMMON_OPTIONS``)."""

@@ -165,7 +165,7 @@ class Master:
                  master_file: str | None = None, dashboard_port: int | None = None,
                  dashboard_host: str | None = None, cruise: bool = False,
                  max_moves: int = C.MAX_MOVES, dilation: float = 1.0,
-                 sync: str = "leader") -> None:
+                 sync: str = "leader", retention: float = 3600.0) -> None:
         # who may send what: with keys, every peer is authenticated (CURVE)
         # and each message type is accepted only from its role (the core's table)
         self.keys = keys
@@ -185,7 +185,7 @@ class Master:
             keep_models=keep_models, pid=os.getpid(),
             revision=os.environ.get("HARMONY_REVISION") or None, state_dir=self.state_dir,
             now=self.clock(), cruise=cruise, max_moves=max_moves, predict_epochs=True,
-            dilation=self.clock.dilation, sync=sync)
+            dilation=self.clock.dilation, sync=sync, retention=retention)
         if keys is not None:
             security.use(keys)
         os.makedirs(self.state_dir, exist_ok=True)
@@ -245,6 +245,8 @@ class Master:
     runs = property(lambda self: self.core.runs)
     datasets = property(lambda self: self.core.datasets)
     mode = property(lambda self: self.core.mode)
+    retention = property(lambda self: self.core.retention)
+    now = property(lambda self: self.core.now)
     bad_messages = property(lambda self: self.core.bad_messages)
 
     # -- lifecycle -------------------------------------------------------------

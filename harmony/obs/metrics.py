@@ -47,8 +47,11 @@ class SnapshotCollector:
         jobs = snap.get("jobs", [])
         by_state = GaugeMetricFamily("harmony_jobs", "Jobs by state", labels=["state"])
         counts = {s: 0 for s in STATES}
-        for j in jobs:
-            counts[j["state"]] = counts.get(j["state"], 0) + 1
+        if "job_counts" in snap:        # every job, also those past the retention
+            counts.update(snap["job_counts"])
+        else:
+            for j in jobs:
+                counts[j["state"]] = counts.get(j["state"], 0) + 1
         for s, n in counts.items():
             by_state.add_metric([s], n)
         yield by_state

@@ -253,8 +253,15 @@ def build_snapshot(master) -> dict[str, Any]:
     cache = _caches.get(id(master))
     if cache is None:
         cache = _caches[id(master)] = _Cache()
+    # finished jobs leave the live view after the master's retention (its
+    # own clock); they are still counted by state
+    retention, mnow = getattr(master, "retention", 0.0), getattr(master, "now", None)
+    counts: dict[str, int] = {}
+    for j in master.jobs.values():
+        counts[j.state.value] = counts.get(j.state.value, 0) + 1
     jobs = [_job_cached(cache.jobs, j, now)
-            for j in sorted(master.jobs.values(), key=lambda j: j.id)]
+            for j in sorted(master.jobs.values(), key=lambda j: j.id)
+            if mnow is None or j.retained(mnow, retention)]
     placed: dict[str, list] = {}         # machine -> its running jobs, in id order
     for j in jobs:
         if j["state"] in ("running", "profiling"):
@@ -302,7 +309,8 @@ def build_snapshot(master) -> dict[str, Any]:
     runs = getattr(master, "runs", {}) or {}
     return {"t": now, "mode": getattr(master, "mode", ""),
             "endpoint": getattr(master, "endpoint", ""),
-            "jobs": jobs, "machines": machines, "groups": group_list,
+            "jobs": jobs, "job_counts": counts, "machines": machines,
+            "groups": group_list,
             "decisions": decisions, "decisions_total": n_decisions,
             "running_attempts": len(runs)}
 

@@ -70,8 +70,12 @@ class Clients(Lifecycle):
         self._send(ident, _msg("submitted", job=job.id))
 
     def _on_list_jobs(self, ident: bytes, msg: M.Message) -> None:
-        jobs = [j.summary(now=self.now) for j in sorted(self.jobs.values(), key=lambda j: j.id)]
-        self._send(ident, _msg("jobs", jobs=jobs))
+        every = bool(msg.get("all"))
+        shown = [j for j in sorted(self.jobs.values(), key=lambda j: j.id)
+                 if every or j.retained(self.now, self.retention)]
+        self._send(ident, _msg("jobs", jobs=[j.summary(now=self.now) for j in shown],
+                               hidden=len(self.jobs) - len(shown),
+                               retention=self.retention))
 
     def _on_job_status(self, ident: bytes, msg: M.Message) -> None:
         job = self.jobs.get(msg["job"])

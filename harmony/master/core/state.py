@@ -40,6 +40,8 @@ KEEP_MODELS = 20
 #: --sync: "leader": a daemon of each group synchronizes its jobs' subtasks
 #: (where every machine of the job can lead); "master": this loop does
 SYNC_MODES = ("leader", "master")
+#: --retention default: seconds a finished job stays in the live views
+RETENTION_S = 3600.0
 
 
 class CoreState:
@@ -56,7 +58,7 @@ class CoreState:
                  now: float = 0.0, liveness_every: float = LIVENESS_EVERY,
                  cruise: bool = False, max_moves: int = MAX_MOVES,
                  predict_epochs: bool = False, dilation: float = 1.0,
-                 sync: str = "leader") -> None:
+                 sync: str = "leader", retention: float = RETENTION_S) -> None:
         # time dilation (harmony.dilation): ``now`` is in undilated seconds
         # already (the shell's clock); D is what daemons must run at
         self.dilation = dil.check(dilation)
@@ -84,6 +86,11 @@ class CoreState:
         # who synchronizes queued jobs' subtasks: a leader daemon of each
         # group (harmony.subtasks.sync), or this loop
         self.sync = sync
+        if retention < 0:
+            raise ValueError("--retention must be >= 0 (0: keep finished jobs in view)")
+        # finished jobs leave the live views this long after they end (they
+        # stay in `harmony jobs --all`, `status` and the job table)
+        self.retention = float(retention)
         # after a restart with jobs to requeue: no scheduling before this
         # (the machines are still registering again)
         self.rejoin_until = 0.0
