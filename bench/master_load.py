@@ -131,7 +131,7 @@ class Exec:
 class Machine:
     """One emulated worker daemon."""
     __slots__ = ("name", "sock", "pub", "sec", "core", "execs", "registered", "hb_sent",
-                 "hb_next", "leader", "router", "links")
+                 "hb_next", "leader", "router", "links", "launches")
 
     def __init__(self, name: str, sock: zmq.Socket, pub: bytes, sec: bytes) -> None:
         self.name, self.sock, self.pub, self.sec = name, sock, pub, sec
@@ -140,6 +140,7 @@ class Machine:
         self.registered = False
         self.hb_sent: list[float] = []
         self.hb_next = 0.0
+        self.launches = 0           # launch messages since it registered (heartbeats say)
         # the synchronizer off the master (--sync leader): the jobs it leads,
         # where its executors' syncs go, and its connections to leaders
         self.leader = SyncLeader(name)
@@ -400,7 +401,8 @@ class Emulator:
             stats[f"qg_{r}"], stats[f"qw_{r}"] = s.granted, s.wait
             stats[f"qd_{r}"], stats[f"qr_{r}"] = s.done, s.run
         m.hb_sent.append(now)
-        self.send(m.sock, "heartbeat", name=m.name, executors=sorted(m.execs), stats=stats)
+        self.send(m.sock, "heartbeat", name=m.name, executors=sorted(m.execs), stats=stats,
+                  launches=m.launches)
 
     # -- a daemon's messages ----------------------------------------------------------
     def _on_daemon(self, m: Machine, msg: M.Message) -> None:
@@ -424,11 +426,13 @@ class Emulator:
                 sent = m.hb_sent.pop(0)
                 self.hb_rtt.extend((now, now - sent))
         elif t == "launch":
+            m.launches += 1
             self._launch(m, msg)
         elif t == "sync_plan":
             self._plan(m, msg)
         elif t == "registered":
             m.registered = True
+            m.launches = 0
             m.hb_sent.clear()
         elif t == "kill":
             self.counts["kills"] += 1

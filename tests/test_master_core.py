@@ -1143,3 +1143,33 @@ def test_finished_jobs_leave_the_live_views_after_the_retention():
     assert snap["job_counts"]["finished"] == 1
     with pytest.raises(ValueError):
         C.MasterCore(retention=-1)
+
+
+def test_a_heartbeat_sent_before_the_daemon_saw_a_launch_does_not_requeue_it():
+    """#32: under load a heartbeat can be handled seconds after a launch it
+    was sent before; the daemon's count of launches tells them apart."""
+    c = Cluster(machines=1)
+    jid = c.submit()
+    run = c.core.runs[jid]
+    assert run.launch_seq == {"m0": 1}
+    for _ in range(3):                             # past LAUNCH_GRACE
+        c.tick(2.0)
+        c.msg(b"d:m0", "heartbeat", name="m0", executors=[], launches=0)
+    assert c.core.runs[jid] is run and c.core.jobs[jid].attempt == 1     # not gone
+    c.msg(b"d:m0", "heartbeat", name="m0", executors=[jid], launches=1)
+    assert c.core.runs[jid] is run
+    c.msg(b"d:m0", "heartbeat", name="m0", executors=[], launches=1)     # seen, then gone
+    assert c.core.runs.get(jid) is not run
+    assert any("its executor on worker m0 is gone" in e[2] for e in c.core.jobs[jid].events)
+
+
+def test_a_heartbeat_without_a_launch_count_keeps_the_grace_rule():
+    c = Cluster(machines=1)
+    jid = c.submit()
+    run = c.core.runs[jid]
+    c.msg(b"d:m0", "heartbeat", name="m0", executors=[])
+    assert c.core.runs[jid] is run                 # within LAUNCH_GRACE
+    for _ in range(2):
+        c.tick(2.0)
+        c.msg(b"d:m0", "heartbeat", name="m0", executors=[])
+    assert c.core.runs.get(jid) is not run

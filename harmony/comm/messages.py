@@ -122,7 +122,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                  # (harmony.subtasks.sync); none: the master synchronizes them
                  "sync_endpoint": (str, _OPT)},
     "registered": {"heartbeat_interval": _NUM},
-    "heartbeat": {"name": str, "executors": list, "stats": (dict, _OPT)},
+    # launches: launch messages the daemon received since it registered
+    "heartbeat": {"name": str, "executors": list, "stats": (dict, _OPT),
+                  "launches": (int, _OPT)},
     "hb_ack": {},
     "exec_exited": {"job": str, "index": int, "attempt": int, "code": int, "log_tail": str},
     # master -> worker daemon

@@ -192,6 +192,7 @@ class Daemon:
         self.execs: dict[str, ExecProc] = {}
         self.retiring: list[ExecProc] = []     # older attempts being stopped
         self.registered = False
+        self.launches_seen = 0        # launch messages since the last registration
         self.hb_interval = 1.0
         self._stop = False
         self._outbox: queue.Queue = queue.Queue()   # replies from helper threads
@@ -251,7 +252,7 @@ class Daemon:
                     self._last_send = now
                     if self.registered:
                         self._send("heartbeat", name=self.name, executors=sorted(self.execs),
-                                   stats=self._stats(now))
+                                   stats=self._stats(now), launches=self.launches_seen)
                         if now - self._last_ack > 5 * self.hb_interval:
                             log.warning("no reply from master for %.0fs; re-registering",
                                         now - self._last_ack)
@@ -340,6 +341,7 @@ class Daemon:
         self._last_ack = time.time()
         if msg.type == "registered":
             self.registered = True
+            self.launches_seen = 0      # the master counts its launches from here
             self.hb_interval = dil.wall(float(msg["heartbeat_interval"]), self.dilation)
             log.info("registered with master")
         elif msg.type == "hb_ack":
@@ -350,6 +352,7 @@ class Daemon:
             else:
                 log.warning("master error: %s: %s", msg["code"], msg["message"])
         elif msg.type == "launch":
+            self.launches_seen += 1
             self._launch(msg)
         elif msg.type == "enqueue":
             self._enqueue(Sub(msg["job"], msg["seq"], msg["kind"], float(msg.get("prio") or 0.0)))

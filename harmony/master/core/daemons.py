@@ -64,12 +64,18 @@ class Daemons(Lifecycle):
             self._say("executors", "worker %s reports %d executors; only the first %d are "
                       "reconciled", w.name, len(executors), MAX_EXECUTORS)
             executors = executors[:MAX_EXECUTORS]
-        self._reconcile(w, executors)
+        seen = msg.get("launches")
+        self._reconcile(w, executors, seen if isinstance(seen, int) and seen >= 0 else None)
 
-    def _reconcile(self, w: Worker, executors: list) -> None:
+    def _reconcile(self, w: Worker, executors: list, seen: int | None = None) -> None:
         """Kill executors a daemon runs for jobs that are not running there,
         and requeue jobs that should run there but whose executor is gone
-        (e.g. the daemon restarted), after a grace period for launches."""
+        (e.g. the daemon restarted). ``seen``: the launches the daemon had
+        received when it sent this report: a job whose launch it had not seen
+        yet is not gone, however late the report is handled (a loop behind
+        its socket requeued 300 jobs at 1,000 machines on the time rule
+        alone); without it (a registration), LAUNCH_GRACE seconds after the
+        launch."""
         reported = {j for j in executors if isinstance(j, str)}
         for jid in reported:
             job = self.jobs.get(jid)
@@ -84,7 +90,8 @@ class Daemons(Lifecycle):
         now, runs = self.now, self.runs
         gone = [job for jid, job in on.items() if jid not in reported and job.state.active
                 and (run := runs.get(jid)) is not None and not run.stopping
-                and not run.pausing and now - run.launched > LAUNCH_GRACE]
+                and not run.pausing and now - run.launched > LAUNCH_GRACE
+                and (seen is None or run.launch_seq.get(w.name, 0) <= seen)]
         # requeuing one job changes no other job's run: deciding them all
         # first is what deciding them one by one gave (_jobs_on's order)
         for job in self._in_table_order(gone):

@@ -45,8 +45,12 @@ class Lifecycle(Checkpoints, Catalog, Views):
                  job.launches, machines)
         resume = self._resume_sources(job)
         datasets = self._datasets_for(job)
+        run = self.runs[job.id]
         for idx, name in enumerate(machines):
-            self._send(self.workers[name].ident, _msg(
+            w = self.workers[name]
+            w.launches_sent += 1
+            run.launch_seq[name] = w.launches_sent
+            self._send(w.ident, _msg(
                 "launch", job=job.id, index=idx, count=len(machines), app_name=job.app_name,
                 app_source=job.app_source, args=job.args, attempt=job.launches,
                 resume=resume, datasets=datasets, secret=self.runs[job.id].secret),

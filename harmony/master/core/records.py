@@ -47,6 +47,7 @@ class Worker:
     data_endpoint: str = ""      # its data service: checkpoint parts on its disk
     revision: str = ""           # the code it runs (deployed git revision), if it said
     sync_endpoint: str = ""      # where its daemon leads jobs' synchronizers (none: cannot)
+    launches_sent: int = 0       # launch messages sent since it registered
 
 
 @dataclass
@@ -120,6 +121,10 @@ class Run:
     # synchronizes this attempt)
     sync_leader: str | None = None
     sync_gen: int = 0
+    # machine -> the number its launch of this attempt had among the launches
+    # sent to it (Worker.launches_sent): a heartbeat that counts at least as
+    # many was sent after its daemon saw the launch
+    launch_seq: dict[str, int] = field(default_factory=dict)
 
     @property
     def phase(self) -> Phase:

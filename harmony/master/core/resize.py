@@ -38,6 +38,8 @@ class Resize(Lifecycle):
         job.move = {"from": list(job.workers), "to": to, "state": "starting executors",
                     "blocks": 0, "blocks_moved": 0, "bytes_moved": 0}
         for n in join:
+            self.workers[n].launches_sent += 1
+            run.launch_seq[n] = self.workers[n].launches_sent
             self._send(self.workers[n].ident, _msg(
                 "launch", job=job.id, index=to.index(n), count=len(to), app_name=job.app_name,
                 app_source=job.app_source, args=job.args, attempt=run.attempt, join=True,
