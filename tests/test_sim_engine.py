@@ -209,3 +209,18 @@ def test_arrivals_past_2_to_the_24_seconds_finish_as_at_zero(mode):
     assert not far.meta["unfinished"]
     assert [round(j.jct, 3) for j in far.jobs] == pytest.approx(
         [round(j.jct, 3) for j in near.jobs], abs=2e-3)
+
+
+def test_the_synchronizers_delay_slows_queued_jobs_by_about_its_rounds():
+    """#32 item 5: sync_s per round, k rounds behind each simulated subtask;
+    0 changes nothing (the golden runs keep their results)."""
+    from harmony.sim.run import simulate
+    from harmony.sim.report import summarize
+    from harmony.sim.workload import PAPER_BANDWIDTH, generate
+    trace = generate("paper", 6, 2, mean_gap=60.0)
+    runs = {s: summarize(simulate(trace, 16, "harmony", bandwidth=PAPER_BANDWIDTH, sync_s=s))
+            for s in (0.0, 0.5)}
+    base, slow = runs[0.0], runs[0.5]
+    assert slow["mean_jct"] > 1.05 * base["mean_jct"]
+    with pytest.raises(ValueError):
+        simulate(trace, 16, "harmony", sync_s=-1.0)

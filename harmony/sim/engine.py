@@ -140,7 +140,14 @@ class Simulator:
                  cruise: bool = False, block_work: bool = False,
                  cpu_speed: list[float] | None = None,
                  net_speed: list[float] | None = None, max_moves: int = C.MAX_MOVES,
-                 validate: bool = False) -> None:
+                 validate: bool = False, sync_s: float = 0.0) -> None:
+        # the synchronizer's added delay per round (issue #32 item 5: what
+        # bench/master_load.py measures, from the last sync of a subtask to
+        # its enqueue on every machine), per real iteration lumped into a
+        # simulated subtask; 0: none (messages are instant)
+        if sync_s < 0:
+            raise ValueError("sync_s must be >= 0")
+        self.sync_s = float(sync_s)
         # check the core's invariants after every instant (MasterCore.validate)
         self.validate = validate
         self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
@@ -183,6 +190,12 @@ class Simulator:
 
     def _later(self, dt: float, fn: Callable, *args: Any) -> None:
         self._at(self.now + dt, fn, *args)
+
+    def _enqueue_late(self, m, ex, sub: Sub) -> None:
+        """An enqueue the synchronizer's delay (``sync_s``) held back: only
+        for the executor it was meant for, if it is still there."""
+        if m.q is not None and m.execs.get(sub.job) is ex and ex.alive:
+            m.act(m.q.enqueue(sub, self.now))
 
     def _busy(self, kind: str, t0: float, t1: float) -> None:
         if kind == "up":        # the serving side of transfers already counted
@@ -235,7 +248,12 @@ class Simulator:
         if t == "enqueue":
             q = m.q
             if q is not None and f["job"] in m.execs:
-                m.act(q.enqueue(Sub(f["job"], f["seq"], f["kind"], f["prio"]), self.now))
+                sub = Sub(f["job"], f["seq"], f["kind"], f["prio"])
+                if self.sync_s:         # k real rounds behind one simulated subtask
+                    ex = m.execs[f["job"]]
+                    k = ex.job.plan[min(ex.epoch, len(ex.job.plan) - 1)][1]
+                    return self._later(self.sync_s * k, self._enqueue_late, m, ex, sub)
+                m.act(q.enqueue(sub, self.now))
             return
         if t == "launch":
             job = self.by_job[f["job"]]

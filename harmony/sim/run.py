@@ -109,7 +109,8 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
              cpu_speed: list[float] | None = None,
              net_speed: list[float] | None = None,
              max_moves: int = MAX_MOVES, statuses: bool = False,
-             validate: bool = False, min_epoch_s: float = 0.0) -> SimResult:
+             validate: bool = False, min_epoch_s: float = 0.0,
+             sync_s: float = 0.0) -> SimResult:
     """Simulate ``trace`` on ``machines`` under the setup ``name``;
     ``cruise``, ``cpu_speed``, ``net_speed``, ``max_moves``, ``validate``:
     see :class:`Simulator`. ``statuses``: keep every job's ``harmony status
@@ -117,7 +118,8 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
     events; its name is the trace's id) in ``meta["statuses"]``.
     ``min_epoch_s``: simulated epochs (after the profiling ones) of at least
     this many seconds (0: the grain alone): long traces of short jobs run
-    faster, with pauses and moves at coarser epoch ends."""
+    faster, with pauses and moves at coarser epoch ends. ``sync_s``: the
+    synchronizer's delay per round (:class:`Simulator`)."""
     policy, mode = setup(name)
     jobs = sim_jobs(trace, bandwidth, grain, error, seed, min_epoch_s)
     if bucket is None:
@@ -127,7 +129,7 @@ def simulate(trace: list[TraceJob], machines: int, name: str = "harmony", *,
                     bucket=bucket, max_jobs_per_machine=max_jobs_per_machine, cpus=cpus,
                     progress=progress, wall_limit=wall_limit, cruise=cruise,
                     cpu_speed=cpu_speed, net_speed=net_speed, max_moves=max_moves,
-                    validate=validate)
+                    validate=validate, sync_s=sync_s)
     o = sim.run()
     # what each job reported after its epochs (the master's own record)
     losses = {}
