@@ -871,7 +871,7 @@ def _restart(master, cmd: list, env: dict, mlog, endpoint: str, reader, machines
     t = mono()
     master = subprocess.Popen(cmd, stdout=mlog, stderr=subprocess.STDOUT, env=env)
     want = machines - 1                          # the silenced one stays away
-    rejoin = resumed = None
+    rejoin = resumed = running_at = None
     kept: dict[str, int] = {}          # epochs each job kept (up to its checkpoint)
     going: list = []
     with Client(endpoint, timeout_s=5.0, keys=reader) as c:
@@ -887,6 +887,9 @@ def _restart(master, cmd: list, env: dict, mlog, endpoint: str, reader, machines
             for i in ids:       # the epochs it kept: up to its checkpoint, once relaunched
                 if i in js:
                     kept[i] = min(kept.get(i, js[i]["epochs"]), js[i]["epochs"])
+            if running_at is None and rejoin is not None and all(
+                    js.get(i, {}).get("state") == "running" for i in ids):
+                running_at = mono() - t          # every job relaunched and started
             # running again, with an epoch done since the restart
             going = [i for i in ids if js.get(i, {}).get("state") == "running"
                      and js[i]["epochs"] > kept.get(i, 0)]
@@ -896,12 +899,15 @@ def _restart(master, cmd: list, env: dict, mlog, endpoint: str, reader, machines
             time.sleep(0.2)
     res.update({"restart_rejoin_s": round(rejoin, 2) if rejoin is not None else None,
                 "restart_all_running_s": round(resumed, 2) if resumed is not None else None,
+                "restart_all_started_s": round(running_at, 2) if running_at is not None
+                else None,
                 "restart_jobs_running": len(going),
                 "restart_epochs_before": int(sum(before.values())),
                 # epochs run again: those since each job's last checkpoint
                 "restart_epochs_redone": int(sum(before.get(i, 0) - kept.get(i, 0)
                                                  for i in ids))})
     log(f"  master kill -9 and restart: {want} machines back after {res['restart_rejoin_s']}s, "
+        f"all jobs running again after {res['restart_all_started_s']}s, "
         f"{len(going)}/{len(ids)} jobs running with a new epoch after "
         f"{res['restart_all_running_s']}s ({res['restart_epochs_redone']} of "
         f"{res['restart_epochs_before']} epochs redone: those after the last checkpoints)")

@@ -806,6 +806,24 @@ def test_after_a_restart_requeued_jobs_wait_for_the_machines_to_register_again()
     assert sorted(j.workers[0] for j in jobs.values()) == ["m0", "m1", "m2", "m3"]
 
 
+def test_after_a_restart_the_wait_lasts_while_machines_keep_registering():
+    from harmony.master.core.daemons import REJOIN_QUIET_S
+    from harmony.master.core.master import REJOIN_MAX_S
+    c = Cluster(machines=2, mode="harmony", policy="colocate")
+    jid = c.submit(machines=1)
+    c.core = C.MasterCore({jid: c.core.jobs[jid]}, mode="harmony", policy="colocate",
+                          heartbeat_timeout=1e9, launch_timeout=60.0)
+    c.run(c.core.recover(0.0))
+    for i in range(40):             # one machine back every second, for 40 s
+        c.msg(f"d:m{i}".encode(), "register", name=f"m{i}", host="h", cpus=2,
+              memory=1 << 30, pid=1, executors=[], data_endpoint="tcp://h:0")
+        c.tick(1.0)
+        assert not c.core.jobs[jid].workers, i
+    c.tick(REJOIN_QUIET_S)
+    assert c.core.jobs[jid].workers                  # quiet: placed
+    assert REJOIN_MAX_S >= 40
+
+
 def test_checkpoint_gc_after_a_master_restart_tells_every_machine():
     c = Cluster(machines=4)
     jid = c.submit()

@@ -13,6 +13,7 @@ from harmony.master.core.state import log
 from harmony.master.jobs import JobState
 
 HEARTBEAT_INTERVAL = 1.0
+REJOIN_QUIET_S = 1.5 * HEARTBEAT_INTERVAL   # see core/master.py
 LAUNCH_GRACE = 3.0          # s: a launched executor shows up in heartbeats by then
 MAX_EXECUTORS = 1024        # job executors a daemon may report in one heartbeat
 
@@ -33,6 +34,9 @@ class Daemons(Lifecycle):
                    sync_endpoint=msg.get("sync_endpoint") or "")
         self.workers[name] = w
         self.by_ident[ident] = name
+        if self.now < self.rejoin_until:      # after a restart: machines still coming back
+            self.rejoin_until = min(self.rejoin_max, max(self.rejoin_until,
+                                                         self.now + REJOIN_QUIET_S))
         log.info("worker %s registered (%s, %d cpus, %.1f GiB)", name, w.host, w.cpus,
                  w.memory / 2**30)
         self._send(ident, _msg("registered", heartbeat_interval=HEARTBEAT_INTERVAL))

@@ -19,6 +19,10 @@ from harmony.master.jobs import MAX_ATTEMPTS, JobState
 #: the machines to register again: a daemon told it is unknown registers at
 #: its next heartbeat, within two intervals
 REJOIN_GRACE_S = 2 * HEARTBEAT_INTERVAL + 1.0
+#: ... and while machines keep registering (each one extends the wait to
+#: daemons.REJOIN_QUIET_S after it), at most REJOIN_MAX_S after the restart: 1,000
+#: machines took 38 s to come back in bench/master_load.py --liveness
+REJOIN_MAX_S = 60.0
 
 
 class MasterCore(Dispatch, Clients, Daemons, Scheduling, Executors):
@@ -113,5 +117,6 @@ class MasterCore(Dispatch, Clients, Daemons, Scheduling, Executors):
             # few back would pile them there (seen at 20 machines: 6 jobs
             # on the first 6 back, their epochs 10x slower)
             self.rejoin_until = now + REJOIN_GRACE_S
+            self.rejoin_max = now + REJOIN_MAX_S
         out, self._out = self._out, []
         return out

@@ -94,6 +94,7 @@ class CoreState:
         # after a restart with jobs to requeue: no scheduling before this
         # (the machines are still registering again)
         self.rejoin_until = 0.0
+        self.rejoin_max = 0.0
         self.max_jobs = max_jobs_per_machine
         self.keep_models = keep_models
         self.queued = R.MODES[mode][1]
