@@ -1,6 +1,6 @@
 """A simulated job executor, driven by the master core's messages.
 
-What a simulated executor does follows ``harmony/worker/executor.py``:
+What a simulated executor does follows ``harmony/worker/executor/``:
 ``exec_ready`` after a start-up delay; per iteration a PULL (net), a COMP
 (cpu) and a PUSH (net), each reported to the master's synchronizer
 (``sync``) and granted by the machine's queues in queued mode, or separated
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 
 class _Exec:
-    """One simulated job executor (see harmony/worker/executor.py)."""
+    """One simulated job executor (see harmony/worker/executor/)."""
 
     def __init__(self, sim: "Simulator", job: SimJob, jid: str, machine: _Machine, index: int,
                  count: int, attempt: int, resume_epoch: int, join: bool) -> None:
