@@ -30,6 +30,11 @@ per module, each deriving only from those below it:
  links.py        the sockets to the master and the daemon: messages, waits,
                  barriers, subtask slots (sync, grant, sub_done)
 ```
+
+What an executor does with the master's ``epoch_sums`` answer (stop,
+pause, checkpoint, resize) is the pure core's
+(:mod:`harmony.worker.executor_core`), which the simulator's executor
+drives too.
 """
 from harmony.worker.executor.checkpoints import CKPT_ERRORS
 from harmony.worker.executor.layout import Left

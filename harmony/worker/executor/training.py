@@ -4,7 +4,8 @@ Per iteration: PULL, COMP (the app's compute over a group of input
 blocks) and PUSH, each a subtask (its slot from the daemon in queued
 mode, or BSP barriers); per epoch: the objective's partial sums, the
 timings and store stats in ``epoch_done``, and what the master's
-``epoch_sums`` answer says next (stop, checkpoint, pause, resize).
+``epoch_sums`` answer says next (stop, checkpoint, pause, resize): the
+commands of :func:`harmony.worker.executor_core.handle`, done here.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from harmony import dilation as dil
 from harmony.comm import messages as M
 from harmony.ps.server import ShardTable
 from harmony.store.local import BlockSeq, LocalInput, own_memory
+from harmony.worker import executor_core as core
 from harmony.worker.executor.checkpoints import CKPT_ERRORS, Checkpoints
 from harmony.worker.executor.layout import Layout
 
@@ -205,42 +207,45 @@ class Training(Layout, Checkpoints):
             self.send("epoch_done", epoch=epoch, sums=sums,
                       timings=dil.undilate_timings(tm, self.dil), store=store)
             total = self.wait("epoch_sums")
-            pr = total.get("prio")
-            if isinstance(pr, list) and len(pr) == 2 \
-                    and all(isinstance(x, (int, float)) for x in pr):
-                self.prio = (float(pr[0]), float(pr[1]))
             metrics = _plain(app.metrics(total["sums"]))
-            # the app's own stop rule, or the scheduler ends the job early
-            stop = should_stop(opts, epoch, metrics) or bool(total.get("stop"))
-            if self.index == 0:
-                self.send("epoch_report", epoch=epoch, metrics=metrics, stop=stop)
-            log.info("epoch %d: %s  [alpha %.2f -> %.2f, stall %.3fs, mem %.0f/%.0f MiB: %s]",
-                     epoch, {k: round(v, 6) for k, v in metrics.items() if math.isfinite(v)},
-                     store["alpha"], store["next_alpha"], tot.stall_s, store["machine_mb"],
-                     store["budget_mb"], store["reason"])
-            if stop:
-                self._final_checkpoint(app, inp, table, epoch, len(groups))
-                return
-            if total.get("checkpoint") and not total.get("pause"):
-                # a periodic checkpoint degrades: one that cannot be written
-                # (a full disk) or replicated is skipped and the job goes on
-                try:
+            # the app's own stop rule (the scheduler's, to end the job early,
+            # is in the answer): what comes next is the core's (executor_core)
+            app_stop = should_stop(opts, epoch, metrics)
+            for cmd in core.handle(core.EpochSums(epoch, self.index, app_stop, total)):
+                kind = type(cmd)
+                if kind is core.SetPrio:
+                    self.prio = (cmd.cpu, cmd.net)
+                elif kind is core.Report:
+                    if cmd.to_master:
+                        self.send("epoch_report", epoch=epoch, metrics=metrics, stop=cmd.stop)
+                    log.info("epoch %d: %s  [alpha %.2f -> %.2f, stall %.3fs, mem %.0f/%.0f "
+                             "MiB: %s]", epoch, {k: round(v, 6) for k, v in metrics.items()
+                                                 if math.isfinite(v)},
+                             store["alpha"], store["next_alpha"], tot.stall_s,
+                             store["machine_mb"], store["budget_mb"], store["reason"])
+                elif kind is core.FinalCheckpoint:
+                    self._final_checkpoint(app, inp, table, epoch, len(groups))
+                    return
+                elif kind is core.Checkpoint:
+                    # a periodic checkpoint degrades: one that cannot be written
+                    # (a full disk) or replicated is skipped and the job goes on
+                    try:
+                        version, replica, nbytes, secs = self._checkpoint(inp, table, epoch,
+                                                                          len(groups), app)
+                    except CKPT_ERRORS as exc:
+                        log.warning("checkpoint after epoch %d skipped: %s", epoch, exc)
+                        self.send("ckpt_part", epoch=epoch, version=0, bytes=0,
+                                  error=f"{exc.__class__.__name__}: {str(exc)[:1000]}")
+                    else:
+                        self.send("ckpt_part", epoch=epoch, version=version, replica=replica,
+                                  bytes=nbytes)
+                elif kind is core.Pause:
                     version, replica, nbytes, secs = self._checkpoint(inp, table, epoch,
                                                                       len(groups), app)
-                except CKPT_ERRORS as exc:
-                    log.warning("checkpoint after epoch %d skipped: %s", epoch, exc)
-                    self.send("ckpt_part", epoch=epoch, version=0, bytes=0,
-                              error=f"{exc.__class__.__name__}: {str(exc)[:1000]}")
-                else:
-                    self.send("ckpt_part", epoch=epoch, version=version, replica=replica,
-                              bytes=nbytes)
-            elif total.get("pause"):
-                version, replica, nbytes, secs = self._checkpoint(inp, table, epoch,
-                                                                  len(groups), app)
-                self.ctl.send(M.encode("exec_paused", job=self.job, index=self.index,
-                                       attempt=self.attempt, epoch=epoch, version=version,
-                                       replica=replica, bytes=nbytes))
-                raise Paused(f"checkpoint v{version} after epoch {epoch} in {secs:.2f}s")
-            if total.get("reconfig"):
-                self._reconfigure(opts, inp, table, epoch)
-                groups, all_ids, keys_cache = inp.groups, inp.ids(), {}
+                    self.ctl.send(M.encode("exec_paused", job=self.job, index=self.index,
+                                           attempt=self.attempt, epoch=epoch, version=version,
+                                           replica=replica, bytes=nbytes))
+                    raise Paused(f"checkpoint v{version} after epoch {epoch} in {secs:.2f}s")
+                elif kind is core.Reconfigure:
+                    self._reconfigure(opts, inp, table, epoch)
+                    groups, all_ids, keys_cache = inp.groups, inp.ids(), {}
