@@ -140,3 +140,41 @@ def test_no_private_names_are_imported_across_packages(tmp_path):
     (fake / "b" / "y.py").write_text("from harmony.a.x import _hidden\n")
     (fake / "a" / "z.py").write_text("from harmony.a.x import _hidden\n")
     assert _private_imports_across_packages(fake) == ["harmony/b/y.py: harmony.a.x._hidden"]
+
+
+def executor_state() -> set[str]:
+    """The attributes ``Executor.__init__`` sets (the executor's state)."""
+    from harmony.worker.executor.process import Executor
+    src = Path(inspect.getsourcefile(Executor)).read_text()
+    (cls,) = [n for n in ast.parse(src).body
+              if isinstance(n, ast.ClassDef) and n.name == "Executor"]
+    (init,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+    targets = [t for n in ast.walk(init) if isinstance(n, (ast.Assign, ast.AnnAssign))
+               for t in (n.targets if isinstance(n, ast.Assign) else [n.target])]
+    targets += [e for t in targets if isinstance(t, ast.Tuple) for e in t.elts]
+    return {t.attr for t in targets if isinstance(t, ast.Attribute)
+            and isinstance(t.value, ast.Name) and t.value.id == "self"}
+
+
+def test_the_executors_components_call_only_downward():
+    """The executor (``harmony/worker/executor/``) is one class composed of
+    one mixin per module: a component's methods use only its own methods,
+    those of the components below it and the executor's state."""
+    import harmony.worker.executor as pkg
+    state = executor_state()
+    assert {"ctl", "dsock", "client", "server", "sync_gen", "prio"} <= state
+    comps = []
+    for mi in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"{pkg.__name__}.{mi.name}")
+        comps += [c for _, c in inspect.getmembers(mod, inspect.isclass)
+                  if c.__module__ == mod.__name__ and hasattr(c, "send")]
+    assert len(comps) == 6, comps
+    bad = [b for c in comps
+           for b in calls_up(c, Path(inspect.getsourcefile(c)).read_text(), state)]
+    assert not bad, "\n".join(bad)
+    # and a call up is caught: the links calling the training loop
+    from harmony.worker.executor.links import Links
+    src = Path(inspect.getsourcefile(Links)).read_text().replace(
+        "    def _fail(self", "    def _up(self):\n        self._train()\n\n    def _fail(self", 1)
+    (up,) = calls_up(Links, src, state)
+    assert up.endswith("Links uses self._train"), up

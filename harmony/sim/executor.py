@@ -1,6 +1,6 @@
 """A simulated job executor, driven by the master core's messages.
 
-What a simulated executor does follows ``harmony/worker/executor.py``:
+What a simulated executor does follows ``harmony/worker/executor/``:
 ``exec_ready`` after a start-up delay; per iteration a PULL (net), a COMP
 (cpu) and a PUSH (net), each reported to the master's synchronizer
 (``sync``) and granted by the machine's queues in queued mode, or separated
@@ -33,13 +33,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from harmony.worker import executor_core as core
+
 if TYPE_CHECKING:
     from harmony.sim.engine import SimJob, Simulator
     from harmony.sim.machine import _Machine
 
 
 class _Exec:
-    """One simulated job executor (see harmony/worker/executor.py)."""
+    """One simulated job executor (see harmony/worker/executor/)."""
 
     def __init__(self, sim: "Simulator", job: SimJob, jid: str, machine: _Machine, index: int,
                  count: int, attempt: int, resume_epoch: int, join: bool) -> None:
@@ -278,39 +280,45 @@ class _Exec:
                               sums={"objective": 0.0}, timings=timings)
 
     def _after_epoch(self, f: dict) -> None:
-        stop = self.epoch + 1 >= self.job.epochs or bool(f.get("stop"))
-        if self.index == 0:
-            self.sim._send_master(self, "epoch_report", epoch=self.epoch,
-                                  metrics={"objective": self._objective()},
-                                  stop=stop)
-        ep = self.epoch
-        self.epoch += 1
-        if stop:
-            self.sim._later(self._ckpt_seconds(final=True), self._finish, ep)
-            return
-        if f.get("checkpoint") or f.get("pause"):
-            # as the runtime's executor: the part is written (and copied to its
-            # replica) at the boundary, before the next epoch or the reconfig
-            secs = self._ckpt_seconds()
-            if f.get("pause"):
-                return self.sim._later(secs, self._paused, ep)
-            return self.sim._later(secs, self._checkpointed, ep, f)
-        self._next(ep, f)
+        stop = self.epoch + 1 >= self.job.epochs
+        self._boundary(core.handle(core.EpochSums(self.epoch, self.index, stop, f)))
 
-    def _checkpointed(self, ep: int, f: dict) -> None:
+    def _boundary(self, cmds: list) -> None:
+        """Do an epoch boundary's commands (harmony.worker.executor_core), in
+        order; a checkpoint part takes its simulated seconds first: as the
+        runtime's executor, the part is written (and copied to its replica)
+        at the boundary, before the next epoch or the reconfig."""
+        for i, cmd in enumerate(cmds):
+            kind = type(cmd)
+            if kind is core.Report:
+                if cmd.to_master:
+                    self.sim._send_master(self, "epoch_report", epoch=self.epoch,
+                                          metrics={"objective": self._objective()},
+                                          stop=cmd.stop)
+                self.epoch += 1
+            elif kind is core.FinalCheckpoint:
+                self.sim._later(self._ckpt_seconds(final=True), self._finish, cmd.epoch)
+                return
+            elif kind is core.Pause:
+                return self.sim._later(self._ckpt_seconds(), self._paused, cmd.epoch)
+            elif kind is core.Checkpoint:
+                return self.sim._later(self._ckpt_seconds(), self._checkpointed, cmd.epoch,
+                                       cmds[i + 1:])
+            elif kind is core.Reconfigure:
+                return self.sim._send_master(self, "at_boundary", epoch=cmd.epoch,
+                                             seq=self.seq, inputs=self.inputs)
+            elif kind is core.Continue:
+                over = self.sim.contention.epoch_overhead
+                if over > 0:
+                    self.sim._later(over, self._begin_epoch)
+                else:
+                    self._begin_epoch()
+            # SetPrio: the simulated syncs carry no priority
+
+    def _checkpointed(self, ep: int, rest: list) -> None:
         if self.alive:
             self._ckpt_part(ep)
-            self._next(ep, f)
-
-    def _next(self, ep: int, f: dict) -> None:
-        if f.get("reconfig"):
-            return self.sim._send_master(self, "at_boundary", epoch=ep, seq=self.seq,
-                                         inputs=self.inputs)
-        over = self.sim.contention.epoch_overhead
-        if over > 0:
-            self.sim._later(over, self._begin_epoch)
-        else:
-            self._begin_epoch()
+            self._boundary(rest)
 
     def _objective(self) -> float:
         """What the app prints after this epoch: its loss after the real

@@ -1,0 +1,268 @@
+"""The executor process: its entry point (:func:`main`) and :class:`Executor`.
+
+The executor's state, its sockets and its life: load the app, read the
+input, start the PS shard, report ``exec_ready``, start or join, train,
+and close; what it exits with (0, or 1 failed, 3 aborted, 4 the master
+lost).
+"""
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+
+import msgpack
+import numpy as np
+import psutil
+import zmq
+
+from harmony.app import (App, AppError, InputPart, disk_ratio, load_app, mutable_input,
+                         parse_app_args)
+from harmony import dilation as dil
+from harmony.comm import messages as M
+from harmony.comm import security
+from harmony.comm.zmqutil import make_socket
+from harmony.ps.client import PSClient, PSError
+from harmony.ps.server import ShardServer, ShardTable
+from harmony.store import staging
+from harmony.store.alpha import AlphaController
+from harmony.store.checkpoint import CheckpointError
+from harmony.store.errors import StoreError
+from harmony.store.lmdb_store import JobStorage
+from harmony.store.local import LocalInput, MemoryWatch, trim_heap
+from harmony.store.transfer import TransferError
+from harmony.worker import jobckpt
+from harmony.worker.executor.layout import Left
+from harmony.worker.executor.links import Aborted, MasterLost
+from harmony.worker.executor.memory import MachineMemory
+from harmony.worker.executor.training import Paused, Training
+from harmony.worker.netem import NetEm
+
+log = logging.getLogger("harmony.executor")
+
+
+def _subst(arg: str, paths: dict[str, str]) -> str:
+    for name, path in paths.items():
+        url = staging.URL + name
+        if arg == url or arg.endswith("=" + url):
+            return arg[:len(arg) - len(url)] + path
+    return arg
+
+
+
+
+class Executor(Training):
+    """One job's executor on this machine: the state the components
+    (:mod:`links`, :mod:`memory`, :mod:`layout`, :mod:`training`,
+    :mod:`checkpoints`) share, and the process's life."""
+
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+        if spec.get("keys"):
+            # the machine's worker key: the master, the daemon and the other
+            # machines' sockets know this executor by it
+            security.use(security.Keys.load(spec["keys"], "worker", spec["worker"]))
+        self.job, self.index, self.attempt = spec["job"], spec["index"], spec["attempt"]
+        self.count = spec["count"]
+        # executors that hold input (workers): what a "mean" reducer divides by
+        # and Step.machines; fewer than count once some executors are servers only
+        self.workers = self.count
+        self.cpu_speed = float(spec.get("cpu_speed") or 1.0)
+        # time dilation (harmony.dilation): subtasks last D times as long,
+        # timeouts too; timings are reported in undilated seconds
+        self.dil = dil.check(spec.get("dilation") or 1.0)
+        self.MOVE_TIMEOUT_S = dil.wall(Executor.MOVE_TIMEOUT_S, self.dil)
+        self.DAEMON_REPLY_S = dil.wall(Executor.DAEMON_REPLY_S, self.dil)
+        self.ctx = zmq.Context()
+        ident = f"x:{self.job}:{self.index}:{self.attempt}:{os.getpid()}".encode()
+        self.ctl = make_socket(self.ctx, zmq.DEALER, identity=ident)
+        self.ctl.connect(spec["master"])
+        self.dsock = make_socket(self.ctx, zmq.DEALER, identity=ident)
+        if spec.get("daemon"):
+            self.dsock.connect(spec["daemon"])
+        self.netem = NetEm(spec["netem"]) if spec.get("netem") else None
+        self.server: ShardServer | None = None
+        self.client: PSClient | None = None
+        self.queued = False
+        self.seq = 0
+        # syncs go to this machine's daemon, for the leader of this layout
+        # generation (harmony.subtasks.sync); None: to the master
+        self.sync_gen: int | None = None
+        self.prio = (0.0, 0.0)    # the job's expected COMP and network subtask seconds
+        self.last_contact = self.last_ping = time.monotonic()
+        self.net_wait = 0.0   # seconds spent in emulated transfers
+        self.machines: list[str] = []          # the job's machines, by executor index
+        self.replicas: list | None = None      # per index: [machine, data endpoint]
+        self.replica_alts: list | None = None  # per index: more holders to try, in order
+        self.tag = ""
+        self.stood = 0.0      # seconds its COMPs stood stopped (CPU preemption)
+        self._held: list[M.Message] = []   # daemon messages read early
+        # the block store
+        self.mem = MachineMemory(spec, query=self._daemon_memory)
+        self._rid = 0
+        self.storage: JobStorage | None = None
+        self.input: LocalInput | None = None
+        self.table: ShardTable | None = None
+        self.watch: MemoryWatch | None = None
+        self.alpha_ctl: AlphaController | None = None     # None: α fixed
+        self.spill_model = False
+        self.pause_wanted = False
+        self.model_bytes = 0
+        self.shard_bytes = 0      # its server shard's rows (what a checkpoint part holds)
+        self.reserve = 0          # this executor's memory besides input and model
+        self.note = ""            # why α is what it is
+
+    def run(self) -> int:
+        s = self.spec
+        try:
+            cls = load_app(s["app_source"], s["app_name"])
+            opts = parse_app_args(cls, self._local_inputs(list(s["args"])))
+            app: App = cls(opts)
+            fixed = disk_ratio(opts)
+            if fixed and not opts.spill:
+                raise AppError("bad app options: --disk-ratio > 0 needs spilling (--spill)")
+            inp = self._open_input(mutable_input(cls))
+            # -- input: the one place this machine's input blocks come from.
+            # Input is always (re)read, which also sets the app's own fields;
+            # a resumed attempt then replaces its blocks' mutable state from
+            # the checkpoint once the owner map is known (below). A machine
+            # joining a running job reads the input's metadata only: its
+            # blocks arrive from the other machines (block migration).
+            join = bool(s.get("join"))
+            limits = self._ingest_limits(opts)
+            # the reader's pieces stay within the same limit (the rest goes
+            # to this machine's disk until the blocks are assembled)
+            part = InputPart(self.index, self.count, opts.blocks,
+                             owned=frozenset() if join else None,
+                             memory_limit=limits["memory_limit"] if opts.spill else None,
+                             scratch_dir=self.storage.parse_path,
+                             machine_memory=self.mem.budget)
+            inp.ingest(app.read_input(part), **limits)
+            inp.set_groups(opts.iters_per_epoch)
+            trim_heap()
+            restored = (jobckpt.Restored(self.ctx, self.job, s["resume"], me=s.get("worker", ""))
+                        if s.get("resume") else None)
+            spec = app.model_spec()
+            if not join:
+                self._place_input(inp, opts, spec, fixed)
+            if self.watch is not None:
+                self.watch.take()   # epoch peaks from here on (not the app's parsing)
+            # the default update (add) runs in place on the shard
+            update = None if type(app).update is App.update else app.update
+            table = self.table = ShardTable(spec.dim, spec.dtype, update,
+                                            finite=bool(app.finite_updates))
+            table.attach_spill(self.storage.model)
+            # the PS tag names the job attempt and carries the master's secret
+            # for this launch: a shard serves only requests that know it
+            tag = f"{self.job}:{self.attempt}:{s.get('ps_secret') or ''}"
+            self.tag = tag
+            self.server = ShardServer(self.ctx, s["host"], table, tag=tag)
+            self.server.start()
+            me = psutil.Process()
+            self.ctl.send(M.encode("exec_ready", job=self.job, index=self.index,
+                                   attempt=self.attempt, endpoint=self.server.endpoint,
+                                   num_keys=spec.num_keys, dim=spec.dim,
+                                   model_blocks=opts.model_blocks, local_blocks=len(inp),
+                                   join=join or None,
+                                   # its start-up: seconds since the process began,
+                                   # and the CPU seconds they took (imports, input)
+                                   setup_s=dil.undilated(max(0.0, time.time() - me.create_time()),
+                                                         self.dil),
+                                   setup_cpu=sum(me.cpu_times()[:2])))
+            if join:
+                table.load(np.zeros(0, np.int64), np.zeros((0, spec.dim), spec.dtype))
+                first = self._join(app, opts, inp, table, spec, fixed)
+            else:
+                first = self._start(app, inp, table, spec, restored)
+            if self.spec.get("daemon"):
+                # the daemon's subtask queues (harmony mode) and its memory
+                # accounting (every mode) count this executor from now on
+                self.dsock.send(M.encode("hello", job=self.job, index=self.index,
+                                         attempt=self.attempt))
+            if not self.queued and not join:
+                self.barrier(-1, 0)  # every shard initialized before the first pull
+            self._train(app, opts, inp, table, first)
+            self.send("exec_finished")
+            return 0
+        except Left as exc:
+            log.info("left the job: %s", exc)
+            return 0
+        except Paused as exc:
+            log.info("paused: %s", exc)
+            return 0
+        except Aborted as exc:
+            log.info("aborted by master: %s", exc)
+            return 3
+        except MasterLost as exc:
+            log.error("giving up: %s", exc)
+            return 4
+        except (AppError, PSError, StoreError, TransferError, CheckpointError,
+                staging.StagingError) as exc:
+            self._fail(str(exc))
+            return 1
+        except Exception as exc:
+            tb = traceback.extract_tb(exc.__traceback__)
+            where = next((f"{f.filename}:{f.lineno}" for f in reversed(tb)
+                          if f.filename == s["app_name"]), None)
+            self._fail(f"{exc.__class__.__name__}: {exc}" + (f" (at {where})" if where else ""))
+            log.error("job failed:\n%s", traceback.format_exc())
+            return 1
+        finally:
+            self.close()
+
+    def _local_inputs(self, args: list[str]) -> list[str]:
+        """``harmony://NAME`` in the app's options -> this machine's copy of
+        the staged data set (fetched from its holders, verified)."""
+        sets = self.spec.get("datasets") or {}
+        if not sets:
+            return args
+        root = self.spec.get("state_dir") or os.path.join(os.getcwd(), "state")
+        paths = {name: staging.materialize(self.ctx, rec, root, self.spec.get("worker", ""))
+                 for name, rec in sets.items()}
+        return [_subst(a, paths) for a in args]
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+        if self.input is not None:
+            self.input.close()
+        if self.storage is not None:
+            try:
+                if self.storage.has_checkpoints():
+                    self.storage.close()       # the spill cache goes, checkpoints stay
+                else:
+                    self.storage.destroy()
+            except Exception as exc:
+                log.warning("closing the job's store: %s", exc)
+        if self.netem is not None:
+            self.netem.close()
+        self.dsock.close(linger=100)
+        if self.client is not None:
+            self.client.close()
+        if self.server is not None:
+            self.server.stop()
+        self.ctl.close(linger=200)  # let the final report leave
+        security.stop_authenticator(self.ctx)
+        self.ctx.term()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s executor[%(process)d] %(levelname)s %(message)s")
+    # a crash in native code (e.g. numpy's ufunc.at writing to a read-only
+    # zero-copy input view, which ignores the flag) leaves the Python stack
+    # in the log, whose tail the job's error shows
+    faulthandler.enable()
+
+    def _term(signum, _frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    with open(argv[0], "rb") as fh:
+        spec = msgpack.unpackb(fh.read(), raw=False)
+    return Executor(spec).run()
