@@ -167,11 +167,21 @@ class _Exec:
         """Start the current step's subtask (after the synchronizer's grant)."""
         kind = "cpu" if self.step in (1, 4) else "net"
         if not self.queued:
+            # free mode: a barrier through the master after each PULL and
+            # each PUSH; with the synchronizer's delay (Simulator.sync_s)
+            # each costs one round, k real ones per simulated step
+            if self.sim.sync_s and self.step in (0, 1):
+                k = self.job.plan[min(self.epoch, len(self.job.plan) - 1)][1]
+                return self.sim._later(self.sim.sync_s * k, self._run_alive, kind)
             return self._run(kind)
         seq = self.seq
         self.seq = self.waiting = seq + 1     # its grant may come back at once
         self.sim._deliver(self.ident, "sync", {"seq": seq, "next": kind, "job": self.jid,
                                                "index": self.index})
+
+    def _run_alive(self, kind: str) -> None:
+        if self.alive:
+            self._run(kind)
 
     def granted(self, seq: int) -> None:
         if self.waiting != seq or not self.alive:
