@@ -71,3 +71,13 @@ def cluster(tmp_path_factory):
 def client(cluster):
     with Client(cluster.endpoint, timeout_s=10) as c:
         yield c
+
+
+def load_bench(name: str):
+    """bench/NAME.py as a module (the benches are scripts, not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

@@ -3,22 +3,13 @@ queue events on a made-up log, and the bench at a tiny size on a real
 one-machine cluster, so that it cannot rot silently."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("daemon_queue", ROOT / "bench" /
-                                                  "daemon_queue.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["daemon_queue"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("daemon_queue")
 
 
 def ev(t, ev, job, seq, kind="cpu"):

@@ -4,22 +4,14 @@ silently (issue #32, item 1)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("master_load", ROOT / "bench" /
-                                                  "master_load.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["master_load"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("master_load")
 
 
 @pytest.mark.timeout(120)

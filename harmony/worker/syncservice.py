@@ -161,16 +161,23 @@ class SyncService:
         self._leaders[endpoint] = sock      # most recently used last
         return sock
 
-    def _from_member(self, frames: list) -> None:
-        ident = frames[0].bytes
+    def _decode(self, frames: list, want: str, who: str) -> M.Message | None:
+        """The message ``frames`` hold if it is a well-formed ``want``."""
         try:
-            msg = M.decode([f.bytes for f in frames[1:]], SYNC_LIMITS)
+            msg = M.decode([f.bytes for f in frames], SYNC_LIMITS)
         except M.ProtocolError as exc:
             self.bad += 1
-            log.warning("malformed sync message: %s", exc)
-            return
-        if msg.type != "lsync":
+            log.warning("malformed message from %s: %s", who, exc)
+            return None
+        if msg.type != want:
             self.bad += 1
+            return None
+        return msg
+
+    def _from_member(self, frames: list) -> None:
+        ident = frames[0].bytes
+        msg = self._decode(frames[1:], "lsync", "a member daemon")
+        if msg is None:
             return
         keys = security.current()
         if keys is not None and (len(frames) < 2 or keys.worker_name(
@@ -189,14 +196,8 @@ class SyncService:
         self._apply(self.leader.sync(machine, s, self._clock()))
 
     def _from_leader(self, frames: list) -> None:
-        try:
-            msg = M.decode([f.bytes for f in frames], SYNC_LIMITS)
-        except M.ProtocolError as exc:
-            self.bad += 1
-            log.warning("malformed message from a sync leader: %s", exc)
-            return
-        if msg.type != "enqueue":
-            self.bad += 1
+        msg = self._decode(frames, "enqueue", "a sync leader")
+        if msg is None:
             return
         p = self.router.plan_of(msg["job"])
         if p is None:
