@@ -200,49 +200,6 @@ def test_a_failing_job_does_not_stall_its_group(hcluster):
         assert st["state"] == "finished", st["error"]
 
 
-def test_explicit_groups_place_jobs_together(hcluster):
-    with Client(hcluster.endpoint) as c:
-        a = c.submit("toy.py", TOY_APP, ["--max-epochs", "3", *STEADY], 1, group="g1")
-        b = c.submit("toy.py", TOY_APP, ["--max-epochs", "3", *STEADY], 1, group="g1")
-        other = c.submit("toy.py", TOY_APP, ["--max-epochs", "3", *STEADY], 1)
-        sts = [wait_state(c, j, ("finished", "failed")) for j in (a, b, other)]
-    assert all(s["state"] == "finished" for s in sts)
-    assert sts[0]["workers"] == sts[1]["workers"] != sts[2]["workers"]
-
-
-@pytest.mark.parametrize("mode", ["isolated", "naive", "naive-cap2"])
-def test_isolated_runs_jobs_one_after_another_naive_shares(tmp_path, mode):
-    """Isolated: one job at a time. Naive: all three share the machines.
-    With --max-jobs-per-machine 2: two share them, the third starts when
-    one of them ends."""
-    cap = 2 if mode == "naive-cap2" else 0
-    cl = LocalCluster(2, str(tmp_path / mode), port=0, mode=mode.split("-")[0],
-                      cpus_per_machine=1, max_jobs_per_machine=cap)
-    cl.start()
-    try:
-        with Client(cl.endpoint) as c:
-            jobs = [c.submit("toy.py", TOY_APP, ["--max-epochs", f, *STEADY], 2)
-                    for f in ("3", "6", "3")]
-            if cap:    # the third waits, and says why (once the master has placed)
-                deadline = time.time() + 2
-                while (st := c.status(jobs[2]))["state"] == "waiting" and not st["reason"] \
-                        and time.time() < deadline:
-                    time.sleep(0.02)
-                assert st["state"] == "waiting" and "max-jobs-per-machine" in st["reason"], st
-            sts = [wait_state(c, j, ("finished", "failed")) for j in jobs]
-    finally:
-        cl.stop()
-    assert all(s["state"] == "finished" for s in sts)
-    first, second, third = sts
-    if mode == "isolated":
-        assert second["started"] >= first["ended"] and third["started"] >= second["ended"]
-    elif mode == "naive":
-        assert third["started"] < first["ended"]
-    else:
-        assert second["started"] < first["ended"]
-        assert first["ended"] <= third["started"] < second["ended"]
-
-
 def test_with_sync_master_the_master_synchronizes_in_the_same_order(tmp_path):
     """harmony-master --sync master: the synchronizer in the master's loop
     (no leader appointed), the same order of co-located subtasks."""

@@ -1191,3 +1191,98 @@ def test_a_heartbeat_without_a_launch_count_keeps_the_grace_rule():
         c.tick(2.0)
         c.msg(b"d:m0", "heartbeat", name="m0", executors=[])
     assert c.core.runs.get(jid) is not run
+
+
+# -- rules once checked by starting processes (#33 item 6) ---------------------------------
+def _finish(c: Cluster, jid: str) -> None:
+    """The job's executors start, run one epoch and stop."""
+    ex = c.start(jid)
+    for i, e in enumerate(ex):
+        c.msg(e, "epoch_done", job=jid, index=i, epoch=0, sums={}, timings={})
+    c.msg(ex[0], "epoch_report", job=jid, index=0, epoch=0, metrics={}, stop=True)
+    for i, e in enumerate(ex):
+        c.msg(e, "exec_finished", job=jid, index=i)
+    c.tick()
+    assert c.core.jobs[jid].state == JobState.FINISHED
+
+
+def _reply(c: Cluster, n: int):
+    return [s for s in c.sent[n:] if s.to == b"client"][-1]
+
+
+def test_a_job_larger_than_the_cluster_waits_and_does_not_block_others():
+    c = Cluster(machines=2)
+    big = c.submit(machines=50)
+    small = c.submit(machines=1)
+    assert c.core.jobs[big].state == JobState.WAITING
+    assert "needs 50 machines; 2 alive" in c.core.jobs[big].reason
+    assert c.core.jobs[small].workers                     # placed beside it
+    _finish(c, small)
+    assert c.core.jobs[big].state == JobState.WAITING
+
+
+def test_pause_and_resume_refuse_what_cannot_be_paused_or_resumed():
+    c = Cluster(machines=1)
+    n = len(c.sent)
+    c.msg(b"client", "pause", job="job-9999")
+    r = _reply(c, n)
+    assert r.type == "error" and r.fields["code"] == "unknown_job" and "no job" in \
+        r.fields["message"]
+    jid = c.submit()
+    _finish(c, jid)
+    n = len(c.sent)
+    c.msg(b"client", "pause", job=jid)
+    assert _reply(c, n).type == "error" and "not running" in _reply(c, n).fields["message"]
+    n = len(c.sent)
+    c.msg(b"client", "resume", job=jid)
+    assert _reply(c, n).type == "error" and "not paused" in _reply(c, n).fields["message"]
+
+
+def test_explicit_groups_place_their_jobs_together():
+    c = Cluster(machines=2, mode="harmony", policy="colocate")
+    ids = []
+    for group in ("g1", "g1", None):
+        c.msg(b"client", "submit", app_name="a.py", app_source="", args=[], machines=1,
+              group=group)
+        ids.append(max(c.core.jobs))
+        c.tick()
+    a, b, other = (c.core.jobs[j].workers for j in ids)
+    assert a and a == b and other and other != a
+
+
+@pytest.mark.parametrize("mode", ["isolated", "naive", "naive-cap2"])
+def test_isolated_runs_jobs_one_after_another_naive_shares(mode):
+    """Isolated: one job at a time. Naive: all three share the machines.
+    With --max-jobs-per-machine 2: two share them, the third starts when
+    one of them ends, and says why it waits."""
+    cap = 2 if mode == "naive-cap2" else 0
+    c = Cluster(machines=2, mode=mode.split("-")[0], max_jobs_per_machine=cap)
+    ids = [c.submit(machines=2) for _ in range(3)]
+    placed = [bool(c.core.jobs[j].workers) for j in ids]
+    if mode == "isolated":
+        assert placed == [True, False, False]
+        _finish(c, ids[0])
+        assert c.core.jobs[ids[1]].workers and not c.core.jobs[ids[2]].workers
+    elif mode == "naive":
+        assert placed == [True, True, True]
+    else:
+        assert placed == [True, True, False]
+        assert "max-jobs-per-machine" in c.core.jobs[ids[2]].reason
+        _finish(c, ids[0])
+        assert c.core.jobs[ids[2]].workers
+
+
+def test_a_daemon_that_registers_again_reports_its_executors_gone():
+    """A restarted daemon counts launches from 0: the launches before it
+    registered are not waited for (a job stranded on it, seen)."""
+    c = Cluster(machines=1)
+    jid = c.submit()
+    run = c.core.runs[jid]
+    c.tick(1.0)
+    c.msg(b"d:m0b", "register", name="m0", host="h", cpus=2, memory=1 << 30, pid=2,
+          executors=[], data_endpoint="tcp://h:0")           # within LAUNCH_GRACE
+    assert c.core.runs[jid] is run
+    for _ in range(2):
+        c.tick(2.0)
+        c.msg(b"d:m0b", "heartbeat", name="m0", executors=[], launches=0)
+    assert c.core.runs.get(jid) is not run

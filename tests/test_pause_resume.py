@@ -6,7 +6,7 @@ import time
 import pytest
 
 from harmony.app import load_app, run_local
-from harmony.client import Client, ClientError
+from harmony.client import Client
 from conftest import NMF_APP, run_cli, wait_state
 
 NMF_ARGS = ["--rank", "6", "--blocks", "8"]
@@ -63,18 +63,6 @@ def test_migration_from_two_machines_to_one_keeps_the_model(client, ratings):
     # training continued from the checkpointed model, not from scratch
     assert after <= before * 1.05 and after < first * 0.9
     client.cancel(job)
-
-
-def test_pause_and_resume_errors(client, ratings):
-    with pytest.raises(ClientError, match="no job"):
-        client.pause("job-9999")
-    job = client.submit("nmf.py", NMF_APP.read_text(),
-                        ["--input", ratings, "--max-epochs", "2", *NMF_ARGS], machines=1)
-    wait_state(client, job, ("finished",))
-    with pytest.raises(ClientError, match="not running"):
-        client.pause(job)
-    with pytest.raises(ClientError, match="not paused"):
-        client.resume(job)
 
 
 def _corrupt(path):

@@ -85,15 +85,6 @@ def test_too_many_blocks_are_refused():
         parse_app_args(cls, ["--input", "x", "--model-blocks", "100000000"])
 
 
-def test_a_job_larger_than_the_cluster_does_not_block_others(client):
-    big = client.submit("toy.py", TOY_APP, ["--max-epochs", "1"], machines=50)
-    small = client.submit("toy.py", TOY_APP, ["--max-epochs", "2"], machines=1)
-    assert wait_state(client, small, ("finished", "failed"))["state"] == "finished"
-    st = client.status(big)
-    assert st["state"] == "waiting" and "needs 50 machines; 2 alive" in st["reason"]
-    client.cancel(big)
-
-
 def test_a_restarted_daemon_gets_its_lost_jobs_requeued(tmp_path):
     cl = LocalCluster(1, str(tmp_path / "c"), port=0, heartbeat_timeout=30.0)
     cl.start()

@@ -34,6 +34,12 @@ class Daemons(Lifecycle):
                    sync_endpoint=msg.get("sync_endpoint") or "")
         self.workers[name] = w
         self.by_ident[ident] = name
+        # a daemon that registers counts launches from 0: the ones sent to
+        # this machine before were seen by an earlier daemon or by none, so
+        # any report from this one may say their executors are gone
+        for run in self.runs.values():
+            if name in run.launch_seq:
+                run.launch_seq[name] = 0
         if self.now < self.rejoin_until:      # after a restart: machines still coming back
             self.rejoin_until = min(self.rejoin_max, max(self.rejoin_until,
                                                          self.now + REJOIN_QUIET_S))
