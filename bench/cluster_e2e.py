@@ -78,6 +78,9 @@ def setup_of(mode: str) -> dict:
         return {"mode": "naive", "cluster": {"max_jobs_per_machine": cap}}
     if mode in ("match", "harmony", "harmony-util"):
         return {"mode": "harmony", "policy": mode}
+    if mode.endswith("-msync") and mode[:-6] in ("match", "harmony", "harmony-util"):
+        # the same, with the master's own synchronizer (--sync master)
+        return {"mode": "harmony", "policy": mode[:-6], "cluster": {"sync": "master"}}
     raise SystemExit(f"unknown mode {mode!r}")
 
 
