@@ -8,6 +8,7 @@ import re
 import sys
 
 from harmony.cruise.plan import MAX_MOVES
+from harmony.subtasks.sync import SYNC_MODES
 
 
 def _setup_logging(level: str) -> None:
@@ -47,7 +48,7 @@ def _scheduler_args(s: argparse.ArgumentParser) -> None:
                    help="a live resize runs its plan's block moves at most N at once over "
                         "the whole job, the most blocks first (default 4, Cruise's limit; "
                         "0: all at once, each sender keeping 4 blocks open)")
-    s.add_argument("--sync", default="leader", choices=["leader", "master"],
+    s.add_argument("--sync", default="leader", choices=SYNC_MODES,
                    help="who synchronizes queued jobs' subtasks: a leader daemon of each "
                         "group (default: the master hears no per-subtask message) or the "
                         "master itself")

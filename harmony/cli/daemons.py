@@ -11,6 +11,7 @@ import sys
 from harmony.client import master_address
 from harmony.comm import security
 from harmony import dilation as dil
+from harmony.master.jobs import RETENTION_S
 from harmony.policies import registry as PR
 from harmony.cli.common import (_die, _scheduler_args, _security_args, _setup_logging,
                                 objective_policy, parse_size)
@@ -62,7 +63,7 @@ def master_main(argv: list[str] | None = None) -> int:
                    help="finished jobs whose final checkpoint (their model, for 'harmony "
                         "model get') is kept, the most recent first (default "
                         "$HARMONY_KEEP_MODELS or 20)")
-    s.add_argument("--retention", type=float, default=3600.0, metavar="S",
+    s.add_argument("--retention", type=float, default=RETENTION_S, metavar="S",
                    help="seconds a finished job stays in the live views (harmony jobs, the "
                         "dashboard, per-job metrics) after it ends; 'harmony jobs --all' "
                         "and 'status' show it after that too (default 3600; 0: always)")

@@ -6,6 +6,10 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+#: harmony-master --retention default: seconds a finished job stays in the
+#: live views (Job.retained)
+RETENTION_S = 3600.0
+
 
 class JobState(str, Enum):
     WAITING = "waiting"

@@ -30,6 +30,7 @@ from harmony.master import core as C
 from harmony.master.core import (KEEP_MODELS, MasterCore, Reconfig, Run,  # noqa: F401
                                  Worker, balance)
 from harmony.master.jobdb import JobDB, JobTableError, TableFull  # noqa: F401 (re-exported)
+from harmony.master.jobs import RETENTION_S
 from harmony.obs import dashboard as obs_dashboard
 
 log = logging.getLogger("harmony.master")
@@ -165,7 +166,7 @@ class Master:
                  master_file: str | None = None, dashboard_port: int | None = None,
                  dashboard_host: str | None = None, cruise: bool = False,
                  max_moves: int = C.MAX_MOVES, dilation: float = 1.0,
-                 sync: str = "leader", retention: float = 3600.0) -> None:
+                 sync: str = "leader", retention: float = RETENTION_S) -> None:
         # who may send what: with keys, every peer is authenticated (CURVE)
         # and each message type is accepted only from its role (the core's table)
         self.keys = keys

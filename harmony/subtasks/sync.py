@@ -45,6 +45,9 @@ HELD_S = 30.0
 MAX_HELD_PER_MACHINE = 64
 #: jobs one leader or router keeps plans for
 MAX_PLANS = 4096
+#: harmony-master --sync: "leader" (a daemon of each group, the default) or
+#: "master" (the master's own loop synchronizes every queued job)
+SYNC_MODES = ("leader", "master")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from harmony.comm import messages as M
 from harmony.cruise.plan import MAX_MOVES   # a resize's concurrent block moves
 from harmony.master.core.protocol import Persist, Record, Send, _msg
 from harmony.master.core.records import Run, Worker
-from harmony.master.jobs import Job, JobState
+from harmony.master.jobs import RETENTION_S, Job, JobState
+from harmony.subtasks.sync import SYNC_MODES
 from harmony.policies import registry as R
 from harmony.policies import view as P
 
@@ -37,11 +38,6 @@ LIVENESS_EVERY = 0.25       # s between liveness checks (on ticks)
 KEEP_MODELS = 20
 
 
-#: --sync: "leader": a daemon of each group synchronizes its jobs' subtasks
-#: (where every machine of the job can lead); "master": this loop does
-SYNC_MODES = ("leader", "master")
-#: --retention default: seconds a finished job stays in the live views
-RETENTION_S = 3600.0
 
 
 class CoreState:
