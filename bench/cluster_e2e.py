@@ -127,10 +127,11 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--loads", default="0,0.25,1",
                     help="mean gaps as fractions of a job's mean isolated duration (0: all at once)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per load (3; --quick: 1)")
     ap.add_argument("--timeout", type=float, default=300, help="undilated seconds per run")
     ap.add_argument("--quick", action="store_true",
-                    help="1 round, all at once, runs half as long, modes isolated,match,harmony")
+                    help="1 round (unless --rounds), all at once, runs half as long, modes "
+                         "isolated,match,harmony")
     ap.add_argument("--data", default="/tmp/harmony-cluster-e2e",
                     help="where the app inputs are generated (kept and reused)")
     ap.add_argument("--trace", default=None, help="write the trace here (CSV, harmony sim)")
@@ -139,9 +140,10 @@ def main() -> None:
     a = ap.parse_args()
     a.dop = 2
     if a.quick:
-        a.rounds, a.loads = 1, "0"
+        a.rounds, a.loads = a.rounds or 1, "0"
         if a.modes == ",".join(MODES):
             a.modes = "isolated,match,harmony"
+    a.rounds = a.rounds or 3
     bw = parse_rate(a.bandwidth)
     modes = a.modes.split(",")
     os.makedirs(a.data, exist_ok=True)
@@ -153,7 +155,8 @@ def main() -> None:
     alone = [j.iterations * sum(iteration_profile(j, j.machines, bw)) for j in trace]
     mean_alone = statistics.mean(alone)
     print(f"{len(trace)} jobs, {a.machines} machines x 1 core at dilation {a.dilation:g} "
-          f"(2-core VM), link {a.bandwidth}; trace at DoP 2 -> app job; best DoP by the model; "
+          f"({os.cpu_count()}-core host), link {a.bandwidth}; trace at DoP 2 -> app job; "
+          f"best DoP by the model; "
           f"mean isolated duration {mean_alone:.1f}s (model)")
     for j in trace:
         print(f"  {describe(j, mapped[j.id][1])}  best DoP {best[j.id]}")
