@@ -458,7 +458,13 @@ class Daemon:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "harmony.worker.executor", spec_path],
                 stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent, cwd=d, env=env)
+                # its own process group (the daemon signals the group: SIGSTOP,
+                # SIGTERM) in the daemon's session: where the kernel groups
+                # CPU time by session (autogroup, the default on desktop and
+                # many cloud kernels) a session of its own would get as much
+                # CPU as the daemon and every other executor, whatever their
+                # nice values (EXECUTOR_NICE, the start-up's nice 19)
+                process_group=0, preexec_fn=_die_with_parent, cwd=d, env=env)
         return proc, log_path
 
     def _exec_memory(self, jobs) -> dict[str, int]:
