@@ -39,6 +39,7 @@ from harmony.worker import jobckpt
 from harmony.worker.executor.layout import Left
 from harmony.worker.executor.links import Aborted, MasterLost
 from harmony.worker.executor.memory import MachineMemory
+from harmony.worker.executor.startup import run_low
 from harmony.worker.executor.training import Paused, Training
 from harmony.worker.netem import NetEm
 
@@ -120,35 +121,10 @@ class Executor(Training):
         s = self.spec
         try:
             cls = load_app(s["app_source"], s["app_name"])
-            opts = parse_app_args(cls, self._local_inputs(list(s["args"])))
-            app: App = cls(opts)
-            fixed = disk_ratio(opts)
-            if fixed and not opts.spill:
-                raise AppError("bad app options: --disk-ratio > 0 needs spilling (--spill)")
-            inp = self._open_input(mutable_input(cls))
-            # -- input: the one place this machine's input blocks come from.
-            # Input is always (re)read, which also sets the app's own fields;
-            # a resumed attempt then replaces its blocks' mutable state from
-            # the checkpoint once the owner map is known (below). A machine
-            # joining a running job reads the input's metadata only: its
-            # blocks arrive from the other machines (block migration).
-            join = bool(s.get("join"))
-            limits = self._ingest_limits(opts)
-            # the reader's pieces stay within the same limit (the rest goes
-            # to this machine's disk until the blocks are assembled)
-            part = InputPart(self.index, self.count, opts.blocks,
-                             owned=frozenset() if join else None,
-                             memory_limit=limits["memory_limit"] if opts.spill else None,
-                             scratch_dir=self.storage.parse_path,
-                             machine_memory=self.mem.budget)
-            inp.ingest(app.read_input(part), **limits)
-            inp.set_groups(opts.iters_per_epoch)
-            trim_heap()
-            restored = (jobckpt.Restored(self.ctx, self.job, s["resume"], me=s.get("worker", ""))
-                        if s.get("resume") else None)
-            spec = app.model_spec()
-            if not join:
-                self._place_input(inp, opts, spec, fixed)
+            # a torch app's thread pool would be made by its first parallel
+            # op, in the start-up's thread, and keep its low priority
+            app, opts, inp, fixed, join, restored, spec = run_low(
+                lambda: self._start_up(cls), nice=0 if "torch" in sys.modules else None)
             if self.watch is not None:
                 self.watch.take()   # epoch peaks from here on (not the app's parsing)
             # the default update (add) runs in place on the shard
@@ -213,6 +189,41 @@ class Executor(Training):
             return 1
         finally:
             self.close()
+
+    def _start_up(self, cls: type) -> tuple:
+        """Parse the app's options, read this machine's input and place it:
+        the start-up's CPU work, at the lowest priority (:func:`run_low`)."""
+        s = self.spec
+        opts = parse_app_args(cls, self._local_inputs(list(s["args"])))
+        app: App = cls(opts)
+        fixed = disk_ratio(opts)
+        if fixed and not opts.spill:
+            raise AppError("bad app options: --disk-ratio > 0 needs spilling (--spill)")
+        inp = self._open_input(mutable_input(cls))
+        # -- input: the one place this machine's input blocks come from.
+        # Input is always (re)read, which also sets the app's own fields;
+        # a resumed attempt then replaces its blocks' mutable state from
+        # the checkpoint once the owner map is known (below). A machine
+        # joining a running job reads the input's metadata only: its
+        # blocks arrive from the other machines (block migration).
+        join = bool(s.get("join"))
+        limits = self._ingest_limits(opts)
+        # the reader's pieces stay within the same limit (the rest goes
+        # to this machine's disk until the blocks are assembled)
+        part = InputPart(self.index, self.count, opts.blocks,
+                         owned=frozenset() if join else None,
+                         memory_limit=limits["memory_limit"] if opts.spill else None,
+                         scratch_dir=self.storage.parse_path,
+                         machine_memory=self.mem.budget)
+        inp.ingest(app.read_input(part), **limits)
+        inp.set_groups(opts.iters_per_epoch)
+        trim_heap()
+        restored = (jobckpt.Restored(self.ctx, self.job, s["resume"], me=s.get("worker", ""))
+                    if s.get("resume") else None)
+        spec = app.model_spec()
+        if not join:
+            self._place_input(inp, opts, spec, fixed)
+        return app, opts, inp, fixed, join, restored, spec
 
     def _local_inputs(self, args: list[str]) -> list[str]:
         """``harmony://NAME`` in the app's options -> this machine's copy of
