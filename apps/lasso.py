@@ -129,9 +129,13 @@ def lipschitz(sample: tuple, ncols: int, intercept: bool) -> float:
         return float(np.linalg.eigvalsh(G / m)[-1]) * (1 + 1e-9)
     op = spla.LinearOperator((d, d), matvec=mv, dtype=np.float64)
     try:
-        ev = spla.eigsh(op, k=1, which="LA", v0=np.ones(d), tol=1e-8, maxiter=10 * d + 1000,
+        # a relative tolerance of 1e-3, with that margin on top: the step
+        # needs L to a few digits (a sampled L gets 5% more anyway), and 1e-8
+        # took twice the CPU (2.8 s against 1.5 s on 35k sample rows of the
+        # cluster bench's data set: a third of its start-up)
+        ev = spla.eigsh(op, k=1, which="LA", v0=np.ones(d), tol=1e-3, maxiter=10 * d + 1000,
                         return_eigenvectors=False)
-        return float(ev[0]) * (1 + 1e-6)
+        return float(ev[0]) * (1 + 2e-3)
     except spla.ArpackNoConvergence:
         return frob
 
