@@ -125,12 +125,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bandwidth", default="16MB/s", help="undilated link per machine")
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--loads", default="0,0.25,1",
+    ap.add_argument("--loads", default=None,
                     help="mean gaps as fractions of a job's mean isolated duration (0: all at once)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds per load (3; --quick: 1)")
     ap.add_argument("--timeout", type=float, default=300, help="undilated seconds per run")
     ap.add_argument("--quick", action="store_true",
-                    help="1 round (unless --rounds), all at once, runs half as long, modes "
+                    help="1 round, all at once (unless --rounds, --loads), runs half as long, modes "
                          "isolated,match,harmony")
     ap.add_argument("--data", default="/tmp/harmony-cluster-e2e",
                     help="where the app inputs are generated (kept and reused)")
@@ -140,10 +140,10 @@ def main() -> None:
     a = ap.parse_args()
     a.dop = 2
     if a.quick:
-        a.rounds, a.loads = a.rounds or 1, "0"
+        a.rounds, a.loads = a.rounds or 1, a.loads or "0"
         if a.modes == ",".join(MODES):
             a.modes = "isolated,match,harmony"
-    a.rounds = a.rounds or 3
+    a.rounds, a.loads = a.rounds or 3, a.loads or "0,0.25,1"
     bw = parse_rate(a.bandwidth)
     modes = a.modes.split(",")
     os.makedirs(a.data, exist_ok=True)
