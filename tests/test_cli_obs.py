@@ -48,10 +48,18 @@ def test_state_dir_finds_the_cluster(up, tmp_path):
     info = json.load(open(os.path.join(sd, "cluster.json")))
     assert info["endpoint"] == ep
     assert f"--state-dir {sd}" in out and "dashboard http://127.0.0.1:" in out
-    r = run_cli("cluster", "status", "--state-dir", sd, env=ENV)
+    r = run_cli("cluster", "status", "--state-dir", sd, "--json", env=ENV)
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)
     assert st["master"]["endpoint"] == ep and len(st["workers"]) == 2
+    # a table for people (#37 item 6): no internal counter names
+    r = run_cli("cluster", "status", "--state-dir", sd, env=ENV)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"master {ep} (harmony mode): 2 of 2 machine(s) alive"), lines
+    assert lines[1].split()[:3] == ["MACHINE", "STATE", "SEEN"], lines
+    assert [ln.split()[:2] for ln in lines[2:]] == [["m0", "alive"], ["m1", "alive"]], lines
+    assert "qg_cpu" not in r.stdout and "{" not in r.stdout
     r = run_cli("jobs", "--state-dir", sd, "--json", env=ENV)
     assert r.returncode == 0 and isinstance(json.loads(r.stdout), list), r.stderr
     # no cluster there: said plainly, not "no answer from the master"
@@ -76,7 +84,8 @@ def test_taken_port_names_the_other_cluster_or_moves(up, tmp_path):
             in r.stdout
         ep2 = json.load(open(os.path.join(other, "cluster.json")))["endpoint"]
         assert ep2 != f"tcp://127.0.0.1:{port}" and f"export HARMONY_MASTER={ep2}" in r.stdout
-        st = json.loads(run_cli("cluster", "status", "--state-dir", other, env=ENV).stdout)
+        st = json.loads(run_cli("cluster", "status", "--state-dir", other, "--json",
+                                env=ENV).stdout)
         assert st["master"]["endpoint"] == ep2 and len(st["workers"]) == 1
     finally:
         assert run_cli("cluster", "down", "--state-dir", other).returncode == 0

@@ -32,7 +32,7 @@ def env_revision():
 
 
 def status(endpoint: str) -> dict:
-    r = run_cli("cluster", "status", "--master", endpoint)
+    r = run_cli("cluster", "status", "--master", endpoint, "--json")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -46,6 +46,9 @@ def test_cluster_status_shows_each_workers_revision(tmp_path, env_revision):
         info = status(cl.endpoint)
         assert [(w["name"], w["revision"]) for w in info["workers"]] == [("m0", REV)], info
         assert info["master"]["revision"] == REV, info["master"]
+        table = run_cli("cluster", "status", "--master", cl.endpoint).stdout.splitlines()
+        assert f"revision {REV[:12]}" in table[0] or f"revision {REV}" in table[0], table
+        assert "REVISION" in table[1] and REV[:12] in table[2], table
 
         # a worker started the way the deploy's unit starts it: --revision-file
         # (which wins over an inherited $HARMONY_REVISION)

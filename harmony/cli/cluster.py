@@ -26,7 +26,10 @@ def cmd_cluster(a: argparse.Namespace) -> int:
     if a.action == "status":
         with Client(a.master, keys=a.keys, insecure=a.insecure) as c:
             info = c.cluster()
-        print(json.dumps(info, indent=2))
+        if getattr(a, "json", False):
+            print(json.dumps(info, indent=2))
+        else:
+            print("\n".join(cluster_table(info, time.time())))
         return 0
     try:
         default_port = int(os.environ.get("HARMONY_PORT") or 5760)
@@ -82,6 +85,56 @@ def cmd_cluster(a: argparse.Namespace) -> int:
         print("stopping local cluster...", flush=True)
         cl.stop()
     return 0
+
+
+def _pct(stats: dict, key: str) -> str:
+    v = stats.get(key)
+    return f"{100 * v:.0f}%" if isinstance(v, (int, float)) else "-"
+
+
+def _bytes(n: object) -> str:
+    if not isinstance(n, (int, float)) or n <= 0:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return "-"
+
+
+def cluster_table(info: dict, now: float) -> list[str]:
+    """``harmony cluster status`` as a table: the master's line, then one
+    line per machine (alive or lost, when last heard from, cores and
+    memory, its last heartbeat's CPU, network and memory use, how busy its
+    CPU and NET queues were, its state disk's free space, its revision
+    where any machine reports one, its jobs).
+    ``--json`` prints the master's reply as it is, counters included."""
+    from harmony.cli.jobs import _dur
+    m = info.get("master") or {}
+    ws = info.get("workers") or []
+    alive = sum(1 for w in ws if w.get("alive"))
+    head = (f"master {m.get('endpoint', '?')} ({m.get('mode', '?')} mode"
+            + (f", dilation {m['dilation']:g}" if (m.get("dilation") or 1) != 1 else "")
+            + (f", revision {m['revision']}" if m.get("revision") else "")
+            + f"): {alive} of {len(ws)} machine(s) alive"
+            + (f", {m['bad_messages']} bad message(s) refused" if m.get("bad_messages") else ""))
+    revs = any(w.get("revision") for w in ws)     # a column once any machine has one
+    lines = [head, f"{'MACHINE':12} {'STATE':6} {'SEEN':>9} {'CPUS':>4} {'MEMORY':>9} "
+                   f"{'CPU':>5} {'NET':>5} {'MEM':>5} {'Q_CPU':>5} {'Q_NET':>5} "
+                   f"{'DISK FREE':>10}  " + ("REVISION     " if revs else "") + "JOBS"]
+    for w in ws:
+        st = w.get("utilization") or {}
+        seen = _dur(now - w["last_seen"]) + " ago" if w.get("last_seen") else "-"
+        jobs = w.get("jobs") or []
+        lines.append(
+            f"{w.get('name', '?')[:12]:12} {'alive' if w.get('alive') else 'lost':6} "
+            f"{seen:>9} {w.get('cpus') or '-':>4} {_bytes(w.get('memory')):>9} "
+            f"{_pct(st, 'cpu'):>5} {_pct(st, 'net'):>5} {_pct(st, 'mem'):>5} "
+            f"{_pct(st, 'q_cpu'):>5} {_pct(st, 'q_net'):>5} {_bytes(st.get('disk_free')):>10}  "
+            + (f"{(w.get('revision') or '-')[:12]:12} " if revs else "")
+            + (",".join(jobs[:6]) + (f" (+{len(jobs) - 6})" if len(jobs) > 6 else "")
+               if jobs else "-"))
+    return lines
 
 
 def _dashboard_link(master: str | None, keys=None, insecure: bool = False) -> str | None:

@@ -166,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="port of the master's web dashboard and /metrics on 127.0.0.1 "
                         "(default 0: a free one; -1: no dashboard)")
     s.add_argument("--detach", action="store_true", help="return once the cluster is ready")
+    s.add_argument("--json", action="store_true",
+                   help="status: the master's reply as JSON (its counters included)")
     s.add_argument("--mode", default="harmony", choices=["isolated", "naive", "harmony"],
                    help="execution mode of the master (see harmony-master start --help)")
     s.add_argument("--policy", default=None, choices=sorted(PR.POLICIES),

@@ -210,7 +210,7 @@ def test_firewall(deploy, fleet):
 
 
 def test_cluster_status_shows_the_revision(deploy):
-    cp = deploy.harmony("cluster", "status")
+    cp = deploy.harmony("cluster", "status", "--json")
     assert cp.returncode == 0, cp.stderr
     cl = json.loads(cp.stdout)
     head = deploy.git("rev-parse", "HEAD")
@@ -334,7 +334,7 @@ def test_rolling_upgrade_keeps_the_job_alive(deploy, fleet):
     assert restarted == [[w] for w in WORKERS], restarted
     assert all("[worker : Resume the drained jobs]" in b for b in batches)
     # every host restarted on the new code and says so
-    cl = json.loads(deploy.harmony("cluster", "status").stdout)
+    cl = json.loads(deploy.harmony("cluster", "status", "--json").stdout)
     assert {w["name"] for w in cl["workers"] if w["alive"]} == set(WORKERS), cl
     assert all(w["revision"] == head for w in cl["workers"]), cl
     for name in [MASTER, *WORKERS]:
