@@ -166,3 +166,26 @@ def test_inventory_group_and_host_vars_override_the_defaults(tmp_path):
     assert "--master tcp://203.0.113.10:6000 " in w2
     assert "tcp dport { 6000, 49152-65535 }" in r["harmony-master.nft"]    # no dashboard
     assert "--dashboard" not in execstart(r["harmony-master.service"])
+
+
+def test_teardown_skips_a_unit_a_half_deploy_left_not_found():
+    """#37 item 9: after a deploy that stopped half-way, service_facts lists
+    harmony-master as not-found (the firewall unit's Before= names it); the
+    guard passed and systemd_service failed, so no one could tear down. The
+    guards, evaluated by Ansible's own templar on three facts."""
+    import yaml
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+    plays = yaml.safe_load((DEPLOY / "teardown.yml").read_text())
+    guards = {t["ansible.builtin.systemd_service"]["name"]: t["when"]
+              for p in plays for t in p.get("tasks", []) if "ansible.builtin.systemd_service" in t}
+    assert set(guards) == {"harmony-worker", "harmony-master"}, guards
+    for name, when in guards.items():
+        def runs(services: dict) -> bool:
+            t = Templar(loader=DataLoader(), variables={"ansible_facts": {"services": services}})
+            return bool(t.evaluate_conditional(trust_as_template(when)))
+        unit = f"{name}.service"
+        assert not runs({}), name
+        assert not runs({unit: {"name": unit, "state": "stopped", "status": "not-found"}}), name
+        assert runs({unit: {"name": unit, "state": "running", "status": "enabled"}}), name
+        assert runs({unit: {"name": unit, "state": "stopped", "status": "disabled"}}), name
