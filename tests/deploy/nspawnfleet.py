@@ -42,8 +42,9 @@ SUBNET = ipaddress.ip_network(os.environ.get("HARMONY_T2_SUBNET", "10.213.0.0/24
 BRIDGE = os.environ.get("HARMONY_T2_BRIDGE", "ht2br0")
 NAT_TABLE = "harmony_t2_nat"
 USER = "debian"
-# Read-only binds from this machine (when they exist): pip's configuration
-# and the local wheel directories and indexes it names.
+# Read-only binds from this machine (when they exist): the local wheel
+# directories and indexes of this project's machines, and whatever else
+# pip's configuration names on this machine's disk (pip_paths).
 PIP_BINDS = ["/opt/wheels", "/opt/pypi", "/opt/pypi-more"]
 CA_IN_HOST = "/etc/ssl/harmony-t2-ca.pem"
 TOOLS = ["systemd-nspawn", "debootstrap", "nft", "ip", "rsync", "ssh", "ssh-keygen", "mount"]
@@ -102,10 +103,9 @@ def rootfs() -> Path:
     return done
 
 
-def pip_conf() -> str:
-    """/etc/pip.conf for the hosts: this machine's pip settings (its config
-    files and PIP_* variables, as `pip config list` shows them), with the CA
-    bundle it trusts (a TLS-intercepting proxy's CA, if any) copied in."""
+def pip_options() -> dict[str, str]:
+    """This machine's pip settings (its config files and PIP_* variables, as
+    `pip config list` shows them)."""
     cp = sh(sys.executable, "-m", "pip", "config", "list", check=False)
     opts: dict[str, str] = {}
     for line in cp.stdout.splitlines():
@@ -113,6 +113,30 @@ def pip_conf() -> str:
         section, _, name = key.rpartition(".")
         if section in ("global", ":env:", "install") and val:
             opts[name] = val.strip().strip("'\"")
+    return opts
+
+
+def pip_paths(opts: dict[str, str]) -> list[str]:
+    """The files and directories of this machine that pip's settings name
+    (a constraint or requirement file, find-links, file:// indexes): the
+    hosts see them at the same paths, read-only. A host whose pip.conf
+    names a file it cannot read fails every pip install (#37 item 8)."""
+    out: list[str] = []
+    for name, val in opts.items():
+        if name == "cert":             # the hosts get the CA bundle copied instead
+            continue
+        for word in val.split():
+            path = word.removeprefix("file://")
+            if path.startswith("/") and os.path.exists(path):
+                # a file's directory: pip may read files beside it (-c, -r)
+                out.append(path if os.path.isdir(path) else os.path.dirname(path))
+    return sorted(set(out))
+
+
+def pip_conf() -> str:
+    """/etc/pip.conf for the hosts: this machine's pip settings, with the CA
+    bundle it trusts (a TLS-intercepting proxy's CA, if any) copied in."""
+    opts = pip_options()
     opts["cert"] = CA_IN_HOST
     return "[global]\n" + "".join(f"{k} = {v}\n" for k, v in sorted(opts.items()))
 
@@ -216,7 +240,9 @@ class Fleet:
            f"lowerdir={base},upperdir={upper},workdir={h.dir / 'work'}", str(h.merged))
 
     def _boot(self, h: Host) -> None:
-        binds = [f"--bind-ro={p}" for p in PIP_BINDS if os.path.exists(p)]
+        binds = [f"--bind-ro={p}" for p in
+                 sorted({*(p for p in PIP_BINDS if os.path.exists(p)),
+                         *pip_paths(pip_options())})]
         self.log_dir.mkdir(exist_ok=True)
         log = open(self.log_dir / f"{h.name}.log", "wb")
         h.proc = subprocess.Popen(

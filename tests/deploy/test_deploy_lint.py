@@ -189,3 +189,21 @@ def test_teardown_skips_a_unit_a_half_deploy_left_not_found():
         assert not runs({unit: {"name": unit, "state": "stopped", "status": "not-found"}}), name
         assert runs({unit: {"name": unit, "state": "running", "status": "enabled"}}), name
         assert runs({unit: {"name": unit, "state": "stopped", "status": "disabled"}}), name
+
+
+def test_the_fleet_hosts_see_every_path_pip_is_configured_with(tmp_path):
+    """#37 item 8: a host whose pip.conf names a constraint file it cannot
+    read fails every pip install; the fleet binds whatever pip's settings
+    name on this machine's disk (pip_paths), not only the wheel dirs."""
+    from nspawnfleet import pip_paths
+    cons = tmp_path / "xdg" / "constraints.txt"
+    cons.parent.mkdir()
+    cons.write_text("numpy<3\n")
+    idx = tmp_path / "pypi" / "simple"
+    idx.mkdir(parents=True)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    opts = {"constraint": str(cons), "extra-index-url": f"file://{idx} https://pypi.org/simple",
+            "find-links": str(wheels), "cert": str(cons), "index-url": "file:///no/such/dir",
+            "default-timeout": "180"}
+    assert pip_paths(opts) == sorted({str(cons.parent), str(idx), str(wheels)})
