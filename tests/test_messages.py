@@ -159,6 +159,25 @@ def test_zmq_frames_are_decoded_without_copy():
         ctx.term()
 
 
+def test_heartbeat_tasks_are_checked_and_bounded():
+    """The task stream's entries (a heartbeat's ``tasks``): [start, end, job,
+    kind] in seconds before the heartbeat; malformed ones are dropped and at
+    most MAX_TASKS kept, whatever a daemon sends."""
+    good = [[2.0, 1.5, "job-0001", "cpu"], [1, 0, "job-0002", "net"]]
+    assert M.clean_tasks(good) == [(2.0, 1.5, "job-0001", "cpu"), (1.0, 0.0, "job-0002", "net")]
+    bad = [[1.0, 2.0, "j", "cpu"],          # ends before it starts
+           [-1.0, -2.0, "j", "cpu"], [1.0, 0.5, "j", "disk"], [1.0, 0.5, "", "cpu"],
+           [1.0, 0.5, "j" * 129, "cpu"], [math.nan, 0.5, "j", "cpu"], [True, 0, "j", "cpu"],
+           [1.0, 0.5, 3, "cpu"], [1.0, 0.5, "j"], "x", None, [7200.0, 1.0, "j", "net"]]
+    assert M.clean_tasks(bad + good) == M.clean_tasks(good)
+    assert M.clean_tasks({"a": 1}) == [] and M.clean_tasks(None) == []
+    many = [[1.0, 0.5, "j", "cpu"]] * (M.MAX_TASKS + 50)
+    assert len(M.clean_tasks(many)) == M.MAX_TASKS
+    # the schema takes the field, and an ack that asks for it
+    M.decode([M.encode("heartbeat", name="m0", executors=[], tasks=good)])
+    assert M.decode([M.encode("hb_ack", tasks=True)])["tasks"] is True
+
+
 def test_heartbeat_stats_schema():
     ok = {"t": 1.0, "dt": 1.0, "cpu": 0.5, "mem": 0.25, "q_cpu": 0, "q_net": 0.1, "net": 1}
     assert M.clean_stats(ok) == {k: float(v) for k, v in ok.items()}

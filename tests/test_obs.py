@@ -166,6 +166,25 @@ def test_snapshot_api(obs_cluster):
     assert snap["decisions"] and snap["decisions_total"] >= 1
 
 
+def test_the_task_stream_shows_each_machines_subtasks_while_watched(obs_cluster):
+    """#37 item 7: while someone fetches snapshots, the daemons' heartbeats
+    carry the subtasks that ended and each machine's entry holds those of
+    the last minute ([start, end, job, kind], seconds before now)."""
+    _, dash, long, _ = obs_cluster
+    deadline = time.time() + 60
+    while True:
+        snap = json.loads(_get(dash["url"] + "api/snapshot", dash["token"])[1])
+        tasks = {m["name"]: m["tasks"] for m in snap["machines"]}
+        if all(any(t[2] == long for t in ts) for ts in tasks.values()):
+            break
+        assert time.time() < deadline, {k: len(v) for k, v in tasks.items()}
+        time.sleep(0.5)
+    for name, ts in tasks.items():
+        assert all(-60.5 <= a <= b <= 0.5 and kind in ("cpu", "net") for a, b, _, kind in ts)
+        mine = [t for t in ts if t[2] == long]
+        assert {t[3] for t in mine} == {"cpu", "net"}, (name, mine[:5])
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
@@ -196,6 +215,21 @@ def test_dashboard_renders_in_chromium(obs_cluster, tmp_path):
     assert re.search(r'GiB used by jobs', dom)
     assert re.search(r'<h3>m0 \(\d+ cores, [\d.]+ GiB, disk [\d.]+ of [\d.]+ GiB free', dom)
     assert "<li>" in dom[dom.index('id="decisions"'):] or "<li " in dom
+    # the task stream: the long job's COMP and COMM on m0
+    assert re.search(rf'data-machine="m0".*?class="task"[^>]*data-job="{long}" '
+                     rf'data-kind="cpu"', dom, re.S), dom[dom.index('data-machine="m0"'):][:3000]
+    # a job's page (#37 item 7): its story, why, checkpoint, start-ups and
+    # iterations per epoch, drawn from the same snapshot
+    r = subprocess.run(args + ["--dump-dom", f"{url}#job={short}"], capture_output=True,
+                       text=True, timeout=120)
+    page = r.stdout[r.stdout.index('id="jobpage"'):]
+    page = page[:page.index("</section>")]
+    assert re.search(rf'data-job="{short}" data-state="finished"', page), page[:2000]
+    assert 'data-event-state="finished"' in page and 'data-event-state="waiting"' in page
+    assert re.search(r'data-fact="checkpoint">after epoch 4 at .*?\(final\)', page), page
+    assert re.search(r'data-fact="start-up">machine 0: [\d.]+s \([\d.]+s CPU\)', page), page
+    assert re.search(r'data-name="measured" data-points="4"', page), page
+    assert f"harmony logs {short}" in page
     if os.environ.get("HARMONY_SCREENSHOT"):     # docs/dashboard.png
         subprocess.run(args + ["--hide-scrollbars", "--window-size=1400,1250",
                                f"--screenshot={os.environ['HARMONY_SCREENSHOT']}", url],

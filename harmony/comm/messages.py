@@ -123,9 +123,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                  "sync_endpoint": (str, _OPT)},
     "registered": {"heartbeat_interval": _NUM},
     # launches: launch messages the daemon received since it registered
+    # tasks: the subtasks that ended since the last heartbeat, while the
+    # master asks for them (the dashboard's task stream; clean_tasks)
     "heartbeat": {"name": str, "executors": list, "stats": (dict, _OPT),
-                  "launches": (int, _OPT)},
-    "hb_ack": {},
+                  "launches": (int, _OPT), "tasks": (list, _OPT)},
+    # tasks: send the subtasks that end (someone watches the dashboard)
+    "hb_ack": {"tasks": (bool, _OPT)},
     "exec_exited": {"job": str, "index": int, "attempt": int, "code": int, "log_tail": str},
     # master -> worker daemon
     # resume: {"epoch", "parts": [{"index", "epoch", "sources": [[machine, endpoint]]}]};
@@ -492,6 +495,35 @@ def clean_stats(stats: Any) -> dict[str, float] | None:
         if not math.isfinite(v) or (v < 0 and k in NONNEG_KEYS):
             return None
         out[k] = v
+    return out
+
+
+#: subtasks a heartbeat carries at most (the daemon keeps the latest)
+MAX_TASKS = 400
+TASK_KINDS = ("cpu", "net")
+
+
+def clean_tasks(tasks: Any) -> list[tuple[float, float, str, str]]:
+    """A heartbeat's ``tasks``: [start, end, job, kind] per subtask that
+    ended since the last heartbeat, start and end in seconds before the
+    heartbeat was sent (wall seconds, so that the master can place them on
+    its own clock whatever the machines' clocks say). Malformed entries
+    are dropped, at most MAX_TASKS are kept: what a daemon sends cannot
+    grow the master."""
+    if not isinstance(tasks, list):
+        return []
+    out = []
+    for t in tasks[:MAX_TASKS]:
+        if not isinstance(t, list) or len(t) != 4:
+            continue
+        a, b, job, kind = t
+        if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, (int, float)) \
+                or not isinstance(b, (int, float)) or not isinstance(job, str) \
+                or kind not in TASK_KINDS or not 0 < len(job) <= 128:
+            continue
+        a, b = float(a), float(b)
+        if math.isfinite(a) and math.isfinite(b) and 0 <= b <= a <= 3600:
+            out.append((a, b, job, kind))
     return out
 
 

@@ -47,6 +47,8 @@ LABEL = b"harmony-dashboard-v1"
 #: s between snapshots: the master's loop builds one at most this often (on its
 #: ticks, never per fetch); readers get the latest, at most this old
 PUBLISH_EVERY = 1.0
+#: the task stream is collected while a snapshot was fetched this recently
+WATCHED_S = 30.0
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
           ".css": "text/css; charset=utf-8", ".png": "image/png", ".svg": "image/svg+xml"}
 
@@ -100,6 +102,7 @@ class ObsServer:
         self._encoder = SnapshotEncoder()       # the HTTP threads', under _encoding
         self._encoding = threading.Lock()
         self._last = 0.0
+        self.fetched = 0.0          # when a snapshot was last fetched (the task stream)
         obs = self
 
         class Handler(_Handler):
@@ -139,6 +142,11 @@ class ObsServer:
         if now - self._last < PUBLISH_EVERY:
             return
         self._last = now
+        # someone fetched a snapshot lately: the daemons send their subtasks
+        # for the task stream (no cost to anyone while no one watches)
+        core = getattr(master, "core", master)
+        if hasattr(core, "task_stream"):
+            core.task_stream = now - self.fetched < WATCHED_S
         try:
             self.publish(build_snapshot(master))
         except Exception:       # the dashboard must never stop the master
@@ -173,6 +181,7 @@ class ObsServer:
         """The latest snapshot as JSON, encoded once per snapshot (the first
         fetch after a publish), in pieces (:class:`SnapshotEncoder`: the
         master's loop is not held up for the whole encoding)."""
+        self.fetched = time.time()
         snap, (of, data) = self._snap, self._json
         if of is snap and data:
             return data

@@ -31,6 +31,15 @@ TIMELINE = 300
 CURVE = 500
 #: recent scheduler decisions
 DECISIONS = 30
+#: a job's latest events in its entry (the job page's story; harmony status
+#: JOB --events has them all)
+JOB_EVENTS = 40
+#: the task stream: each machine's subtasks of the last TASK_WINDOW seconds
+#: (the master's clock), at most TASK_SHOWN, on the first TASK_MACHINES
+#: machines (by name): its cost stays bounded on a fleet
+TASK_WINDOW = 60.0
+TASK_SHOWN = 400
+TASK_MACHINES = 32
 DEFAULT_MAX_EPOCHS = 10     # harmony.app's default --max-epochs
 
 _QUEUE_KEYS = (("qg", "granted"), ("qw", "wait"), ("qd", "done"), ("qr", "run"))
@@ -169,7 +178,23 @@ def _job(job, now: float) -> dict[str, Any]:
         "checkpoint": {"epoch": ck.get("epoch"), "time": ck.get("time"),
                        "final": bool(ck.get("final"))} if isinstance(ck, dict) else None,
         "note": (job.events[-1][2] if job.events and len(job.events[-1]) > 2 else ""),
+        # the job page: its latest events ([time, state, note]), how many
+        # earlier ones are not here, its attempt's start-ups per machine
+        # ([seconds, CPU seconds]) and its epochs' seconds per iteration
+        "events": [[_num(ev[0]), str(ev[1]), str(ev[2])[:300]]
+                   for ev in job.events[-JOB_EVENTS:] if len(ev) > 2],
+        "events_earlier": max(0, len(job.events) - JOB_EVENTS) + job.events_dropped,
+        "setups": [[_num(x[0]), _num(x[1])] for x in (job.setups or [])
+                   if isinstance(x, (list, tuple)) and len(x) >= 2][:64],
+        "iters": [[e["epoch"] + 1, _iter_s(e)] for e in eps[-CURVE:]],
     }
+
+
+def _iter_s(epoch: dict) -> float | None:
+    """An epoch's training seconds per iteration (its report's timings)."""
+    tm = epoch.get("timings") or {}
+    train, iters = _num(tm.get("train")), _num(tm.get("iters"))
+    return train / iters if train is not None and iters else None
 
 
 def _job_cached(cache: dict, job, now: float) -> dict[str, Any]:
@@ -270,7 +295,9 @@ def build_snapshot(master) -> dict[str, Any]:
     machines = []
     timelines = cache.machines
     seen = set()
-    for w in sorted(master.workers.values(), key=lambda w: w.name):
+    core = getattr(master, "core", master)
+    streaming = bool(getattr(core, "task_stream", False)) and mnow is not None
+    for i, w in enumerate(sorted(master.workers.values(), key=lambda w: w.name)):
         tl = timelines.get(w.name)
         if tl is None or tl.worker is not w:      # new, or registered again
             tl = timelines[w.name] = _Timeline(w)
@@ -281,7 +308,9 @@ def build_snapshot(master) -> dict[str, Any]:
             "alive": bool(w.alive), "last_seen": w.last_seen,
             "jobs": placed.get(w.name, []),
             "timeline": list(tl.shown),
-            "queues": tl.queues, "disk": tl.disk})
+            "queues": tl.queues, "disk": tl.disk,
+            # [start, end, job, kind], seconds before now (the master's clock)
+            "tasks": _tasks(w, mnow) if streaming and i < TASK_MACHINES else []})
     if len(timelines) > len(seen):
         for name in [n for n in timelines if n not in seen]:
             del timelines[name]
@@ -313,6 +342,17 @@ def build_snapshot(master) -> dict[str, Any]:
             "groups": group_list,
             "decisions": decisions, "decisions_total": n_decisions,
             "running_attempts": len(runs)}
+
+
+def _tasks(w, now: float) -> list:
+    """A machine's latest subtasks for the task stream, relative to now."""
+    out = []
+    for a, b, job, kind in reversed(getattr(w, "tasks", ())):
+        if b < now - TASK_WINDOW or len(out) >= TASK_SHOWN:
+            break
+        out.append([round(a - now, 3), round(b - now, 3), job, kind])
+    out.reverse()
+    return out
 
 
 class SnapshotEncoder:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import msgpack
@@ -187,6 +188,12 @@ class Daemon:
         self.xident: dict[str, bytes] = {}           # job -> executor identity
         self.events_path = os.path.join(self.state_dir, "queue-events.jsonl")
         self._events = open(self.events_path, "a", buffering=1)
+        # the dashboard's task stream: subtasks that ended since the last
+        # heartbeat ([start, end, job, kind], wall clock), sent while the
+        # master asks for them (its hb_ack says so while someone watches)
+        self._tasks_wanted = False
+        self._task_open: dict[tuple[str, int], tuple[float, str]] = {}
+        self._tasks: deque = deque(maxlen=M.MAX_TASKS)
         self._stats_prev: dict | None = None
         self._cpu_last: dict[int, float] = {}
         self.execs: dict[str, ExecProc] = {}
@@ -251,8 +258,12 @@ class Daemon:
                 if now - self._last_send >= self.hb_interval:
                     self._last_send = now
                     if self.registered:
+                        tasks = ([[now - a, now - b, job, kind] for a, b, job, kind in self._tasks]
+                                 if self._tasks_wanted else [])
+                        self._tasks.clear()
                         self._send("heartbeat", name=self.name, executors=sorted(self.execs),
-                                   stats=self._stats(now), launches=self.launches_seen)
+                                   stats=self._stats(now), launches=self.launches_seen,
+                                   **({"tasks": tasks} if tasks else {}))
                         if now - self._last_ack > 5 * self.hb_interval:
                             log.warning("no reply from master for %.0fs; re-registering",
                                         now - self._last_ack)
@@ -345,7 +356,7 @@ class Daemon:
             self.hb_interval = dil.wall(float(msg["heartbeat_interval"]), self.dilation)
             log.info("registered with master")
         elif msg.type == "hb_ack":
-            pass
+            self._tasks_wanted = bool(msg.get("tasks"))
         elif msg.type == "error":
             if msg["code"] == "unknown_worker":
                 self.registered = False
@@ -586,6 +597,16 @@ class Daemon:
 
     # -- subtask queues ------------------------------------------------------------
     def _log_event(self, ev: str, sub: Sub, role: str = "") -> None:
+        now = time.time()
+        key = (sub.job, sub.seq)
+        if ev in ("grant", "resume"):
+            if len(self._task_open) > 4 * M.MAX_TASKS:    # subtasks of executors gone
+                self._task_open.clear()
+            self._task_open.setdefault(key, (now, sub.kind))
+        elif ev in ("done", "stop"):
+            opened = self._task_open.pop(key, None)
+            if opened is not None and self._tasks_wanted:
+                self._tasks.append((opened[0], now, sub.job, opened[1]))
         try:
             self._events.write(f'{{"t": {time.time():.6f}, "ev": "{ev}", "job": "{sub.job}", '
                                f'"seq": {sub.seq}, "kind": "{sub.kind}", "role": "{role}"}}\n')

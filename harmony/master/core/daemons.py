@@ -55,7 +55,12 @@ class Daemons(Lifecycle):
         if w is None or not w.alive:
             return self._send(ident, _err("unknown_worker", "register first"))
         w.last_seen = self.now
-        self._send(ident, _msg("hb_ack"))
+        self._send(ident, _msg("hb_ack", tasks=True) if self.task_stream else _msg("hb_ack"))
+        if msg.get("tasks") is not None:
+            # seconds before the heartbeat, wall: on this clock, / D
+            d = self.dilation
+            w.tasks.extend([self.now - a / d, self.now - b / d, job, kind]
+                           for a, b, job, kind in M.clean_tasks(msg["tasks"]))
         st = msg.get("stats")
         if st is not None:
             # known keys with finite numbers only (M.clean_stats): what is kept

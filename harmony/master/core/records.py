@@ -33,6 +33,10 @@ class PhaseError(AssertionError):
     """A run in two phases at once: a bug in the core (``validate``)."""
 
 
+#: a worker's subtasks kept for the dashboard's task stream
+TASKS_KEPT = 1000
+
+
 @dataclass
 class Worker:
     name: str
@@ -48,6 +52,9 @@ class Worker:
     revision: str = ""           # the code it runs (deployed git revision), if it said
     sync_endpoint: str = ""      # where its daemon leads jobs' synchronizers (none: cannot)
     launches_sent: int = 0       # launch messages sent since it registered
+    # subtasks that ended here ([start, end, job, kind] on the master's clock),
+    # the latest TASKS_KEPT, while the dashboard's task stream is watched
+    tasks: deque = field(default_factory=lambda: deque(maxlen=TASKS_KEPT))
 
 
 @dataclass

@@ -91,6 +91,9 @@ class CoreState:
         # (the machines are still registering again)
         self.rejoin_until = 0.0
         self.rejoin_max = 0.0
+        # the dashboard's task stream: set by the shell while someone watches
+        # it; heartbeats' acks then ask the daemons for their ended subtasks
+        self.task_stream = False
         self.max_jobs = max_jobs_per_machine
         self.keep_models = keep_models
         self.queued = R.MODES[mode][1]

@@ -120,6 +120,115 @@
     return svg;
   }
 
+  function jobCell(j) {   // the job's id links to its page
+    const td = el("td");
+    td.appendChild(el("a", {href: "#job=" + encodeURIComponent(j.id), class: "joblink"}, j.id));
+    if (j.name && j.name !== j.app) td.appendChild(document.createTextNode(" (" + j.name + ")"));
+    return td;
+  }
+  // A job's page (#job=ID): its story, why it runs where it runs or why it
+  // waits, its group's predicted vs measured iteration, its iterations and
+  // objective per epoch, checkpoints, moves and start-ups. Drawn from the
+  // snapshot; the logs stay with 'harmony logs ID' (not streamed here).
+  function renderJobPage(snap) {
+    const box = $("#jobpage");
+    const m = location.hash.match(/^#job=(.+)$/);
+    if (!m) { box.hidden = true; box.textContent = ""; return; }
+    const id = decodeURIComponent(m[1]);
+    const j = snap.jobs.find((x) => x.id === id);
+    box.hidden = false;
+    box.textContent = "";
+    box.setAttribute("data-job", id);
+    const close = el("a", {href: "#", class: "close"}, "close");
+    if (!j) {
+      box.appendChild(el("h2", {}, "Job " + id));
+      box.appendChild(el("p", {class: "muted"}, "not in the live views (unknown, or ended " +
+        "longer ago than the master's retention): 'harmony status " + id + " --events'"));
+      box.appendChild(close);
+      return;
+    }
+    box.setAttribute("data-state", j.state);
+    const h = el("h2", {}, "Job " + j.id + (j.name && j.name !== j.app ? " (" + j.name + ")" : "") +
+                 " · " + j.app + " · ");
+    h.appendChild(el("span", {class: "state " + j.state}, j.state));
+    box.appendChild(h);
+    box.appendChild(close);
+    const g = snap.groups.find((x) => x.jobs.includes(j.id));
+    const moves = j.events.filter((e) => /moves to|MiB moved|resiz/.test(e[2]));
+    const ck = j.checkpoint;
+    const facts = [
+      ["why", j.state === "failed" ? j.error : (j.reason || j.note || "")],
+      ["machines", (j.workers.length ? j.workers.join(", ") : "none now") + " (asked for " +
+        j.machines + ")"],
+      ["group", j.group ? j.group + (g ? ": " + g.jobs.join(", ") + " on " + g.machines.join(", ") : "")
+        : "none"],
+      ["attempt", String(j.attempt)],
+      ["epochs", j.epoch + " / " + j.max_epochs + (j.objective !== null ? ", objective " +
+        num(j.objective, 8) : "")],
+      ["times", "submitted " + clock(j.submitted) + (j.started ? ", started " + clock(j.started) : "") +
+        (j.ended ? ", ended " + clock(j.ended) : "") + ", elapsed " + dur(j.elapsed) +
+        (j.state === "finished" ? "" : ", ETA " + (dur(j.eta) || "unknown"))],
+      ["iteration", "measured " + (j.t_iter !== null ? num(j.t_iter, 3) + "s" : "–") +
+        " (COMP " + (j.t_cpu !== null ? num(j.t_cpu, 3) + "s" : "–") + ", COMM " +
+        (j.t_net !== null ? num(j.t_net, 3) + "s" : "–") + "), predicted " +
+        (j.predicted_iter !== null ? num(j.predicted_iter, 3) + "s" : "–")],
+      ["checkpoint", ck ? "after epoch " + (ck.epoch + 1) + " at " + clock(ck.time) +
+        (ck.final ? " (final)" : "") : "none yet"],
+      ["moves", j.migrations + " block migration(s); " + moves.length + " move event(s)"],
+      ["start-up", j.setups.length ? j.setups.map((s, i) => "machine " + i + ": " +
+        num(s[0], 3) + "s (" + num(s[1], 3) + "s CPU)").join("; ") : "–"],
+      ["data", num(j.bytes_pulled / 2 ** 20, 4) + " MiB pulled, " +
+        num(j.bytes_pushed / 2 ** 20, 4) + " MiB pushed"],
+      ["logs", "harmony logs " + j.id + " --follow"],
+    ];
+    const dl = el("dl", {class: "facts"});
+    for (const [k, v] of facts) {
+      dl.appendChild(el("dt", {}, k));
+      dl.appendChild(el("dd", {"data-fact": k}, v));
+    }
+    box.appendChild(dl);
+    const charts = el("div", {class: "grid"});
+    const it = el("div", {class: "chartbox", id: "job-iters"});
+    it.appendChild(el("h3", {}, "seconds per iteration, by epoch"));
+    const series = [{name: "measured", color: "#2f6fdf", points: j.iters}];
+    if (j.predicted_iter !== null && j.iters.length) {
+      series.push({name: "predicted (now)", color: "#9bb7ec",
+                   points: [[j.iters[0][0], j.predicted_iter],
+                            [j.iters[j.iters.length - 1][0], j.predicted_iter]]});
+    }
+    it.appendChild(lineChart(series, {w: 420, h: 160, ymin: 0}));
+    it.appendChild(legend(series));
+    charts.appendChild(it);
+    const ob = el("div", {class: "chartbox", id: "job-objective"});
+    ob.appendChild(el("h3", {}, "objective, by epoch"));
+    const os = [{name: "objective", color: color(j.id), points: j.curve.map((p) => [p[0], p[1]])}];
+    ob.appendChild(lineChart(os, {w: 420, h: 160}));
+    charts.appendChild(ob);
+    if (g) {
+      const gb = el("div", {class: "chartbox", id: "job-group"});
+      gb.appendChild(el("h3", {}, "its group: predicted vs measured iteration"));
+      gb.appendChild(barChart([g]));
+      charts.appendChild(gb);
+    }
+    box.appendChild(charts);
+    const t = el("table", {id: "job-events"});
+    const hr = el("tr");
+    ["time", "state", "event"].forEach((x) => hr.appendChild(el("th", {}, x)));
+    t.appendChild(el("thead")).appendChild(hr);
+    const tb = el("tbody");
+    for (const e of j.events.slice().reverse()) {
+      const tr = el("tr", {"data-event-state": e[1]});
+      tr.appendChild(el("td", {}, clock(e[0])));
+      tr.appendChild(el("td", {}, e[1]));
+      tr.appendChild(el("td", {class: "note"}, e[2]));
+      tb.appendChild(tr);
+    }
+    t.appendChild(tb);
+    box.appendChild(el("h3", {}, "story" + (j.events_earlier ? " (latest " + j.events.length +
+      "; " + j.events_earlier + " earlier: harmony status " + j.id + " --events)" : "")));
+    box.appendChild(t);
+  }
+
   function renderJobs(snap) {
     const tb = $("#jobs tbody");
     tb.textContent = "";
@@ -127,7 +236,7 @@
       const tr = el("tr", {"data-job": j.id, "data-state": j.state});
       const st = el("td"); st.appendChild(el("span", {class: "state " + j.state}, j.state));
       const cells = [
-        el("td", {}, j.id + (j.name && j.name !== j.app ? " (" + j.name + ")" : "")),
+        jobCell(j),
         el("td", {}, j.app), st, el("td", {}, j.group || "–"),
         el("td", {}, j.workers.length ? j.workers.join(", ") : String(j.machines)),
         el("td", {class: "num"}, j.epoch + " / " + j.max_epochs),
@@ -193,8 +302,39 @@
                                        xfmt: (x) => Math.round(x) + "s",
                                        yfmt: (y) => Math.round(100 * y) + "%"}));
       d.appendChild(legend(series));
+      if (m.tasks && m.tasks.length) d.appendChild(taskStream(m.tasks));
       box.appendChild(d);
     }
+  }
+  // The task stream (as Dask draws it): a machine's COMP and COMM subtasks of
+  // the last minute, one lane each, coloured by job; x in seconds before now
+  function taskStream(tasks) {
+    const w = 420, h = 64, pad = {l: 40, r: 10, t: 4, b: 16}, lane = 20;
+    const x0 = Math.min(-10, ...tasks.map((t) => t[0]));
+    const X = (x) => pad.l + (x - x0) / (0 - x0) * (w - pad.l - pad.r);
+    const svg = svgEl("svg", {viewBox: `0 0 ${w} ${h}`, class: "chart tasks"});
+    ["cpu", "net"].forEach((k, i) => {
+      const t = svgEl("text", {x: pad.l - 4, y: pad.t + i * (lane + 2) + 14, "text-anchor": "end"});
+      t.textContent = k === "cpu" ? "COMP" : "COMM";
+      svg.appendChild(t);
+    });
+    for (const [a, b, job, kind] of tasks) {
+      const y = pad.t + (kind === "cpu" ? 0 : lane + 2);
+      const r = svgEl("rect", {x: X(a).toFixed(1), y: y, height: lane, class: "task",
+                               width: Math.max(0.8, X(b) - X(a)).toFixed(1), fill: color(job),
+                               "data-job": job, "data-kind": kind});
+      const tip = svgEl("title");
+      tip.textContent = job + " " + (kind === "cpu" ? "COMP" : "COMM") + " " + num(b - a, 3) + "s";
+      r.appendChild(tip);
+      svg.appendChild(r);
+    }
+    for (let i = 0; i <= 3; i++) {
+      const xv = x0 * (1 - i / 3);
+      const t = svgEl("text", {x: X(xv), y: h - 4, "text-anchor": "middle"});
+      t.textContent = Math.round(xv) + "s";
+      svg.appendChild(t);
+    }
+    return svg;
   }
   function renderDecisions(snap) {
     const ol = $("#decisions");
@@ -231,16 +371,18 @@
       snap.machines.filter((m) => m.alive).length + " machine(s) · " +
       (Object.entries(by).map(([k, v]) => v + " " + k).join(", ") || "no jobs") + mem;
     $("#updated").textContent = "updated " + clock(snap.t);
-    renderJobs(snap); renderObjective(snap); renderGroups(snap); renderMachines(snap);
-    renderDecisions(snap);
+    renderJobPage(snap); renderJobs(snap); renderObjective(snap); renderGroups(snap);
+    renderMachines(snap); renderDecisions(snap);
     document.body.setAttribute("data-updated", String(snap.t));
   }
+  let last = null;
+  window.addEventListener("hashchange", () => { if (last) renderJobPage(last); });
   async function poll() {
     try {
       const r = await fetch(api, {cache: "no-store", credentials: "same-origin"});
       if (!r.ok) throw new Error(r.status + " " + (await r.text()));
       const snap = await r.json();
-      if (snap.t) render(snap);
+      if (snap.t) { last = snap; render(snap); }
     } catch (e) {
       $("#updated").textContent = "not updated: " + e.message;
     }
