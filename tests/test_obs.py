@@ -185,6 +185,48 @@ def test_the_task_stream_shows_each_machines_subtasks_while_watched(obs_cluster)
         assert {t[3] for t in mine} == {"cpu", "net"}, (name, mine[:5])
 
 
+def _post(url, token=None, header=True):
+    req = urllib.request.Request(url + (f"&token={token}" if token else ""), data=b"",
+                                 method="POST")
+    if header:
+        req.add_header("X-Harmony-Dashboard", "1")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        return exc.code, (json.loads(body) if body.startswith(b"{") else body.decode())
+
+
+def test_the_dashboards_buttons_pause_resume_and_cancel_for_a_client_key(obs_cluster):
+    """#37 item 7: POST /api/control does what the CLI does, for the token's
+    key; a reader's token, a request without the dashboard's header (another
+    site's form) and a bad action are refused, and the job is untouched."""
+    from harmony.comm import security
+    cl, dash, _, _ = obs_cluster
+    with Client(cl.endpoint) as c:
+        job = c.submit("toy.py", TOY_APP, ["--max-epochs", "100000", "--sleep", "0.02"], 1)
+        wait_state(c, job, ("running",))
+        with Client(cl.endpoint, keys=security.Keys.load(cl.keys, "reader", "reader")) as r:
+            reader = r.dashboard()["token"]
+        base = dash["url"] + f"api/control?job={job}&action="
+        assert _post(base + "pause", reader)[0] == 403
+        assert _post(base + "pause", dash["token"], header=False)[0] == 403
+        assert _post(base + "explode", dash["token"])[0] == 400
+        assert _post(base + "pause")[0] == 401
+        assert c.status(job)["state"] == "running"
+        code, body = _post(base + "pause", dash["token"])
+        assert code == 200 and body == {"ok": True, "job": job, "state": "pausing"}, body
+        wait_state(c, job, ("paused",))
+        code, body = _post(base + "resume", dash["token"])
+        assert code == 200 and body["ok"], body
+        wait_state(c, job, ("running", "profiling"))
+        code, body = _post(base + "cancel", dash["token"])
+        assert code == 200 and body["state"] == "cancelled", body
+        code, body = _post(base + "cancel", dash["token"])
+        assert code == 409 and "already cancelled" in body["error"], body
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
@@ -230,6 +272,12 @@ def test_dashboard_renders_in_chromium(obs_cluster, tmp_path):
     assert re.search(r'data-fact="start-up">machine 0: [\d.]+s \([\d.]+s CPU\)', page), page
     assert re.search(r'data-name="measured" data-points="4"', page), page
     assert f"harmony logs {short}" in page
+    assert "<button" not in page             # a finished job has no controls
+    r = subprocess.run(args + ["--dump-dom", f"{url}#job={long}"], capture_output=True,
+                       text=True, timeout=120)
+    page = r.stdout[r.stdout.index('id="jobpage"'):]
+    assert re.search(r'<button type="button" data-action="pause">pause</button>', page), page
+    assert 'data-action="cancel"' in page
     if os.environ.get("HARMONY_SCREENSHOT"):     # docs/dashboard.png
         subprocess.run(args + ["--hide-scrollbars", "--window-size=1400,1250",
                                f"--screenshot={os.environ['HARMONY_SCREENSHOT']}", url],

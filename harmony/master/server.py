@@ -16,6 +16,7 @@ import logging
 import os
 import queue
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -150,6 +151,11 @@ class RotatingLog:
 
 
 
+#: the identity of the dashboard's requests (never a ZeroMQ peer's: those
+#: the socket makes start with a zero byte and then 4 more bytes)
+DASH_IDENT = b"\x00dashboard:"
+
+
 class StateDirLocked(RuntimeError):
     pass
 
@@ -222,6 +228,12 @@ class Master:
         # handed back to the event loop through a queue
         self._solver = ThreadPoolExecutor(1, thread_name_prefix="solve")
         self._solved: queue.SimpleQueue = queue.SimpleQueue()
+        # the dashboard's controls (cancel, pause, resume): requests from its
+        # HTTP thread, handled by the loop as a client's, answered back
+        self._dash_in: queue.SimpleQueue = queue.SimpleQueue()
+        self._dash_out: dict[bytes, list] = {}
+        self._dash_lock = threading.Lock()
+        self._dash_seq = 0
         os.makedirs(os.path.join(self.state_dir, "metrics"), exist_ok=True)
         # the run record: per-machine utilization and per-job profiles over time
         metrics = os.path.join(self.state_dir, "metrics")
@@ -280,6 +292,9 @@ class Master:
                         self._dispatch(frames)
                 while not self._solved.empty():
                     self._run(self.core.handle(self._solved.get(), self.clock()))
+                while not self._dash_in.empty():
+                    ident, msg, role, name = self._dash_in.get()
+                    self._run(self.core.handle(C.Received(ident, msg, role, name), self.clock()))
                 self._run(self.core.handle(tick, self.clock()))
                 if self.obs is not None:        # [obs hook] at most once a second
                     self.obs.tick(self)
@@ -381,9 +396,37 @@ class Master:
             return self._run(self.core.handle(C.AdmitFailed(cmd.ident, str(exc)), self.clock()))
         self._run(self.core.handle(C.Admitted(cmd.ident, job), self.clock()))
 
+    def dashboard_request(self, mtype: str, fields: dict, role: str, name: str,
+                          timeout: float = 5.0) -> M.Message:
+        """A client request from the dashboard's HTTP thread, on behalf of
+        the key its token names (``role``, ``name``): handled by the loop
+        like one from that key, roles checked by the core. Its reply, or
+        TimeoutError."""
+        msg = M.decode([M.encode(mtype, **fields)])     # the schema, as for any peer
+        with self._dash_lock:
+            self._dash_seq += 1
+            ident = DASH_IDENT + str(self._dash_seq).encode()
+            slot: list = [threading.Event(), None]
+            self._dash_out[ident] = slot
+        try:
+            self._dash_in.put((ident, msg, role, name))
+            if not slot[0].wait(timeout):
+                raise TimeoutError(f"no answer from the master's loop in {timeout:g}s")
+            return M.decode([slot[1]])
+        finally:
+            with self._dash_lock:
+                self._dash_out.pop(ident, None)
+
     def _send(self, ident: bytes, payload: bytes) -> bool:
         """Send without ever blocking the master: a peer whose queue is full
         (a client that stopped reading) or that vanished loses this reply."""
+        if ident.startswith(DASH_IDENT):        # to the dashboard's HTTP thread
+            with self._dash_lock:
+                slot = self._dash_out.get(ident)
+            if slot is not None:
+                slot[1] = payload
+                slot[0].set()
+            return slot is not None
         try:
             self.sock.send_multipart([ident, payload], zmq.NOBLOCK)
             return True

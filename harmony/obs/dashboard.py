@@ -103,6 +103,8 @@ class ObsServer:
         self._encoding = threading.Lock()
         self._last = 0.0
         self.fetched = 0.0          # when a snapshot was last fetched (the task stream)
+        # the master's dashboard_request (cancel, pause, resume), if it has one
+        self.control = None
         obs = self
 
         class Handler(_Handler):
@@ -212,6 +214,24 @@ class ObsServer:
         return hmac.compare_digest(token, token_for(self.secret, role, name, expires_at))
 
 
+    def identity(self, token: str | None) -> tuple[str, str] | None:
+        """(role, name) of an allowed token's key; ("", "") without keys."""
+        if not self.allowed(token):
+            return None
+        if self.keys is None:
+            return "", ""
+        _, role, rest = token.split(".", 2)         # type: ignore[union-attr]
+        return role, rest.rsplit(".", 1)[0]
+
+
+#: what the dashboard's buttons may ask, and of which message type
+CONTROLS = {"cancel": "cancel", "pause": "pause", "resume": "resume"}
+#: a header a cross-site form cannot send (a cross-origin fetch that sends it
+#: needs a CORS preflight, which this server never grants): with the cookie's
+#: SameSite=Strict, no other site can press the buttons
+CONTROL_HEADER = "X-Harmony-Dashboard"
+
+
 class _Handler(BoundedHandler):
     server_obs: ObsServer
     protocol_version = "HTTP/1.1"
@@ -275,6 +295,49 @@ class _Handler(BoundedHandler):
             return self._send(200, OM.exposition(obs.registry), OM.CONTENT_TYPE, extra)
         self._send(404, b"not found\n", "text/plain")
 
+    def do_POST(self) -> None:
+        """``POST /api/control?action=cancel|pause|resume&job=ID``: what
+        ``harmony cancel|pause|resume`` do, on behalf of the token's key (a
+        reader's is refused by the master, as from the CLI). JSON back:
+        ``{"ok": true, "state": ...}`` or ``{"ok": false, "error": ...}``."""
+        obs = self.server_obs
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        n = int(self.headers.get("Content-Length") or 0)
+        if n > 4096:
+            return self._send(413, b"body too large\n", "text/plain")
+        if n:
+            self.rfile.read(n)                  # nothing is read from a body
+        who = obs.identity(self._token(query))
+        if who is None:
+            return self._send(401, b"a token is needed\n", "text/plain",
+                              {"WWW-Authenticate": 'Bearer realm="harmony"'})
+        if url.path != "/api/control":
+            return self._send(404, b"not found\n", "text/plain")
+        if self.headers.get(CONTROL_HEADER) != "1":
+            return self._json(403, {"ok": False, "error": f"the {CONTROL_HEADER} header is "
+                                                          f"needed (the dashboard sends it)"})
+        action = (query.get("action") or [""])[0]
+        job = (query.get("job") or [""])[0]
+        if action not in CONTROLS or not job or len(job) > 128:
+            return self._json(400, {"ok": False, "error": "action must be cancel, pause or "
+                                                          "resume, with a job"})
+        if obs.control is None:
+            return self._json(503, {"ok": False, "error": "this master takes no controls here"})
+        try:
+            reply = obs.control(CONTROLS[action], {"job": job}, *who)
+        except (TimeoutError, ValueError) as exc:
+            return self._json(503, {"ok": False, "error": str(exc)})
+        if reply.type == "error":
+            code = 403 if reply["code"] in ("forbidden", "not_owner") else 409
+            return self._json(code, {"ok": False, "error": reply["message"],
+                                     "code": reply["code"]})
+        log.info("dashboard: %s %s by %s %r", action, job, who[0] or "a peer", who[1])
+        return self._json(200, {"ok": True, **(reply.get("info") or {})})
+
+    def _json(self, code: int, obj: dict) -> None:
+        self._send(code, json.dumps(obj).encode(), "application/json")
+
     def _file(self, name: str, extra: dict) -> None:
         p = (STATIC / name).resolve()
         if STATIC not in p.parents or not p.is_file():
@@ -317,8 +380,10 @@ def start(master, host: str | None, port: int | None) -> ObsServer | None:
     if port is None or port < 0:
         return None
     try:
-        return ObsServer(host or "127.0.0.1", port, getattr(master, "keys", None),
-                         getattr(master, "state_dir", None)).start()
+        obs = ObsServer(host or "127.0.0.1", port, getattr(master, "keys", None),
+                        getattr(master, "state_dir", None))
+        obs.control = getattr(master, "dashboard_request", None)
+        return obs.start()
     except OSError as exc:
         log.error("no dashboard: cannot bind %s:%s: %s", host, port, exc)
         return None

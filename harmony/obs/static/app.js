@@ -187,6 +187,7 @@
       dl.appendChild(el("dd", {"data-fact": k}, v));
     }
     box.appendChild(dl);
+    box.appendChild(controls(j));
     const charts = el("div", {class: "grid"});
     const it = el("div", {class: "chartbox", id: "job-iters"});
     it.appendChild(el("h3", {}, "seconds per iteration, by epoch"));
@@ -227,6 +228,38 @@
     box.appendChild(el("h3", {}, "story" + (j.events_earlier ? " (latest " + j.events.length +
       "; " + j.events_earlier + " earlier: harmony status " + j.id + " --events)" : "")));
     box.appendChild(t);
+  }
+
+  // cancel, pause and resume: what the CLI does, for the token's key (the
+  // master refuses a reader's); the header is what no other site can send
+  const said = {};
+  function controls(j) {
+    const d = el("div", {class: "controls"});
+    const acts = {running: ["pause", "cancel"], profiling: ["pause", "cancel"],
+                  paused: ["resume", "cancel"], profiled: ["resume", "cancel"],
+                  waiting: ["cancel"]}[j.state] || [];
+    for (const a of acts) {
+      const b = el("button", {type: "button", "data-action": a}, a);
+      b.addEventListener("click", async () => {
+        if (a === "cancel" && !confirm("cancel " + j.id + "?")) return;
+        b.disabled = true;
+        try {
+          const q = "api/control?action=" + a + "&job=" + encodeURIComponent(j.id) +
+            (token ? "&token=" + encodeURIComponent(token) : "");
+          const r = await fetch(q, {method: "POST", credentials: "same-origin",
+                                    headers: {"X-Harmony-Dashboard": "1"}});
+          const body = await r.json();
+          said[j.id] = body.ok ? a + ": " + (body.state || "done") : a + " refused: " + body.error;
+        } catch (e) {
+          said[j.id] = a + " failed: " + e.message;
+        }
+        const out = $("#job-control-said");
+        if (out) out.textContent = said[j.id];
+      });
+      d.appendChild(b);
+    }
+    d.appendChild(el("span", {id: "job-control-said", class: "muted"}, said[j.id] || ""));
+    return d;
   }
 
   function renderJobs(snap) {
