@@ -244,15 +244,19 @@ def probe_wrong_shard_tag_from_a_cluster_key(cl):
 
 
 def probe_heartbeat_bombs(cl):
-    """A worker key's heartbeats with 1 MiB stats, 5000 executors and a
-    stats map of 5000 fields: refused by the schema, nothing stored."""
+    """A worker key's heartbeats with 1 MiB stats, 5000 executors, a stats
+    map of 5000 fields and 5000 subtasks: refused by the schema, or (the
+    subtasks) at most MAX_TASKS of them kept in a bounded ring."""
     m1 = _keys(cl, "worker", "m1")
     for frames in ([msgpack.packb({"t": "heartbeat", "name": "m1", "executors": [],
                                    "stats": {"cpu": "x" * MiB}})],
                    [msgpack.packb({"t": "heartbeat", "name": "m1",
                                    "executors": ["job-0001"] * 5000})],
                    [msgpack.packb({"t": "heartbeat", "name": "m1", "executors": [],
-                                   "stats": {f"s{i}": i for i in range(5000)}})]):
+                                   "stats": {f"s{i}": i for i in range(5000)}})],
+                   # the task stream: 5000 subtasks of 128-byte job names
+                   [msgpack.packb({"t": "heartbeat", "name": "m1", "executors": [],
+                                   "tasks": [[1.0, 0.5, "j" * 128, "cpu"]] * 5000})]):
         for _ in range(20):
             _send(cl.endpoint, frames, m1, 50)
 

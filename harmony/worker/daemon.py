@@ -608,7 +608,7 @@ class Daemon:
             if opened is not None and self._tasks_wanted:
                 self._tasks.append((opened[0], now, sub.job, opened[1]))
         try:
-            self._events.write(f'{{"t": {time.time():.6f}, "ev": "{ev}", "job": "{sub.job}", '
+            self._events.write(f'{{"t": {now:.6f}, "ev": "{ev}", "job": "{sub.job}", '
                                f'"seq": {sub.seq}, "kind": "{sub.kind}", "role": "{role}"}}\n')
         except OSError as exc:        # a full disk loses queue events, never the daemon
             now = time.time()
