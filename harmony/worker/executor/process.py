@@ -121,10 +121,13 @@ class Executor(Training):
         s = self.spec
         try:
             cls = load_app(s["app_source"], s["app_name"])
-            # a torch app's thread pool would be made by its first parallel
-            # op, in the start-up's thread, and keep its low priority
+            # at the executor's own priority: a machine joining a running job
+            # (that job's iterations wait for it: a live resize), and a torch
+            # app (its thread pool would be made by its first parallel op, in
+            # the start-up's thread, and keep the low priority)
+            own = bool(s.get("join")) or "torch" in sys.modules
             app, opts, inp, fixed, join, restored, spec = run_low(
-                lambda: self._start_up(cls), nice=0 if "torch" in sys.modules else None)
+                lambda: self._start_up(cls), nice=0 if own else None)
             if self.watch is not None:
                 self.watch.take()   # epoch peaks from here on (not the app's parsing)
             # the default update (add) runs in place on the shard

@@ -22,6 +22,10 @@ executors in their daemon's session (``daemon.py``): where the kernel
 shares CPU time between sessions first (autogroup), nice values count only
 within one.
 
+A machine that joins a running job (a live resize) starts at the
+executor's own priority: that job's iterations wait for it, and at nice 19
+beside another job's COMPs a resize did not finish before its job did.
+
 ``HARMONY_STARTUP_NICE`` sets the nice value (0: off, the start-up at the
 executor's own priority; the benches' side-by-side).
 """
