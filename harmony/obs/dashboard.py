@@ -213,7 +213,6 @@ class ObsServer:
             return False
         return hmac.compare_digest(token, token_for(self.secret, role, name, expires_at))
 
-
     def identity(self, token: str | None) -> tuple[str, str] | None:
         """(role, name) of an allowed token's key; ("", "") without keys."""
         if not self.allowed(token):
@@ -224,8 +223,8 @@ class ObsServer:
         return role, rest.rsplit(".", 1)[0]
 
 
-#: what the dashboard's buttons may ask, and of which message type
-CONTROLS = {"cancel": "cancel", "pause": "pause", "resume": "resume"}
+#: what the dashboard's buttons may ask (the message types of the CLI's commands)
+CONTROLS = frozenset({"cancel", "pause", "resume"})
 #: a header a cross-site form cannot send (a cross-origin fetch that sends it
 #: needs a CORS preflight, which this server never grants): with the cookie's
 #: SameSite=Strict, no other site can press the buttons
@@ -325,7 +324,7 @@ class _Handler(BoundedHandler):
         if obs.control is None:
             return self._json(503, {"ok": False, "error": "this master takes no controls here"})
         try:
-            reply = obs.control(CONTROLS[action], {"job": job}, *who)
+            reply = obs.control(action, {"job": job}, *who)
         except (TimeoutError, ValueError) as exc:
             return self._json(503, {"ok": False, "error": str(exc)})
         if reply.type == "error":

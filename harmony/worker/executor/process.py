@@ -125,9 +125,10 @@ class Executor(Training):
             # (that job's iterations wait for it: a live resize), and a torch
             # app (its thread pool would be made by its first parallel op, in
             # the start-up's thread, and keep the low priority)
-            own = bool(s.get("join")) or "torch" in sys.modules
-            app, opts, inp, fixed, join, restored, spec = run_low(
-                lambda: self._start_up(cls), nice=0 if own else None)
+            join = bool(s.get("join"))
+            app, opts, inp, fixed, restored, spec = run_low(
+                lambda: self._start_up(cls, join),
+                nice=0 if join or "torch" in sys.modules else None)
             if self.watch is not None:
                 self.watch.take()   # epoch peaks from here on (not the app's parsing)
             # the default update (add) runs in place on the shard
@@ -193,7 +194,7 @@ class Executor(Training):
         finally:
             self.close()
 
-    def _start_up(self, cls: type) -> tuple:
+    def _start_up(self, cls: type, join: bool) -> tuple:
         """Parse the app's options, read this machine's input and place it:
         the start-up's CPU work, at the lowest priority (:func:`run_low`)."""
         s = self.spec
@@ -209,7 +210,6 @@ class Executor(Training):
         # the checkpoint once the owner map is known (below). A machine
         # joining a running job reads the input's metadata only: its
         # blocks arrive from the other machines (block migration).
-        join = bool(s.get("join"))
         limits = self._ingest_limits(opts)
         # the reader's pieces stay within the same limit (the rest goes
         # to this machine's disk until the blocks are assembled)
@@ -226,7 +226,7 @@ class Executor(Training):
         spec = app.model_spec()
         if not join:
             self._place_input(inp, opts, spec, fixed)
-        return app, opts, inp, fixed, join, restored, spec
+        return app, opts, inp, fixed, restored, spec
 
     def _local_inputs(self, args: list[str]) -> list[str]:
         """``harmony://NAME`` in the app's options -> this machine's copy of
