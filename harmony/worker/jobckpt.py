@@ -29,7 +29,7 @@ import hashlib
 import os
 import shutil
 import uuid
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 import zmq
@@ -122,12 +122,23 @@ def entries_digest(entries: Iterable[tuple[str, int, bytes]]) -> bytes:
 def write_payloads(path: str, job: str, payloads: list[Payload], *, epoch: int,
                    iteration: int, meta: dict | None = None) -> tuple[int, bytes]:
     """Write a part from exported payloads; returns (version, digest)."""
-    store = CheckpointStore.open(path, job, keep=1)
+    return write_part(path, job, {p.bid: p.data for p in payloads if p.sec == "model"},
+                      {p.bid: p.data for p in payloads if p.sec == "input"}, epoch=epoch,
+                      iteration=iteration, meta=meta)
+
+
+def write_part(path: str, job: str, model: Mapping[int, bytes], inputs: Mapping[int, bytes],
+               *, epoch: int, iteration: int, meta: dict | None = None,
+               batch_bytes: int = 64 << 20) -> tuple[int, bytes]:
+    """Write a part from exported blocks, ``bid -> bytes`` per section;
+    returns (version, digest). Each block is read from its mapping once,
+    when it is written (a mapping may read it from disk then: a replica
+    from its spool file), and at most ``batch_bytes`` and one block are held
+    until their transaction commits."""
+    store = CheckpointStore.open(path, job, keep=1, chunk_bytes=batch_bytes)
     try:
-        info = store.write({p.bid: p.data for p in payloads if p.sec == "model"},
-                           input_blocks={p.bid: p.data for p in payloads if p.sec == "input"},
-                           epoch=epoch, iteration=iteration, meta=dict(meta or {}),
-                           exported=True)
+        info = store.write(model, input_blocks=inputs, epoch=epoch, iteration=iteration,
+                           meta=dict(meta or {}), exported=True)
         man = store.manifest(info.version)
     finally:
         store.close()
