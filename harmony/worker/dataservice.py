@@ -10,9 +10,17 @@ any other process reaches data on this machine's disk.
 * ``blk`` … ``blk_end`` with a ``rep:`` transfer id: a replica of another
   machine's checkpoint part, assembled, verified, written to this machine's
   disk, and answered with ``blk_done`` carrying the digest of its manifest.
+  ``blk_end`` with meta kind "stage": chunks of a staged data set.
+
+Until its ``blk_end`` a transfer's chunks go to disk as they arrive, one
+spool file per transfer under ``STATE/spool`` (:mod:`harmony.store.spool`:
+its bounds on memory, disk and idle time), and at its end its blocks are
+read back from there one at a time: a peer that never closes what it sent
+leaves files, not memory, and those go after ``IDLE_S``.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -28,18 +36,19 @@ from harmony.store.checkpoint import CheckpointError, CheckpointStore
 from harmony.store.errors import StoreError
 from harmony.store import staging
 from harmony.store.staging import ChunkStore, StagingError
-from harmony.store.transfer import (CHUNK_BYTES, HEAD_BYTES, Assembler, Payload,
-                                    TransferError, send_payloads)
+from harmony.store.spool import Spool, Spooled
+from harmony.store.transfer import (CHUNK_BYTES, HEAD_BYTES, Payload, TransferError,
+                                    send_payloads)
 from harmony.util.names import BadName
 from harmony.worker import jobckpt
 
 log = logging.getLogger("harmony.data")
 
-#: every byte held for transfers not yet closed (half-received blocks and the
-#: whole ones waiting for their ``blk_end``), from all peers together; a
-#: transfer idle for IDLE_S is dropped with what it held
-MAX_PENDING_BYTES = 4 << 30
+#: a transfer that sends nothing for IDLE_S is dropped, its spool file deleted
 IDLE_S = 60.0
+#: a replica's blocks are written to its part in transactions of this many
+#: bytes (and one block): what is held while they commit
+REPLICA_BATCH_BYTES = 16 << 20
 #: the largest frame the service reads (ZMQ_MAXMSGSIZE: a larger one
 #: disconnects its sender before it is buffered): a block chunk is at most
 #: CHUNK_BYTES; headers (a chunk's, with its payload's array list; a fetch's
@@ -61,7 +70,7 @@ class DataService:
         self.sock.setsockopt(zmq.SNDTIMEO, 60_000)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.endpoint = bind_random(self.sock, host)
-        self.asm = Assembler(MAX_PENDING_BYTES, keep=True, idle_s=IDLE_S)
+        self.spool = Spool(os.path.join(state_dir, "spool"), idle_s=IDLE_S)
         self._stop = threading.Event()
         self._next_expiry = 0.0
         self._thread = threading.Thread(target=self._run, name="data-service", daemon=True)
@@ -76,6 +85,7 @@ class DataService:
         self._thread.join(timeout=5)
         self.sock.close(linger=0)
         self.chunks.close()
+        self.spool.close()
 
     def _run(self) -> None:
         poller = zmq.Poller()
@@ -126,9 +136,9 @@ class DataService:
 
     def _expire(self) -> None:
         self._next_expiry = time.monotonic() + 1.0
-        for mid in self.asm.expire():
+        for mid in self.spool.expire():
             log.warning("data service: transfer %s sent nothing for %.0fs: dropped with "
-                        "what it held", mid, self.asm.idle_s)
+                        "what it held", mid, self.spool.idle_s)
 
     def _reply(self, ident: bytes, payload: bytes) -> None:
         try:
@@ -174,17 +184,14 @@ class DataService:
         elif msg.type == "blk":
             mid = msg["mid"]
             try:
-                done = self.asm.add(msg)
-                if done is not None and not isinstance(done[3], bytes):
-                    raise TransferError(f"transfer {mid}: {done[1]} block {done[2]} arrived "
-                                        f"as a block, not as exported bytes")
+                done = self.spool.add(msg)
             except TransferError as exc:
-                self.asm.take(mid)
+                self.spool.drop(mid)
                 return self._reply(ident, M.encode("blk_ack", mid=mid, sec=msg["sec"],
                                                    bid=msg["bid"], ok=False, error=str(exc)))
             if done is not None:
-                _, sec, bid, data = done
-                self.received_bytes += len(data)
+                _, sec, bid, size = done
+                self.received_bytes += size
                 self._reply(ident, M.encode("blk_ack", mid=mid, sec=sec, bid=bid, ok=True))
         elif msg.type == "data_fetch":
             payloads = [Payload("data", int(i), self.chunks.get(msg["name"], int(i)))
@@ -194,28 +201,8 @@ class DataService:
             self._reply(ident, M.encode("blk_end", mid=msg["mid"], count=len(payloads),
                                         meta={}))
         elif msg.type == "blk_end":
-            mid, meta = msg["mid"], msg["meta"]
-            got = self.asm.take(mid)
-            if len(got) != msg["count"]:
-                raise TransferError(f"transfer {mid}: {len(got)} of {msg['count']} blocks "
-                                    f"arrived")
-            if meta.get("kind") == "stage":
-                name = staging.check_name(str(meta["dataset"]))
-                for (_, i), data in sorted(got.items()):
-                    self.chunks.put(name, i, data)
-                log.info("stored %d chunk(s) of data set %s", len(got), name)
-                return self._reply(ident, M.encode("blk_done", mid=mid, ok=True,
-                                                   digest=jobckpt.entries_digest(
-                                                       (s, b, jobckpt.hashlib.sha256(d).digest())
-                                                       for (s, b), d in got.items())))
-            job, epoch, index = str(meta["job"]), int(meta["epoch"]), int(meta["index"])
-            path = jobckpt.part_dir(self.state_dir, job, epoch, index)
-            _, digest = jobckpt.write_payloads(
-                path, job, [Payload(s, b, d) for (s, b), d in got.items()], epoch=epoch,
-                iteration=int(meta.get("iteration", 0)), meta={"replica": True})
-            log.info("replica of %s part %d (epoch %d) written: %d blocks", job, index, epoch,
-                     len(got))
-            self._reply(ident, M.encode("blk_done", mid=mid, ok=True, digest=digest))
+            with self.spool.take(msg["mid"]) as got:    # its spool file goes on exit
+                self._end(ident, msg, got)
         elif msg.type == "log_read":        # [obs] executor logs (harmony.obs.logs)
             self._reply(ident, M.encode("log_data", **obs_logs.read(
                 self.state_dir, self.name, msg["job"], msg.get("offset") or 0,
@@ -223,3 +210,30 @@ class DataService:
         else:
             self._reply(ident, M.error("unexpected",
                                        f"the data service does not accept {msg.type!r}"))
+
+    def _end(self, ident: bytes, msg: M.Message, got: Spooled) -> None:
+        """A transfer's ``blk_end``: its blocks, read from the spool one at
+        a time, stored where its meta says; ``blk_done`` with their digest."""
+        mid, meta = msg["mid"], msg["meta"]
+        if len(got) != msg["count"]:
+            raise TransferError(f"transfer {mid}: {len(got)} of {msg['count']} blocks "
+                                f"arrived")
+        if meta.get("kind") == "stage":
+            name = staging.check_name(str(meta["dataset"]))
+            shas = []
+            for s, i in sorted(got):
+                data = got[(s, i)]
+                self.chunks.put(name, i, data)
+                shas.append((s, i, hashlib.sha256(data).digest()))
+            log.info("stored %d chunk(s) of data set %s", len(got), name)
+            return self._reply(ident, M.encode("blk_done", mid=mid, ok=True,
+                                               digest=jobckpt.entries_digest(shas)))
+        job, epoch, index = str(meta["job"]), int(meta["epoch"]), int(meta["index"])
+        path = jobckpt.part_dir(self.state_dir, job, epoch, index)
+        _, digest = jobckpt.write_part(
+            path, job, got.section("model"), got.section("input"), epoch=epoch,
+            iteration=int(meta.get("iteration", 0)), meta={"replica": True},
+            batch_bytes=REPLICA_BATCH_BYTES)
+        log.info("replica of %s part %d (epoch %d) written: %d blocks", job, index, epoch,
+                 len(got))
+        self._reply(ident, M.encode("blk_done", mid=mid, ok=True, digest=digest))
