@@ -207,6 +207,7 @@ def test_a_replica_round_trip_writes_the_part_from_the_spool(service, tmp_path):
     spool, its digest matches the one written here, and nothing is left in
     the spool."""
     ctx, svc = service
+    assert svc.sock.getsockopt(zmq.RCVHWM) == dataservice.RCV_HWM     # paced, not queued
     payloads = _part(1, 6, 400_000)                    # block 0: ~25 MiB
     assert max(p.size for p in payloads) > 3 * dataservice.CHUNK_BYTES
     _, want = jobckpt.write_payloads(str(tmp_path / "mine"), "job-1", payloads, epoch=3,
