@@ -9,13 +9,16 @@ socket at a time, with the cluster's own keys (client, reader, worker):
            client connections (tests/test_hardening.py's payload mix)
   shard    ten 8 MiB model blocks named as the job's own move, from each key
   data     an 8 MiB payload header, then 70 whole 8 MiB payloads of a
-           replica whose closing message never comes (worker key)
+           replica whose closing message never comes (worker key); they
+           go to the daemon's spool on disk, whose size is printed too
   daemon   every executor message type from another machine's worker key
 
     python bench/attack_memory.py [--idle 60]
 
 Prints, per socket, the process's RSS before, at its peak during the flood,
-and after the idle timeout (60 s: ``harmony.store.transfer.IDLE_S``).
+and after the idle timeout (60 s: ``harmony.store.transfer.IDLE_S``); for
+the data services, the bytes in their spool files after the flood and after
+the idle timeout.
 """
 from __future__ import annotations
 
@@ -75,6 +78,12 @@ def dealer(ctx, ep: str, keys) -> zmq.Socket:
     return s
 
 
+def du(path: str) -> int:
+    """Bytes of the files under ``path`` (their disk blocks)."""
+    return sum(os.stat(os.path.join(d, f)).st_blocks * 512
+               for d, _, fs in os.walk(path) for f in fs)
+
+
 def listening(pids) -> list[tuple[int, str]]:
     out = []
     for pid in pids:
@@ -106,6 +115,7 @@ def main() -> None:
             kids = [ch.pid for d in daemons for ch in psutil.Process(d).children()]
             shards = listening(kids)
             rows = []
+            spools = {}
 
             # master
             pk = Peak(cl.procs[0].pid)
@@ -164,6 +174,9 @@ def main() -> None:
                 pk.stop()
                 rows.append((f"data {name}", "8 MiB header + 70 x 8 MiB never closed", pk))
                 s.close(0)
+                spools[name] = os.path.join(tmp, "c", "workers", name, "spool")
+                print(f"data {name}: {du(spools[name]) / MiB:.0f} MiB in its spool after the "
+                      f"flood", flush=True)
 
             # daemons' executor sockets: another machine's key
             xs = [(pid, ep) for pid, ep in listening(daemons) if ep not in data.values()]
@@ -186,6 +199,9 @@ def main() -> None:
                 after = pk.p.memory_info().rss
                 print(f"{what:32} {flood:42} {pk.before / MiB:8.0f} {pk.peak / MiB:8.0f} "
                       f"{(pk.peak - pk.before) / MiB:8.0f} {after / MiB:8.0f}")
+            for name, path in spools.items():
+                print(f"data {name}: {du(path) / MiB:.0f} MiB in its spool after the idle "
+                      f"timeout")
         finally:
             cl.stop()
     ctx.term()
