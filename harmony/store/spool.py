@@ -20,8 +20,8 @@ Bounds, all refused with a :class:`~harmony.store.transfer.TransferError`
 * memory: every open transfer costs ``TRANSFER_COST`` and every payload
   ``ENTRY_COST`` (more than their index entries take), plus the length of
   the transfer id and section name they keep, of ``max_held`` bytes
-  (64 MiB: some 260,000 payloads, twice the most one checkpoint part can
-  have, 2 x 65,536 blocks). No payload byte is held between messages.
+  (64 MiB: some 250,000 payloads; one checkpoint part has at most 2 x
+  65,536 blocks). No payload byte is held between messages.
 * disk: all spool files together at most ``share`` (half) of what the disk
   would have free without them. Half, because a replica takes its size
   twice until its end is written (the spool and the part); a cap per
