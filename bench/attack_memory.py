@@ -133,6 +133,8 @@ def main() -> None:
                         s.recv_multipart()
             time.sleep(0.5)
             pk.stop()
+            for s in socks:
+                s.close(0)          # (left open, ctx.term() below waited for them for good)
             rows.append(("master", "malformed/oversized flood, 4 s", pk))
 
             # PS shards
