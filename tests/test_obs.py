@@ -338,6 +338,33 @@ def test_logs_refuse_worker_keys(obs_cluster):
         ctx.term()
 
 
+def test_log_reads_keep_utf8_whole_and_offsets_exact(tmp_path):
+    """A read cut inside a UTF-8 character ends before it (the next read
+    starts there; unless that leaves nothing: a read of 1-3 bytes); bytes
+    that are not UTF-8 read as one "?" each, so a reader's next offset
+    (offset + its text's UTF-8 length) is exact; a negative offset reads
+    about the end, from a line's start."""
+    from harmony.obs import logs as L
+    d = tmp_path / "jobs" / "job-0001.0.1"
+    d.mkdir(parents=True)
+    data = "line one\nété ✓ 😀\n".encode() + b"bad \xff\xfe bytes\n" + "last ✓\n".encode()
+    (d / "executor.log").write_bytes(data)
+    sd = str(tmp_path)
+    for step in range(1, 12):
+        off, text = 0, ""
+        while off < len(data):
+            r = L.read(sd, "m0", "job-0001", off, max_bytes=step)
+            assert r["offset"] == off and r["text"], (step, off)
+            off += len(r["text"].encode())
+            text += r["text"]
+        assert off == len(data)
+        if step >= 4:       # room for any character (below: a lone lead byte reads "?")
+            assert text == data.decode("utf-8", "replace").replace("\ufffd", "?"), step
+    r = L.read(sd, "m0", "job-0001", -12)
+    assert r["text"] == "last ✓\n" and r["offset"] == len(data) - len("last ✓\n".encode())
+    assert L.read(sd, "m0", "job-0001", -10**6)["offset"] == 0
+
+
 def test_kept_logs_have_size_and_age_limits(tmp_path):
     from harmony.obs import logs as L
     sd = str(tmp_path)
