@@ -274,11 +274,37 @@ def test_dashboard_renders_in_chromium(obs_cluster, tmp_path):
     assert re.search(r'data-name="measured" data-points="4"', page), page
     assert f"harmony logs {short}" in page
     assert "<button" not in page             # a finished job has no controls
+    # its logs, streamed into the page (#37 item 7): the machine that ran it
+    logs = r.stdout[r.stdout.index('id="joblogs"'):]
+    logs = logs[:logs.index("</section>")]
+    assert f'data-job="{short}"' in logs and "hidden" not in logs[:200], logs[:500]
+    assert re.search(r'<pre class="logtext" data-machine="m\d">==&gt; ' + short +
+                     r'\.0\.\d+ &lt;==\n.*epoch 3:.*checkpoint after epoch 3', logs, re.S), \
+        logs[:3000]
     r = subprocess.run(args + ["--dump-dom", f"{url}#job={long}"], capture_output=True,
                        text=True, timeout=120)
     page = r.stdout[r.stdout.index('id="jobpage"'):]
     assert re.search(r'<button type="button" data-action="pause">pause</button>', page), page
     assert 'data-action="cancel"' in page
+    # a log that holds HTML shows as text: nothing in it becomes an element
+    evil = TOY_APP.replace("    def read_input(self, part):\n",
+                           "    def read_input(self, part):\n"
+                           "        print('<img src=x onerror=alert(1)><b>bold</b>&amp;', "
+                           "flush=True)\n")
+    assert evil != TOY_APP
+    with Client(obs_cluster[0].endpoint) as c:
+        job = c.submit("toy.py", evil, ["--max-epochs", "100000", "--sleep", "0.02"], 1)
+        try:
+            wait_state(c, job, ("running",))
+            r = subprocess.run(args + ["--dump-dom", f"{url}#job={job}"], capture_output=True,
+                               text=True, timeout=120)
+        finally:
+            c.cancel(job)
+    logs = r.stdout[r.stdout.index('id="joblogs"'):]
+    logs = logs[:logs.index("</section>")]
+    assert "&lt;img src=x onerror=alert(1)&gt;&lt;b&gt;bold&lt;/b&gt;&amp;amp;" in logs, \
+        logs[:3000]
+    assert "<img" not in logs and "<b>" not in logs
     if os.environ.get("HARMONY_SCREENSHOT"):     # docs/dashboard.png
         subprocess.run(args + ["--hide-scrollbars", "--window-size=1400,1250",
                                f"--screenshot={os.environ['HARMONY_SCREENSHOT']}", url],
