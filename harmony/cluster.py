@@ -241,7 +241,8 @@ class LocalCluster:
         names = [f"m{i}" for i in range(self.machines)]
         sec = ["--insecure"] if self.insecure else ["--keys", self.keys]
         if self.keys:
-            init_keys(self.keys, workers=names)
+            # the dashboard's reader key: the master reads the job pages' logs with it
+            init_keys(self.keys, workers=names, readers=["reader", "dashboard"])
         if self.port and port_taken(self.host, self.port):
             owner = port_owner(self.port)
             if not self.port_fallback:

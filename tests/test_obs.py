@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -273,11 +274,37 @@ def test_dashboard_renders_in_chromium(obs_cluster, tmp_path):
     assert re.search(r'data-name="measured" data-points="4"', page), page
     assert f"harmony logs {short}" in page
     assert "<button" not in page             # a finished job has no controls
+    # its logs, streamed into the page (#37 item 7): the machine that ran it
+    logs = r.stdout[r.stdout.index('id="joblogs"'):]
+    logs = logs[:logs.index("</section>")]
+    assert f'data-job="{short}"' in logs and "hidden" not in logs[:200], logs[:500]
+    assert re.search(r'<pre class="logtext" data-machine="m\d">==&gt; ' + short +
+                     r'\.0\.\d+ &lt;==\n.*epoch 3:.*checkpoint after epoch 3', logs, re.S), \
+        logs[:3000]
     r = subprocess.run(args + ["--dump-dom", f"{url}#job={long}"], capture_output=True,
                        text=True, timeout=120)
     page = r.stdout[r.stdout.index('id="jobpage"'):]
     assert re.search(r'<button type="button" data-action="pause">pause</button>', page), page
     assert 'data-action="cancel"' in page
+    # a log that holds HTML shows as text: nothing in it becomes an element
+    evil = TOY_APP.replace("    def read_input(self, part):\n",
+                           "    def read_input(self, part):\n"
+                           "        print('<img src=x onerror=alert(1)><b>bold</b>&amp;', "
+                           "flush=True)\n")
+    assert evil != TOY_APP
+    with Client(obs_cluster[0].endpoint) as c:
+        job = c.submit("toy.py", evil, ["--max-epochs", "100000", "--sleep", "0.02"], 1)
+        try:
+            wait_state(c, job, ("running",))
+            r = subprocess.run(args + ["--dump-dom", f"{url}#job={job}"], capture_output=True,
+                               text=True, timeout=120)
+        finally:
+            c.cancel(job)
+    logs = r.stdout[r.stdout.index('id="joblogs"'):]
+    logs = logs[:logs.index("</section>")]
+    assert "&lt;img src=x onerror=alert(1)&gt;&lt;b&gt;bold&lt;/b&gt;&amp;amp;" in logs, \
+        logs[:3000]
+    assert "<img" not in logs and "<b>" not in logs
     if os.environ.get("HARMONY_SCREENSHOT"):     # docs/dashboard.png
         subprocess.run(args + ["--hide-scrollbars", "--window-size=1400,1250",
                                f"--screenshot={os.environ['HARMONY_SCREENSHOT']}", url],
@@ -336,6 +363,163 @@ def test_logs_refuse_worker_keys(obs_cluster):
         assert r.type == "error" and r["code"] == "forbidden"
     finally:
         ctx.term()
+
+
+# -- the job page's logs, streamed (#37 item 7) ----------------------------------------
+def _logs_api(dash, job, at=None, token=None):
+    """GET /api/logs: (status, JSON body)."""
+    q = "api/logs?" + urllib.parse.urlencode({"job": job, **({"offsets": json.dumps(at)}
+                                                              if at is not None else {})})
+    req = urllib.request.Request(dash["url"] + q)
+    if token is not False:
+        req.add_header("Authorization", f"Bearer {token or dash['token']}")
+    try:
+        with urllib.request.urlopen(req, timeout=15) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        return exc.code, (json.loads(body) if body.startswith(b"{") else body.decode())
+
+
+def test_the_job_pages_logs_stream_from_every_machine(obs_cluster):
+    """GET /api/logs: a running job's logs from both its machines, each
+    machine's about last 64 KiB from a line's start at first, then only
+    what follows the offsets the page sends; a finished job's kept logs; a
+    reader's token may read them, no token may not; a bad or unknown job
+    and bad offsets are refused with a reason."""
+    from harmony.comm import security
+    from harmony.obs.dashboard import LOG_CHUNK
+    cl, dash, long, short = obs_cluster
+    assert _logs_api(dash, long, token=False)[0] == 401
+    assert _logs_api(dash, long, token="0" * 40)[0] == 401
+    code, body = _logs_api(dash, long)
+    assert code == 200 and body["ok"] and body["job"] == long, body
+    got = {m["machine"]: m for m in body["machines"]}
+    assert set(got) == {"m0", "m1"} and body["left_out"] == 0, body
+    for m in got.values():
+        assert m["name"].startswith(f"{long}.") and m["live"], m
+        assert "epoch " in m["text"] and len(m["text"].encode()) <= LOG_CHUNK
+        assert m["next"] == m["offset"] + len(m["text"].encode()) <= m["size"] + LOG_CHUNK
+        if m["offset"] > 0:                  # the log's end, from a line's start
+            assert re.match(r"\d{4}-\d\d-\d\d ", m["text"]), m["text"][:200]
+    # from the offsets the page has: only what follows, and it goes on
+    at = {n: [m["name"], m["next"]] for n, m in got.items()}
+    deadline = time.time() + 30
+    grew = set()
+    while grew != {"m0", "m1"}:
+        assert time.time() < deadline, (at, grew)
+        time.sleep(0.5)
+        code, body = _logs_api(dash, long, at)
+        assert code == 200, body
+        for m in body["machines"]:
+            assert m["offset"] == at[m["machine"]][1] and m["name"] == at[m["machine"]][0], m
+            assert m["next"] == m["offset"] + len(m["text"].encode())
+            if m["text"]:
+                assert re.search(r"epoch \d+:", m["text"])
+                grew.add(m["machine"])
+            at[m["machine"]] = [m["name"], m["next"]]
+    # a finished job's logs: kept, read to their end
+    code, body = _logs_api(dash, short)
+    assert code == 200 and body["machines"], body
+    for m in body["machines"]:
+        assert not m["live"] and m["next"] == m["size"] and "epoch 3:" in m["text"], m
+    assert {m["machine"] for m in body["machines"]} | set(body["quiet"]) == {"m0", "m1"}
+    m = body["machines"][0]
+    # the page's log there gave way to a newer attempt's: from 0 again
+    code, body = _logs_api(dash, short, {m["machine"]: [f"{short}.0.0", 10]})
+    r = next(x for x in body["machines"] if x["machine"] == m["machine"])
+    assert r["restart"] and r["next"] == 0 and r["text"] == "" and r["name"] == m["name"], r
+    # a reader may read them
+    with Client(cl.endpoint, keys=security.Keys.load(cl.keys, "reader", "reader")) as c:
+        reader = c.dashboard()["token"]
+    code, body = _logs_api(dash, short, token=reader)
+    assert code == 200 and body["machines"][0]["text"] == m["text"], body
+    # refusals with a reason
+    code, body = _logs_api(dash, "job-9999")
+    assert code == 404 and "no job 'job-9999'" in body["error"], body
+    for bad in ("../etc", "", "x" * 200):
+        code, body = _logs_api(dash, bad)
+        assert code == 400 and "job=" in body["error"], (bad, body)
+    for at in ({"m0": ["x", -1]}, {"../m0": [None, 0]}, {"m0": "x"}, [1]):
+        code, body = _logs_api(dash, long, at)
+        assert code == 400 and "offsets=" in body["error"], (at, body)
+
+
+def test_log_fetches_do_not_wait_for_a_dead_machine(obs_cluster):
+    """The dashboard asks the data services all at once, within one
+    deadline: a machine that does not answer is reported after it, the
+    others' logs come back, each at most max_bytes."""
+    import socket
+    import zmq
+    from harmony.comm import security
+    from harmony.obs import logs as L
+    cl, _, long, _ = obs_cluster
+    with Client(cl.endpoint) as c:
+        places = c.log_sources(long)
+    with socket.socket() as s:           # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        dead = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    ctx = zmq.Context()
+    try:
+        t0 = time.monotonic()
+        got = L.fetch_many(ctx, [(m, ep, 0) for m, ep in places] + [("gone", dead, 0)], long,
+                           keys=security.Keys.load(cl.keys, "reader", "dashboard"),
+                           timeout_s=1.5, max_bytes=1000)
+        took = time.monotonic() - t0
+    finally:
+        ctx.term()
+    assert got["gone"] == {"error": "no answer within 1.5 s"}
+    for m, _ in places:
+        assert got[m]["offset"] == 0 and 0 < len(got[m]["text"].encode()) <= 1000, got[m]
+    assert took < 1.5 + 3, took          # one deadline for all: not one per machine
+
+
+def test_a_master_without_the_dashboards_reader_key_says_so(tmp_path):
+    """The data services serve logs to client and reader keys only: a
+    master whose key set lacks the reader key 'dashboard' (its secret) has
+    its log page say so, and where to read them instead."""
+    from harmony.comm import security
+    from harmony.obs import dashboard as D
+    keys = security.init_keys(str(tmp_path / "keys"), readers=["reader"])
+    lk, why = D._log_keys(keys)
+    assert lk is None and "'dashboard'" in why and "harmony logs" in why
+    security.init_keys(keys, readers=["dashboard"])
+    lk, why = D._log_keys(keys)
+    assert lk is not None and (lk.role, lk.name) == ("reader", "dashboard") and why == ""
+    obs = D.ObsServer("127.0.0.1", 0, keys=security.Keys.load(keys, "master"))
+    try:
+        obs.log_why = "no key"
+        assert obs.logs("job-0001", {}, "client", "admin") == (503, {"ok": False,
+                                                                     "error": "no key"})
+    finally:
+        obs.httpd.server_close()
+
+
+def test_log_reads_keep_utf8_whole_and_offsets_exact(tmp_path):
+    """A read cut inside a UTF-8 character ends before it (the next read
+    starts there; unless that leaves nothing: a read of 1-3 bytes); bytes
+    that are not UTF-8 read as one "?" each, so a reader's next offset
+    (offset + its text's UTF-8 length) is exact; a negative offset reads
+    about the end, from a line's start."""
+    from harmony.obs import logs as L
+    d = tmp_path / "jobs" / "job-0001.0.1"
+    d.mkdir(parents=True)
+    data = "line one\nété ✓ 😀\n".encode() + b"bad \xff\xfe bytes\n" + "last ✓\n".encode()
+    (d / "executor.log").write_bytes(data)
+    sd = str(tmp_path)
+    for step in range(1, 12):
+        off, text = 0, ""
+        while off < len(data):
+            r = L.read(sd, "m0", "job-0001", off, max_bytes=step)
+            assert r["offset"] == off and r["text"], (step, off)
+            off += len(r["text"].encode())
+            text += r["text"]
+        assert off == len(data)
+        if step >= 4:       # room for any character (below: a lone lead byte reads "?")
+            assert text == data.decode("utf-8", "replace").replace("\ufffd", "?"), step
+    r = L.read(sd, "m0", "job-0001", -12)
+    assert r["text"] == "last ✓\n" and r["offset"] == len(data) - len("last ✓\n".encode())
+    assert L.read(sd, "m0", "job-0001", -10**6)["offset"] == 0
 
 
 def test_kept_logs_have_size_and_age_limits(tmp_path):

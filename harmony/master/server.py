@@ -228,8 +228,9 @@ class Master:
         # handed back to the event loop through a queue
         self._solver = ThreadPoolExecutor(1, thread_name_prefix="solve")
         self._solved: queue.SimpleQueue = queue.SimpleQueue()
-        # the dashboard's controls (cancel, pause, resume): requests from its
-        # HTTP thread, handled by the loop as a client's, answered back
+        # the dashboard's controls (cancel, pause, resume) and the machines
+        # that hold a job's logs: requests from its HTTP thread, handled by
+        # the loop as a client's, answered back
         self._dash_in: queue.SimpleQueue = queue.SimpleQueue()
         self._dash_out: dict[bytes, list] = {}
         self._dash_lock = threading.Lock()
@@ -294,6 +295,9 @@ class Master:
                     self._run(self.core.handle(self._solved.get(), self.clock()))
                 while not self._dash_in.empty():
                     ident, msg, role, name = self._dash_in.get()
+                    if msg.type in obs_dashboard.MESSAGES:     # the log page's machines
+                        self._send(ident, obs_dashboard.answer(self, msg, role, name))
+                        continue
                     self._run(self.core.handle(C.Received(ident, msg, role, name), self.clock()))
                 self._run(self.core.handle(tick, self.clock()))
                 if self.obs is not None:        # [obs hook] at most once a second

@@ -9,6 +9,10 @@ the master's objects: the master's loop publishes a snapshot (a plain dict,
   polls ``/api/snapshot`` every second and draws its tables and SVG charts
   (no build step, no third-party JS);
 * ``/api/snapshot``: the snapshot as JSON;
+* ``/api/logs?job=ID&offsets=...``: the job's executor logs from its
+  machines' data services, after the offsets the page has (the job page
+  polls it while open); fetched by the HTTP thread itself, never by the
+  master's loop, which only says which machines to ask (:meth:`ObsServer.logs`);
 * ``/metrics``: Prometheus exposition format (:mod:`harmony.obs.metrics`).
 
 Bound to 127.0.0.1 unless configured. With a key set (every secure
@@ -36,9 +40,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from harmony.obs import logs as OL
 from harmony.obs import metrics as OM
 from harmony.obs.httpserver import BoundedHandler, BoundedHTTPServer
 from harmony.obs.snapshot import SnapshotEncoder, build_snapshot
+from harmony.util import names
 
 log = logging.getLogger("harmony.obs")
 
@@ -55,6 +61,20 @@ _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=
 
 #: how long a dashboard token is good for (`harmony dashboard` gets a new one)
 TOKEN_TTL = 30 * 86400
+
+#: the job page's logs (``/api/logs``): the reader key of the master's key
+#: set it reads them with (the data services serve logs to client and reader
+#: keys only, and the master's own key is the cluster's, which every worker
+#: and executor holds too); bytes per machine per request; the seconds all
+#: the machines together have to answer; the machines asked per request; the
+#: requests fetching at once (more wait, then get a 503); how long the loop's
+#: list of machines is reused
+LOG_READER = "dashboard"
+LOG_CHUNK = 64 * 1024
+LOG_TIMEOUT = 2.0
+LOG_MACHINES = 16
+LOG_FETCHES = 4
+LOG_PLACES_S = 5.0
 
 
 def token_for(secret: bytes, role: str, name: str, expires: int) -> str:
@@ -103,8 +123,18 @@ class ObsServer:
         self._encoding = threading.Lock()
         self._last = 0.0
         self.fetched = 0.0          # when a snapshot was last fetched (the task stream)
-        # the master's dashboard_request (cancel, pause, resume), if it has one
+        # the master's dashboard_request (cancel, pause, resume; the machines
+        # that hold a job's logs), if it has one
         self.control = None
+        # the job page's logs: the key they are read with (None: this master
+        # has none, log_why says why; not needed without keys), a ZeroMQ
+        # context of the HTTP threads' own, and the fetches under way
+        self.log_keys = None
+        self.log_why = "" if keys is None else "this master has no key to read logs with"
+        self._log_ctx = None
+        self._log_slots = threading.BoundedSemaphore(LOG_FETCHES)
+        self._log_lock = threading.Lock()
+        self._log_places: dict[str, tuple[float, list]] = {}
         obs = self
 
         class Handler(_Handler):
@@ -172,6 +202,8 @@ class ObsServer:
             self.httpd.server_close()
         except Exception:
             pass
+        if self._log_ctx is not None:       # a fetch under way closes its sockets
+            self._log_ctx.term()            # within LOG_TIMEOUT (linger 0)
         if self.path:
             try:
                 os.unlink(self.path)
@@ -194,6 +226,103 @@ class ObsServer:
                         else json.dumps({"t": None, "jobs": []}).encode())
                 self._json = (snap, data)   # the snapshot it encodes goes with it
         return data
+
+    def logs(self, job: str, have: dict[str, tuple[str | None, int]], role: str,
+             name: str) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, JSON body) of ``/api/logs``: what ``job``'s logs hold
+        after what the page has (``have``: machine -> [log name, byte
+        offset]; a machine not in it: about its last LOG_CHUNK bytes, from a
+        line's start). The master's loop only names the live machines'
+        data services (``log_sources``, for this token's key, reused for
+        LOG_PLACES_S); this thread asks them itself, at most LOG_MACHINES
+        (the job's own first, then those the page follows), LOG_CHUNK bytes
+        each, all within LOG_TIMEOUT: a dead machine is reported, not
+        waited for. Per machine in ``machines``: its log's name, whether it
+        is still written, ``offset`` (where ``text`` starts), ``next`` (the
+        offset to ask from next), ``size``; ``restart`` when the page's log
+        there was replaced by a newer attempt's (ask again from 0); or
+        ``error``. ``quiet``: the machines asked that hold no log of it."""
+        if self.keys is not None and self.log_keys is None:
+            return 503, {"ok": False, "error": self.log_why}
+        if self.control is None:
+            return 503, {"ok": False, "error": "this master serves no logs here"}
+        if not self._log_slots.acquire(timeout=LOG_TIMEOUT):
+            return 503, {"ok": False, "error": "too many log requests at once; try again"}
+        try:
+            places = self._places_of(job, role, name)
+            if isinstance(places, tuple):
+                return places
+            mine = []
+            for j in (self._snap or {}).get("jobs", []):
+                if j.get("id") == job:
+                    mine = list(j.get("workers") or [])
+            rank = {m: i for i, m in enumerate(dict.fromkeys([*mine, *have]))}
+            places = sorted(places, key=lambda p: (rank.get(p[0], len(rank)), p[0]))
+            asked = places[:LOG_MACHINES]
+            asks = []
+            for machine, endpoint in asked:
+                logname, offset = have.get(machine, (None, -1))
+                asks.append((machine, endpoint, offset if logname else -LOG_CHUNK))
+            if self._log_ctx is None:
+                with self._log_lock:
+                    if self._log_ctx is None:
+                        import zmq
+                        self._log_ctx = zmq.Context()
+            got = OL.fetch_many(self._log_ctx, asks, job, keys=self.log_keys,
+                                timeout_s=LOG_TIMEOUT, max_bytes=LOG_CHUNK)
+        finally:
+            self._log_slots.release()
+        out, quiet = [], []
+        for machine, _ in asked:
+            d = got[machine]
+            if "error" in d:
+                out.append({"machine": machine, "error": str(d["error"])[:300]})
+                continue
+            if not d.get("attempts"):
+                quiet.append(machine)
+                continue
+            try:
+                logname = str(d["attempts"][d["attempt"]][0])
+                text = d["text"][:LOG_CHUNK]        # what was asked for, at most
+                entry = {"machine": machine, "name": logname, "live": bool(d["live"]),
+                         "size": int(d["size"]), "offset": int(d["offset"])}
+            except (KeyError, IndexError, TypeError, ValueError):
+                out.append({"machine": machine, "error": "a malformed answer"})
+                continue
+            had, at = have.get(machine, (None, -1))
+            if had is not None and had != logname and at > 0:
+                # the page's log here gave way to a newer attempt's: its bytes
+                # at that offset are not what follows; from 0, next time
+                entry.update(restart=True, offset=0, next=0, text="")
+            else:
+                entry.update(next=entry["offset"] + len(text.encode("utf-8", "replace")),
+                             text=text)
+            out.append(entry)
+        return 200, {"ok": True, "job": job, "t": time.time(), "machines": out,
+                     "quiet": quiet, "left_out": max(0, len(places) - len(asked))}
+
+    def _places_of(self, job: str, role: str, name: str):
+        """The live machines' data services ([[machine, endpoint]]) from the
+        master's loop, reused for LOG_PLACES_S; or (status, body) if it
+        refuses (an unknown job: 404)."""
+        now = time.monotonic()
+        with self._log_lock:
+            hit = self._log_places.get(job)
+        if hit is not None and now - hit[0] < LOG_PLACES_S:
+            return hit[1]
+        try:
+            reply = self.control("log_sources", {"job": job}, role, name)
+        except (TimeoutError, ValueError) as exc:
+            return 503, {"ok": False, "error": str(exc)}
+        if reply.type == "error":
+            code = {"unknown_job": 404, "forbidden": 403}.get(reply["code"], 409)
+            return code, {"ok": False, "error": reply["message"], "code": reply["code"]}
+        places = [(str(m), str(ep)) for m, ep in reply["machines"]]
+        with self._log_lock:
+            if len(self._log_places) > 256:
+                self._log_places.clear()
+            self._log_places[job] = (now, places)
+        return places
 
     def allowed(self, token: str | None, now: float | None = None) -> bool:
         """A token of a client or reader key that the key set still holds,
@@ -292,7 +421,23 @@ class _Handler(BoundedHandler):
             return self._send(200, obs.snapshot_json(), "application/json", extra)
         if path == "/metrics":
             return self._send(200, OM.exposition(obs.registry), OM.CONTENT_TYPE, extra)
+        if path == "/api/logs":
+            return self._logs(query, token)
         self._send(404, b"not found\n", "text/plain")
+
+    def _logs(self, query: dict, token: str | None) -> None:
+        """``GET /api/logs?job=ID&offsets={"MACHINE": ["LOG", BYTES], ...}``
+        (:meth:`ObsServer.logs`), for the token's key."""
+        job = (query.get("job") or [""])[0]
+        if not names.NAME_RE.fullmatch(job):
+            return self._json(400, {"ok": False, "error": "job= must name a job (job-0001)"})
+        have = _offsets((query.get("offsets") or ["{}"])[0])
+        if have is None:
+            return self._json(400, {"ok": False, "error": 'offsets= must be JSON: {"MACHINE": '
+                                                          '["LOG", BYTES], ...}'})
+        who = self.server_obs.identity(token) or ("", "")
+        code, body = self.server_obs.logs(job, have, *who)
+        self._json(code, body)
 
     def do_POST(self) -> None:
         """``POST /api/control?action=cancel|pause|resume&job=ID``: what
@@ -345,6 +490,31 @@ class _Handler(BoundedHandler):
                    extra)
 
 
+def _offsets(text: str) -> dict[str, tuple[str | None, int]] | None:
+    """The page's ``offsets`` (machine -> [log name or null, byte offset]),
+    checked; None if malformed."""
+    if len(text) > 16384:
+        return None
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(raw, dict) or len(raw) > 256:
+        return None
+    out: dict[str, tuple[str | None, int]] = {}
+    for machine, v in raw.items():
+        if not names.NAME_RE.fullmatch(machine) or not isinstance(v, list) or len(v) != 2:
+            return None
+        logname, offset = v
+        if not (logname is None or (isinstance(logname, str)
+                                    and names.NAME_RE.fullmatch(logname))):
+            return None
+        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2**53:
+            return None
+        out[machine] = (logname, offset)
+    return out
+
+
 # -- the master's messages about observability (answered without its core) ---------
 MESSAGES = frozenset({"dashboard_info", "log_sources"})
 
@@ -373,6 +543,18 @@ def answer(master, msg, role: str, name: str) -> bytes:
     return M.error("unexpected", f"not an observability message: {msg.type!r}")
 
 
+def _log_keys(directory: str):
+    """(the reader key ``LOG_READER`` of the key set in ``directory``, "") if
+    this master holds its secret, else (None, why not)."""
+    from harmony.comm import security
+    try:
+        return security.Keys.load(directory, "reader", LOG_READER), ""
+    except (OSError, security.SecurityError) as exc:
+        log.warning("the dashboard's job pages will not show logs: %s", exc)
+        return None, (f"this master holds no reader key {LOG_READER!r} to read logs with "
+                      f"(see its log); 'harmony logs JOB --follow' reads them")
+
+
 def start(master, host: str | None, port: int | None) -> ObsServer | None:
     """The master's hook: its dashboard on ``host:port`` (None: no dashboard),
     started; None if the port cannot be bound (logged: the master runs on)."""
@@ -382,6 +564,9 @@ def start(master, host: str | None, port: int | None) -> ObsServer | None:
         obs = ObsServer(host or "127.0.0.1", port, getattr(master, "keys", None),
                         getattr(master, "state_dir", None))
         obs.control = getattr(master, "dashboard_request", None)
+        keys = getattr(master, "keys", None)
+        if keys is not None:
+            obs.log_keys, obs.log_why = _log_keys(keys.directory)
         return obs.start()
     except OSError as exc:
         log.error("no dashboard: cannot bind %s:%s: %s", host, port, exc)

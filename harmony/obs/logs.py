@@ -16,6 +16,7 @@ which machines to ask (``log_sources``).
 """
 from __future__ import annotations
 
+import codecs
 import os
 import re
 import shutil
@@ -116,10 +117,33 @@ def find(state_dir: str, job: str) -> list[dict[str, Any]]:
     return out
 
 
+# bytes that are not UTF-8 read as one "?" each: the text of a reply is as
+# long in UTF-8 as the bytes it was read from, so a reader's next offset is
+# its offset plus its text's UTF-8 length, exactly
+codecs.register_error("harmony-log", lambda e: ("?" * (e.end - e.start), e.end))
+
+
+def _whole_chars(data: bytes) -> bytes:
+    """``data`` without a UTF-8 character cut off at its end (the next read
+    starts at it); as it is if that would leave nothing."""
+    for k in range(1, min(4, len(data)) + 1):
+        b = data[-k]
+        if b < 0x80:
+            return data                     # ASCII: whole
+        if b >= 0xC0:                       # a lead byte, k - 1 bytes after it
+            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return data if k >= need or k == len(data) else data[:-k]
+    return data                             # no lead byte: not UTF-8 anyway
+
+
 def read(state_dir: str, machine: str, job: str, offset: int = 0, which: int | None = None,
          max_bytes: int = READ_MAX) -> dict[str, Any]:
     """``log_data`` fields: the log ``which`` (an index into :func:`find`'s
-    list, default the newest) of ``job`` here, from byte ``offset``."""
+    list, default the newest) of ``job`` here, from byte ``offset``; a
+    negative ``offset``: about its last ``-offset`` bytes, from the start of
+    a line (the reply's ``offset`` says where). At most ``max_bytes``
+    (capped at READ_MAX), never ending inside a UTF-8 character when more
+    follows; bytes that are not UTF-8 read as ``?``."""
     files = find(state_dir, job)
     listing = [[f["name"], f["size"], f["live"]] for f in files]
     if not files:
@@ -127,12 +151,22 @@ def read(state_dir: str, machine: str, job: str, offset: int = 0, which: int | N
                 "size": 0, "live": False, "attempts": []}
     k = len(files) - 1 if which is None or not -len(files) <= which < len(files) else which
     f = files[k]
-    offset = max(0, min(int(offset), f["size"]))
+    offset = int(offset)
+    tail = offset < 0
+    offset = max(0, min(f["size"] + offset if tail else offset, f["size"]))
+    limit = max(0, min(int(max_bytes), READ_MAX))
     with open(f["path"], "rb") as fh:
         fh.seek(offset)
-        data = fh.read(max(0, min(int(max_bytes), READ_MAX)))
+        data = fh.read(limit)
+        more = bool(fh.read(1))
+    if tail and offset > 0:                 # from the first whole line
+        cut = data.find(b"\n")
+        if 0 <= cut < len(data) - 1:
+            data, offset = data[cut + 1:], offset + cut + 1
+    if more:
+        data = _whole_chars(data)
     return {"job": job, "machine": machine, "attempt": k % len(files), "offset": offset,
-            "text": data.decode("utf-8", "replace"), "size": f["size"], "live": f["live"],
+            "text": data.decode("utf-8", "harmony-log"), "size": f["size"], "live": f["live"],
             "attempts": listing}
 
 
@@ -157,3 +191,56 @@ def fetch(ctx: zmq.Context, endpoint: str, job: str, offset: int = 0,
         raise PermissionError(msg["message"]) if msg["code"] == "forbidden" else \
             RuntimeError(msg["message"])
     return dict(msg.fields)
+
+
+def fetch_many(ctx: zmq.Context, asks: list[tuple[str, str, int]], job: str, keys=None,
+               timeout_s: float = 2.0, max_bytes: int = READ_MAX) -> dict[str, dict[str, Any]]:
+    """Ask several data services at once (``asks``: machine, endpoint,
+    offset) for at most ``max_bytes`` of ``job``'s newest log each, all
+    within ``timeout_s`` together: a machine that does not answer in time
+    (dead, or unreachable) costs no more than that and holds up no other.
+    Per machine the ``log_data`` fields, or ``{"error": why}``."""
+    out: dict[str, dict[str, Any]] = {}
+    socks: dict[zmq.Socket, str] = {}
+    poller = zmq.Poller()
+    try:
+        for machine, endpoint, offset in asks:
+            sock = make_socket(ctx, zmq.DEALER, identity=f"logs-{uuid.uuid4().hex[:12]}".encode(),
+                               keys=keys, timeout_s=timeout_s)
+            socks[sock] = machine
+            try:
+                sock.connect(endpoint)
+                # queued until connected (no wait here): the poll below bounds it
+                sock.send(M.encode("log_read", job=job, offset=int(offset),
+                                   max_bytes=int(max_bytes)), zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                out[machine] = {"error": f"cannot ask {endpoint}: {exc}"}
+                continue
+            poller.register(sock, zmq.POLLIN)
+        deadline = time.monotonic() + timeout_s
+        waiting = sum(1 for m in socks.values() if m not in out)
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for sock, _ in poller.poll(max(1, int(left * 1000))):
+                machine = socks[sock]
+                poller.unregister(sock)
+                waiting -= 1
+                try:
+                    msg = M.decode(sock.recv_multipart(zmq.NOBLOCK))
+                except (zmq.ZMQError, M.ProtocolError) as exc:
+                    out[machine] = {"error": f"a bad answer: {exc}"}
+                    continue
+                if msg.type == "log_data":
+                    out[machine] = dict(msg.fields)
+                elif msg.type == "error":
+                    out[machine] = {"error": msg["message"], "code": msg["code"]}
+                else:
+                    out[machine] = {"error": f"an unexpected answer: {msg.type}"}
+        for machine in socks.values():
+            out.setdefault(machine, {"error": f"no answer within {timeout_s:g} s"})
+    finally:
+        for sock in socks:
+            sock.close(linger=0)
+    return out

@@ -128,8 +128,8 @@
   }
   // A job's page (#job=ID): its story, why it runs where it runs or why it
   // waits, its group's predicted vs measured iteration, its iterations and
-  // objective per epoch, checkpoints, moves and start-ups. Drawn from the
-  // snapshot; the logs stay with 'harmony logs ID' (not streamed here).
+  // objective per epoch, checkpoints, moves and start-ups, drawn from the
+  // snapshot; its logs below it (#joblogs: pollLogs).
   function renderJobPage(snap) {
     const box = $("#jobpage");
     const m = location.hash.match(/^#job=(.+)$/);
@@ -179,7 +179,8 @@
         num(s[0], 3) + "s (" + num(s[1], 3) + "s CPU)").join("; ") : "–"],
       ["data", num(j.bytes_pulled / 2 ** 20, 4) + " MiB pulled, " +
         num(j.bytes_pushed / 2 ** 20, 4) + " MiB pushed"],
-      ["logs", "harmony logs " + j.id + " --follow"],
+      ["logs", "streamed below, the last " + LOG_KEEP / 1000 + "k characters of each " +
+        "machine's (all of it: harmony logs " + j.id + ")"],
     ];
     const dl = el("dl", {class: "facts"});
     for (const [k, v] of facts) {
@@ -408,8 +409,114 @@
     renderMachines(snap); renderDecisions(snap);
     document.body.setAttribute("data-updated", String(snap.t));
   }
+  // The job page's logs, streamed: /api/logs every 2 s while the page is
+  // open (at once again while a machine has more than one reply's worth),
+  // each machine's new text appended to its box as text, never as HTML; at
+  // most LOG_KEEP characters kept per machine. The server asks the data
+  // services; the page says what it has (machine -> [log, byte offset]).
+  const LOG_KEEP = 200000, LOG_EVERY = 2000;
+  const logs = {job: null, at: {}, panes: {}, done: false, busy: false, timer: null};
+  function logsJob() {
+    const m = location.hash.match(/^#job=(.+)$/);
+    return m ? decodeURIComponent(m[1]) : null;
+  }
+  function logPane(machine) {
+    let p = logs.panes[machine];
+    if (!p) {
+      const d = el("div", {class: "log", "data-machine": machine});
+      const h = el("h3", {}, machine);
+      const pre = el("pre", {class: "logtext", "data-machine": machine});
+      d.appendChild(h); d.appendChild(pre);
+      $("#joblogs-machines").appendChild(d);
+      p = logs.panes[machine] = {d: d, h: h, pre: pre};
+    }
+    return p;
+  }
+  function appendLog(pane, text) {
+    const pre = pane.pre;
+    const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    pre.appendChild(document.createTextNode(text));
+    const all = pre.textContent;
+    if (all.length > LOG_KEEP) {
+      pre.textContent = "…" + all.slice(all.length - LOG_KEEP);
+      pre.setAttribute("data-trimmed", "1");
+    }
+    if (atEnd) pre.scrollTop = pre.scrollHeight;
+  }
+  async function pollLogs() {
+    logs.timer = null;
+    const job = logsJob();
+    if (job !== logs.job) {        // another job's page, or none: start afresh
+      Object.assign(logs, {job: job, at: {}, panes: {}, done: false});
+      $("#joblogs-machines").textContent = "";
+      $("#joblogs-note").textContent = job ? "fetching…" : "";
+    }
+    const sec = $("#joblogs");
+    sec.hidden = !job;
+    if (job) sec.setAttribute("data-job", job); else sec.removeAttribute("data-job");
+    let again = LOG_EVERY;
+    if (job && !logs.done && !document.hidden && !logs.busy) {
+      logs.busy = true;
+      let note;
+      try {
+        const q = "api/logs?job=" + encodeURIComponent(job) + "&offsets=" +
+          encodeURIComponent(JSON.stringify(logs.at)) +
+          (token ? "&token=" + encodeURIComponent(token) : "");
+        const r = await fetch(q, {cache: "no-store", credentials: "same-origin"});
+        const body = await r.json().catch(
+          () => ({ok: false, error: r.status + " " + r.statusText}));
+        if (logsJob() !== job) {
+          again = 0;
+        } else if (!body.ok) {
+          note = "no logs: " + body.error;
+          again = 5 * LOG_EVERY;
+        } else {
+          let behind = false, writing = false;
+          for (const m of body.machines) {
+            const pane = logPane(m.machine);
+            if (m.error) {
+              pane.h.textContent = m.machine + ": not reached (" + m.error + ")";
+              pane.d.setAttribute("data-error", "1");
+              writing = true;
+              continue;
+            }
+            pane.d.removeAttribute("data-error");
+            const had = logs.at[m.machine];
+            if (!had || had[0] !== m.name) {     // a log new to the page: which, from where
+              appendLog(pane, (had ? "\n" : "") + "==> " + m.name + (m.offset > 0 ?
+                " (from byte " + m.offset + " of " + m.size + "; all of it: harmony logs " +
+                job + ")" : "") + " <==\n");
+            }
+            pane.h.textContent = m.machine + ": " + m.name + (m.live ? " (running)" : "");
+            if (m.text) appendLog(pane, m.text);
+            logs.at[m.machine] = [m.name, m.next];
+            behind = behind || m.restart || m.next < m.size;
+            writing = writing || m.live;
+          }
+          note = "updated " + clock(body.t) + (body.quiet.length ? " · no log of this job on " +
+            body.quiet.join(", ") : "") + (body.left_out ? " · " + body.left_out +
+            " more machine(s) not asked: harmony logs " + job : "");
+          if (!body.machines.length) note = "no logs yet · " + note;
+          if (behind) again = 300;
+          // ended, every log read to its end: nothing more will come
+          const j = last && last.jobs.find((x) => x.id === job);
+          if (!behind && !writing && body.machines.length && j &&
+              ["finished", "failed", "cancelled"].includes(j.state)) logs.done = true;
+        }
+      } catch (e) {
+        note = "logs not updated: " + e.message;
+      }
+      logs.busy = false;
+      if (note !== undefined) $("#joblogs-note").textContent = note;
+      sec.setAttribute("data-polled", String(Date.now()));
+    }
+    logs.timer = setTimeout(pollLogs, again);
+  }
   let last = null;
-  window.addEventListener("hashchange", () => { if (last) renderJobPage(last); });
+  window.addEventListener("hashchange", () => {
+    if (last) renderJobPage(last);
+    if (logs.timer !== null && !logs.busy) { clearTimeout(logs.timer); pollLogs(); }
+  });
   async function poll() {
     try {
       const r = await fetch(api, {cache: "no-store", credentials: "same-origin"});
@@ -422,4 +529,5 @@
     setTimeout(poll, 1000);
   }
   poll();
+  pollLogs();
 })();
