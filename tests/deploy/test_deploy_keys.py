@@ -8,7 +8,8 @@ workers whose key directories are temp dirs (tests/deploy/keys_local.yml).
   public key, a worker also its own pair, never a client's or reader's
   secret; the playbooks' own client key goes to the master only; dirs 0700,
   secrets 0600, public keys 0644, owned by harmony_user; the services can
-  load them (harmony.comm.security.Keys.load);
+  load them (harmony.comm.security.Keys.load); the master's service also
+  gets the dashboard's reader pair (it reads the job pages' logs with it);
 - a second run changes nothing and restarts nothing; a new worker gets its
   pair (existing keys kept) and every host its public key; a planted secret
   or a revoked key is removed, a loosened mode restored; a secret readable
@@ -32,7 +33,8 @@ from deploytools import DEPLOY, HERE, ROOT, ansible_env, output, recap, run, too
 from harmony.comm import security
 
 WORKERS = {"w1": "w1", "w2": "worker-two"}      # inventory host -> harmony_worker_name
-PUBLIC = {"cluster.key", "clients/admin.key", "clients/deploy.key", "readers/reader.key"}
+PUBLIC = {"cluster.key", "clients/admin.key", "clients/deploy.key", "readers/reader.key",
+          "readers/dashboard.key"}
 
 
 class Fleet:
@@ -93,6 +95,8 @@ def expected_host(fleet: Fleet, host: str) -> dict[str, int]:
     want |= {f"workers/{n}.key": 0o644 for n in fleet.workers.values()}
     if host in fleet.workers:
         want[f"workers/{fleet.workers[host]}.key_secret"] = 0o600
+    else:                   # the master: the dashboard's reader key (harmony.obs.dashboard)
+        want["readers/dashboard.key_secret"] = 0o600
     return want
 
 
@@ -106,6 +110,8 @@ def check_hosts(fleet: Fleet) -> None:
                 assert p.read_bytes() == (fleet.local / p.relative_to(d)).read_bytes(), p
     # the services load them (the key modes are checked again there)
     security.Keys.load(str(fleet.keys("master")), "master")
+    from harmony.obs.dashboard import LOG_READER
+    assert security.Keys.load(str(fleet.keys("master")), "reader", LOG_READER).role == "reader"
     for host, name in fleet.workers.items():
         assert security.Keys.load(str(fleet.keys(host)), "worker", name).name == name
     # the playbooks' client key: on the master only, root's (here: the test user's)
@@ -129,7 +135,8 @@ def test_check_mode_makes_the_key_set_and_touches_no_host(fleet):
     secrets = {p: m for p, m in local.items() if p.endswith(".key_secret")}
     assert set(secrets) == {"cluster.key_secret", "workers/w1.key_secret",
                             "workers/worker-two.key_secret", "clients/admin.key_secret",
-                            "clients/deploy.key_secret", "readers/reader.key_secret"}
+                            "clients/deploy.key_secret", "readers/reader.key_secret",
+                            "readers/dashboard.key_secret"}
     assert set(secrets.values()) == {0o600}, secrets
 
 
