@@ -166,3 +166,11 @@ def test_shell_completion_script(tmp_path):
                           'COMP_CWORD=3; _harmony_complete; echo "${COMPREPLY[*]}"'],
                          capture_output=True, text=True, timeout=30)
     assert out.stdout.split() == ["--follow"], out.stderr
+
+
+def test_cluster_status_shows_a_small_use_as_under_one_percent():
+    from harmony.cli.cluster import _pct
+    # a NIC's few KB/s against its 10 Gbit/s rounded to "0%", as if idle
+    assert [_pct({"net": v}, "net") for v in (0.0, 1.5e-5, 0.0049, 0.005, 0.006, 0.42, 1.0)] \
+        == ["0%", "<1%", "<1%", "<1%", "1%", "42%", "100%"]
+    assert _pct({}, "net") == "-" and _pct({"net": "x"}, "net") == "-"

@@ -88,8 +88,13 @@ def cmd_cluster(a: argparse.Namespace) -> int:
 
 
 def _pct(stats: dict, key: str) -> str:
+    """A 0..1 use as a percentage; a use above 0 that rounds to 0 is "<1%"
+    (a NIC's few KB/s against its 10 Gbit/s is use, not none)."""
     v = stats.get(key)
-    return f"{100 * v:.0f}%" if isinstance(v, (int, float)) else "-"
+    if not isinstance(v, (int, float)):
+        return "-"
+    pct = f"{100 * v:.0f}%"
+    return "<1%" if v > 0 and pct == "0%" else pct
 
 
 def _bytes(n: object) -> str:
