@@ -1,8 +1,10 @@
 """The Harmony policy on the master: profiling, placement, regrouping.
 
-Pure tests drive ``harmony_policy.harmony`` with cluster views and apply its
-decisions the way the master does; the end-to-end test runs it on a local
-cluster.
+The first tests drive the real master core (``tests/coredriver.py``: events
+in, its state and commands checked) under the harmony policy, with jobs of
+known work reporting their epochs; the later ones call
+``harmony_policy.harmony`` on hand-built cluster views; the end-to-end test
+runs it on a local cluster.
 """
 import dataclasses
 
@@ -10,13 +12,16 @@ import pytest
 
 from harmony.client import Client
 from harmony.cluster import LocalCluster
+from harmony.master.jobs import JobState
 from harmony.policies.harmony import harmony
 from harmony.policies.view import ClusterView, JobView, WorkerView
 from apps_for_tests import TOY_APP
 from conftest import ISOLATE, wait_state
+from coredriver import CoreDriver, acts, work
 
 M2 = tuple(WorkerView(f"m{i}", 1, 1 << 30, 0) for i in range(2))
-M4 = tuple(WorkerView(f"m{i}", 1, 1 << 30, 0) for i in range(4))
+WAITING, PROFILING, RUNNING = JobState.WAITING, JobState.PROFILING, JobState.RUNNING
+CPU, NET = work(1.0, 0.1), work(0.1, 1.0)      # complementary jobs
 
 
 def job(i, state="waiting", profile=None, workers=(), group="", epochs=0):
@@ -24,153 +29,219 @@ def job(i, state="waiting", profile=None, workers=(), group="", epochs=0):
                    workers=tuple(workers), sched_group=group, epochs=epochs)
 
 
-def apply(view, dec):
-    """The master's application of a decision, as a new view (pauses done)."""
-    jobs = {j.id: j for j in view.waiting + view.active}
-    group_of = {j.id: j.sched_group for j in view.active}
-    group_of.update(dec.assign)
-    out = {}
-    for jid, j in jobs.items():
-        state, workers = j.state, j.workers
-        if jid in dec.profile:
-            state, workers = "profiling", dec.profile[jid]
-        elif jid in dec.start:
-            state, workers = "running", dec.start[jid]
-        elif jid in dec.pause:
-            to = dec.pause[jid]
-            state, workers = ("running", to) if to else (
-                "profiled" if j.state == "profiling" else "paused", ())
-        elif jid in dec.promote:
-            state = "running"
-        out[jid] = JobView(jid, 1, j.submitted, state=state, profile=j.profile,
-                           workers=tuple(workers), sched_group=group_of.get(jid, ""),
-                           epochs=j.epochs)
-    return ClusterView(view.workers,
-                       tuple(j for j in out.values() if j.state not in ("running", "profiling")),
-                       tuple(j for j in out.values() if j.state in ("running", "profiling")))
-
-
-def settle(view, rounds=6):
-    for _ in range(rounds):
-        dec = harmony(view)
-        if not (dec.profile or dec.start or dec.pause or dec.promote):
-            return view, dec
-        view = apply(view, dec)
-    raise AssertionError(f"the policy did not settle: {dec}")
+def moves(decisions):
+    """The profile, start, pause (move) and promote actions of decisions."""
+    return [{k: d[k] for k in ("profile", "start", "pause", "promote") if d[k]}
+            for d in decisions if acts(d)]
 
 
 def test_new_jobs_are_profiled_on_free_machines_then_where_there_is_room():
-    view = ClusterView(M2, (job(1), job(2), job(3)))
-    dec = harmony(view)
+    d = CoreDriver(2)
+    j1, j2, j3 = (d.submit(epochs=100) for _ in range(3))
+    dec, = d.tick()
     # nothing idle for the third, and a job alone on one machine uses no
     # network: beside a job of unknown profile there is no known room
-    assert dec.profile == {"job-0001": ["m0"], "job-0002": ["m1"]}
-    assert "job-0003 waits" in dec.note
-    assert "no room to profile it" in dec.wait["job-0003"]
-    assert not dec.start and not dec.pause
-    busy = (1.0, 0.01, 1)          # one machine's CPU kept busy: no room
-    gaps = (0.5, 0.5, 1)           # half of each iteration off the CPU
-    running = lambda i, p, m: job(i, "running", p, [m], f"g{i}", epochs=5)  # noqa: E731
-    dec = harmony(ClusterView(M2, (job(3),), (running(1, busy, "m0"), running(2, busy, "m1"))))
-    assert dec.profile == {} and "job-0003 waits" in dec.note
-    dec = harmony(ClusterView(M2, (job(3),), (running(1, busy, "m0"), running(2, gaps, "m1"))))
-    assert dec.profile == {"job-0003": ["m1"]}
-    assert dec.assign["job-0003"] == "g2"
+    assert dec["profile"] == {j1: ["m0"], j2: ["m1"]}
+    assert [d.state(j) for j in (j1, j2, j3)] == [PROFILING, PROFILING, WAITING]
+    assert [(s.to, s.fields["job"]) for s in d.sent if s.type == "launch"] == [
+        (b"d:m0", j1), (b"d:m1", j2)]
+    assert f"{j3} waits" in dec["note"]
+    assert "no room to profile it" in d.core.jobs[j3].reason
+    assert not dec["start"] and not dec["pause"]
+    busy = work(1.0, 0.01)         # one machine's CPU kept busy: no room
+    gaps = work(0.5, 0.5)          # half of each iteration off the CPU
+    decs = d.epochs({j1: busy, j2: busy}, 5)
+    assert [d.state(j) for j in (j1, j2, j3)] == [RUNNING, RUNNING, WAITING]
+    assert moves(decs) == [{"promote": [j1, j2]}] and f"{j3} waits" in decs[-1]["note"]
+    d = CoreDriver(2)
+    j1, j2 = d.submit(epochs=100), d.submit(epochs=100)
+    d.tick()
+    d.epochs({j1: busy, j2: gaps}, 5)
+    j3 = d.submit(epochs=100)
+    dec, = d.tick()
+    assert dec["profile"] == {j3: ["m1"]}
+    assert d.state(j3) == PROFILING and d.workers(j3) == ["m1"]
+    assert d.group(j3) == dec["assign"][j3] == d.group(j2)
     # on several machines the newcomer may use the network the group leaves
-    wide = JobView("job-0001", 2, 1.0, state="running", profile=(1.0, 0.01, 2),
-                   workers=("m0", "m1"), sched_group="g1", epochs=5)
-    dec = harmony(ClusterView(M2, (job(3),), (wide,)))
-    assert dec.profile == {"job-0003": ["m0", "m1"]}
+    d = CoreDriver(2)
+    wide = d.submit(machines=2, epochs=100)
+    d.tick()
+    d.epochs({wide: work(2.0, 0.01)}, 5)       # (1.0, 0.01) per iteration on 2
+    assert d.core.jobs[wide].profile["t_cpu"] == pytest.approx(1.0)
+    j3 = d.submit(epochs=100)
+    dec, = d.tick()
+    assert dec["profile"] == {j3: ["m0", "m1"]} and d.workers(j3) == ["m0", "m1"]
 
 
 def test_a_profiled_job_alone_grows_to_the_whole_cluster():
-    j = job(1, "profiling", (1.0, 0.2, 1), ["m0"], "g:job-0001", epochs=3)
-    view = ClusterView(M2, (), (JobView(j.id, 2, j.submitted, state=j.state, profile=j.profile,
-                                        workers=j.workers, sched_group=j.sched_group,
-                                        epochs=3),))
-    dec = harmony(view)
     # one computation-bound job profiled on one machine of the two it asked
-    # for: its speed-up curve pays for both (1.2 s -> 0.7 s per iteration)
-    assert dec.pause == {"job-0001": ["m0", "m1"]}
-    assert harmony(view, objective="util").pause == dec.pause     # Algorithm 1 agrees
+    # for (the second registered after it started): its speed-up curve pays
+    # for both (1.2 s -> 0.7 s per iteration), with 3 epochs left as with
+    # more; Algorithm 1 (harmony-util) agrees
+    for policy in ("harmony", "harmony-util"):
+        d = CoreDriver(1, policy=policy)
+        j = d.submit(machines=2, epochs=6)
+        d.tick()
+        d.register("m1")
+        decs = d.epochs({j: work(1.0, 0.2)}, 3)
+        assert moves(decs) == [{"pause": {j: ["m0", "m1"]}}], policy
+        assert d.core.runs[j].reconfig is not None          # moved live
+        assert decs[-1]["predicted"][d.group(j)] == pytest.approx(0.5 + 0.2)
+        decs = d.epochs({j: work(1.0, 0.2)}, 2)
+        assert d.workers(j) == ["m0", "m1"] and d.state(j) == RUNNING, policy
+        assert not moves(decs) and d.core.runs[j].reconfig is None
+        assert d.decisions[-1]["predicted"][d.group(j)] == pytest.approx(0.5 + 0.2)
     # one that asked for one machine is lent the second (nothing waits),
     # given back when another job needs it, if the time it saves repays two
-    # moves: not with 3 iterations left (as many as it ran), with 30 it does
-    assert harmony(ClusterView(M2, (), (j,))).pause == {}
-    long = dataclasses.replace(j, profile=(1.0, 0.2, 1, 0.0, 0.0, 10))
-    assert harmony(ClusterView(M2, (), (long,))).pause == {"job-0001": ["m0", "m1"]}
-    view, last = settle(apply(view, dec))
-    assert [j.workers for j in view.active] == [("m0", "m1")]
-    assert last.predicted[view.active[0].sched_group] == pytest.approx(0.5 + 0.2)
+    # moves: not with 3 iterations left, with 30 (10 per epoch) it does
+    for iters, lent in ((1, False), (10, True)):
+        d = CoreDriver(2)
+        j = d.submit(machines=1, epochs=6)
+        d.tick()
+        decs = d.epochs({j: work(1.0, 0.2, iters=iters)}, 3)
+        assert d.workers(j) == ["m0"]
+        assert moves(decs) == ([{"pause": {j: ["m0", "m1"]}}] if lent else
+                               [{"promote": [j]}]), iters
+        d.epochs({j: work(1.0, 0.2, iters=iters)}, 1)
+        assert d.workers(j) == (["m0", "m1"] if lent else ["m0"])
 
 
 def test_a_job_near_its_epoch_budget_is_not_lent_machines():
     """With --max-epochs known, the iterations left are its budget less what
     it ran, not "as many as it ran": a long-running job with 1 epoch left
-    is not lent a machine, a young one with 30 left is."""
-    prof = (1.0, 0.2, 1, 0.0, 0.0, 1)         # 1 iteration per epoch
+    is not lent a machine that joins, a young one with 30 left is."""
+    for done, budget, lent in ((30, 31, False), (3, 33, True)):
+        d = CoreDriver(1)
+        j = d.submit(epochs=budget)          # 1 iteration per epoch
+        d.tick()
+        d.epochs({j: work(1.0, 0.2)}, done)
+        assert d.state(j) == RUNNING and d.core.jobs[j].epochs_left() == budget - done
+        d.register("m1")
+        assert moves(d.tick()) == ([{"pause": {j: ["m0", "m1"]}}] if lent else [])
+        d.epochs({j: work(1.0, 0.2)}, 1)
+        assert d.workers(j) == (["m0", "m1"] if lent else ["m0"])
+    # a view without the budget (the core always knows one: its app's
+    # default) takes as many left as it ran: lent
+    prof = (1.0, 0.2, 1, 0.0, 0.0, 1)
     old = JobView("job-0001", 1, 1.0, state="running", profile=prof, workers=("m0",),
-                  sched_group="g1", epochs=30, epochs_left=1)
-    assert harmony(ClusterView(M2, (), (old,))).pause == {}
-    young = dataclasses.replace(old, epochs=3, epochs_left=30)
-    assert harmony(ClusterView(M2, (), (young,))).pause == {"job-0001": ["m0", "m1"]}
-    assert harmony(ClusterView(M2, (), (dataclasses.replace(old, epochs_left=None),))
-                   ).pause == {"job-0001": ["m0", "m1"]}     # unknown: as many as it ran
+                  sched_group="g1", epochs=30, epochs_left=None)
+    assert harmony(ClusterView(M2, (), (old,))).pause == {"job-0001": ["m0", "m1"]}
 
 
 def test_complementary_jobs_share_a_group_and_the_decision_is_stable():
-    cpu = (1.0, 0.1, 1)
-    net = (0.1, 1.0, 1)
-    view = ClusterView(M2, (), (job(1, "running", cpu, ["m0"], "g1"),
-                                job(2, "running", net, ["m1"], "g2")))
-    view, _ = settle(view)
-    # whatever the grouping, a second call changes nothing
-    dec = harmony(view)
-    assert not (dec.profile or dec.start or dec.pause or dec.promote)
-    assert {j.state for j in view.active} == {"running"}
+    d = CoreDriver(2)
+    j1, j2 = d.submit(epochs=100), d.submit(epochs=100)
+    d.tick()
+    d.settle({j1: CPU, j2: NET})
+    # whatever the grouping, the policy asked again changes nothing (a
+    # daemon reconnects: the core schedules again)
+    where, asked = {j: d.workers(j) for j in (j1, j2)}, len(d.views)
+    d.reconnect("m0")
+    assert not moves(d.epochs({j1: CPU, j2: NET}, 3)) and len(d.views) > asked
+    assert {j: d.workers(j) for j in (j1, j2)} == where
+    assert {d.state(j) for j in (j1, j2)} == {RUNNING}
 
 
 def test_a_finished_job_frees_machines_for_the_rest():
-    cpu = (1.0, 0.1, 1)
-
-    def two(epochs):          # it asked for 2 machines and got 1
-        return JobView("job-0001", 2, 1.0, state="running", profile=cpu, workers=("m0",),
-                       sched_group="g1", epochs=epochs)
-    view = ClusterView(M2, (), (two(5),))      # job 2 on m1 finished
-    dec = harmony(view)
-    assert dec.pause == {"job-0001": ["m0", "m1"]}
-    # a job with little done is taken to have little left: a move would not repay
-    assert not harmony(ClusterView(M2, (), (two(1),))).pause
+    # job 1 asked for 2 machines and got the one job 2 left; job 2 finishes
+    d = CoreDriver(2)
+    j2 = d.submit(epochs=6)
+    d.tick()
+    j1 = d.submit(machines=2, epochs=100)
+    d.tick()
+    assert d.workers(j2) == ["m0"] and d.workers(j1) == ["m1"]
+    d.epochs({j1: CPU, j2: CPU}, 5)
+    assert d.state(j1) == RUNNING and d.workers(j1) == ["m1"]
+    decs = d.epochs({j1: CPU, j2: CPU}, 1)
+    assert d.state(j2) == JobState.FINISHED
+    assert moves(decs) == [{"pause": {j1: ["m1", "m0"]}}]
+    d.epochs({j1: CPU}, 1)
+    assert d.workers(j1) == ["m1", "m0"]
+    # a job with little done (restarted after its executor was killed: its
+    # first epoch of this attempt) is taken to have little left: a move
+    # would not repay; one epoch later it has done enough (and is widened
+    # when the core next asks the policy: on a change, here a daemon that
+    # reconnects)
+    d = CoreDriver(2)
+    j2 = d.submit(epochs=6)
+    d.tick()
+    j1 = d.submit(machines=2, epochs=100)
+    d.tick()
+    d.epochs({j1: CPU, j2: CPU}, 5)
+    d.crash(j1)
+    d.tick()
+    assert d.state(j1) == RUNNING and d.core.jobs[j1].failures == 1
+    assert len(d.workers(j1)) == 1
+    decs = d.epochs({j1: CPU, j2: CPU}, 1)
+    assert d.state(j2) == JobState.FINISHED and len(d.core.jobs[j1].epochs) == 1
+    assert not moves(decs) and len(d.workers(j1)) == 1
+    d.epochs({j1: CPU}, 1)
+    d.reconnect("m1")
+    assert moves(d.tick()) == [{"pause": {j1: [d.workers(j1)[0], "m1"]}}]
 
 
 def test_widening_stops_where_the_speed_up_curve_does():
-    # remote traffic: 1.25 s per iteration on 1 machine, 1.0 + 0.5 + 0.05 on 2
-    chatty = (1.0, 0.05, 1, 1.0)
-    view = ClusterView(M2, (), (job(1, "running", chatty, ["m0"], "g1", epochs=5),))
-    assert not harmony(view).pause
+    # remote traffic: 1.05 s per iteration on 1 machine, 0.5 + 0.05 + 0.5 on 2
+    chatty = work(1.0, 0.05, remote=1.0)
+    d = CoreDriver(2)
+    j = d.submit(epochs=100)
+    d.tick()
+    decs = d.epochs({j: chatty}, 5)
+    assert d.core.jobs[j].profile["bytes"] / d.core.jobs[j].profile["link"] == 1.0
+    asked = len(d.views)
+    d.reconnect("m0")           # asked again after 5 epochs
+    decs += d.epochs({j: chatty}, 1)
+    assert len(d.views) > asked
+    assert moves(decs) == [{"promote": [j]}] and d.workers(j) == ["m0"]
 
 
 def test_a_job_that_lowers_utilization_waits():
-    # two saturated complementary groups: a third CPU-heavy job fits nowhere
-    cpu, net = (1.0, 0.1, 1), (0.1, 1.0, 1)
-    view = ClusterView(M2, (job(5, "profiled", cpu),),
-                       (job(1, "running", cpu, ["m0"], "g1"), job(2, "running", net, ["m0"], "g1"),
-                        job(3, "running", cpu, ["m1"], "g2"), job(4, "running", net, ["m1"], "g2")))
-    dec = harmony(view)
-    assert not dec.pause and not dec.start and not dec.promote
-    assert dec.predicted == {"g1": pytest.approx(1.1), "g2": pytest.approx(1.1)}
+    # two saturated complementary groups: a third CPU-heavy job fits nowhere.
+    # It ran beside the first CPU-heavy job until its user paused it; the
+    # second network-heavy job took its place meanwhile; then it is resumed
+    d = CoreDriver(2)
+    cpu1, net1 = d.submit(epochs=100), d.submit(epochs=100)
+    d.tick()
+    w = {cpu1: CPU, net1: NET}
+    d.settle(w)
+    cpu2 = d.submit(epochs=100)
+    w[cpu2] = CPU
+    d.settle(w)
+    third = d.submit(epochs=100)
+    w[third] = CPU
+    d.settle(w)
+    assert d.workers(cpu2) == d.workers(net1) and d.workers(third) == d.workers(cpu1)
+    d.deliver(d.client, "pause", job=third)
+    d.settle(w)
+    assert d.state(third) == JobState.PAUSED
+    net2 = d.submit(epochs=100)
+    w[net2] = NET
+    d.settle(w)
+    assert d.group(net2) == d.group(cpu1) != d.group(net1) == d.group(cpu2)
+    d.deliver(d.client, "resume", job=third)
+    assert d.state(third) == WAITING and d.core.jobs[third].profile
+    asked = len(d.views)
+    decs = d.epochs(w, 3)
+    assert len(d.views) > asked and d.views[-1].waiting[0].id == third
+    assert not moves(decs) and d.state(third) == WAITING
+    assert d.decisions[-1]["predicted"] == {d.group(cpu1): pytest.approx(1.1),
+                                            d.group(net1): pytest.approx(1.1)}
 
 
 def test_no_regrouping_for_less_than_five_percent():
     # g1 leaves the network 7% idle, g2 nothing: U is within 1.2% of its
     # maximum, so no regrouping can gain 5%
-    view = ClusterView(M2, (), (
-        job(1, "running", (1.0, 0.1, 1), ["m0"], "g1"),
-        job(2, "running", (0.1, 0.92, 1), ["m0"], "g1"),
-        job(3, "running", (1.0, 0.1, 1), ["m1"], "g2"),
-        job(4, "running", (0.1, 1.0, 1), ["m1"], "g2")))
-    dec = harmony(view)
-    assert not dec.pause and not dec.start
+    d = CoreDriver(2)
+    js = [d.submit(epochs=100) for _ in range(4)]
+    d.tick()
+    w = dict(zip(js, (CPU, NET, CPU, work(0.1, 0.92))))
+    d.settle(w)
+    j1, j2, j3, j4 = js
+    assert d.group(j1) == d.group(j4) != d.group(j2) == d.group(j3)
+    asked = len(d.views)
+    d.reconnect("m0")
+    assert not moves(d.epochs(w, 3)) and len(d.views) > asked
+    assert d.group(j1) == d.group(j4) != d.group(j2) == d.group(j3)
 
 
 @pytest.fixture(scope="module")
