@@ -23,9 +23,13 @@ class Phase(Enum):
     ENDING = "ending"          # the scheduler ends it early at its next epoch end
 
 
-#: the phases that may be under way together (any other two at once is a bug)
+#: the phases that may be under way together (any other two at once is a
+#: bug): a job's last epoch stops it whatever else was asked at that epoch
+#: end (an early end, a live resize, a pause: its executors' own stop comes
+#: first)
 ALLOWED_TOGETHER = frozenset({frozenset({Phase.STOPPING, Phase.ENDING}),
                               frozenset({Phase.STOPPING, Phase.RESIZING}),
+                              frozenset({Phase.STOPPING, Phase.PAUSING}),
                               frozenset({Phase.STOPPING, Phase.RESIZING, Phase.ENDING})})
 
 
@@ -151,7 +155,8 @@ class Run:
         """PhaseError if phases are under way together that may not be:
         ``ALLOWED_TOGETHER`` lists the pairs that may (a job the scheduler
         ends early stops the way its app's own stop does; a job whose last
-        epoch comes while a live resize is in flight stops with it)."""
+        epoch comes while a live resize is in flight, or a pause is asked,
+        stops)."""
         on = frozenset(p for p, f in ((Phase.PAUSING, self.pausing),
                                       (Phase.RESIZING, self.reconfig is not None),
                                       (Phase.STOPPING, self.stopping),
