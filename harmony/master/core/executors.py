@@ -9,7 +9,7 @@ import math
 from harmony.comm import messages as M
 from harmony.master.core.cruise import Cruise
 from harmony.master.core.protocol import Send, _msg
-from harmony.master.core.records import Run
+from harmony.master.core.records import Phase, Run
 from harmony.master.core.state import executor_message, log
 from harmony.master.jobs import SETUPS_KEPT, Job, JobState
 from harmony.policies import view as P
@@ -84,7 +84,8 @@ class Executors(Cruise):
         owner = [b % len(peers) for b in range(nblocks)]
         run.owner = owner
         job.layout = None        # every (re)start is even: roles are set by a live resize
-        run.started = True
+        if not run.started:     # (not again for a duplicate ready)
+            run.enter(Phase.RUNNING)
         run.last_ckpt = (job.resume["epoch"] if job.resume else 0, self.now)
         replicas = self._replicas(job.workers)
         alts = self._replica_alts(job.workers, replicas)
@@ -234,7 +235,8 @@ class Executors(Cruise):
         if self.predict_epochs and not msg["stop"]:
             self._predict_next(job)
         if msg["stop"]:
-            run.stopping = True
+            if not run.stopping:
+                run.enter(Phase.STOPPING)
             self._persist("save", job)
 
     @executor_message

@@ -7,7 +7,7 @@ from __future__ import annotations
 from harmony.master.core.catalog import Catalog
 from harmony.master.core.checkpoints import Checkpoints
 from harmony.master.core.protocol import Unreachable, _msg
-from harmony.master.core.records import Run
+from harmony.master.core.records import Phase, Run
 from harmony.master.core.state import log
 from harmony.master.core.views import Views
 from harmony.master.jobs import MAX_ATTEMPTS, Job, JobState
@@ -101,7 +101,10 @@ class Lifecycle(Checkpoints, Catalog, Views):
         if run is None or run.stopping or run.ending or not job.state.active \
                 or run.reconfig is not None:
             return
-        run.pausing, run.pause_to, run.pause_note = True, to, note
+        if run.pausing:     # asked again (e.g. by its user while a move is on the way)
+            run.pause_to, run.pause_note = to, note
+        else:
+            run.enter(Phase.PAUSING, to=to, note=note)
         job.held = held
         log.info("pausing %s at its next epoch end%s", job.id,
                  f", then resuming on {to}" if to else "")
@@ -116,7 +119,7 @@ class Lifecycle(Checkpoints, Catalog, Views):
         if run is None or job.state != JobState.RUNNING or run.stopping or run.pausing \
                 or run.ending or run.reconfig is not None:
             return False
-        run.ending = note
+        run.enter(Phase.ENDING, note=note)
         job.event(self.now, job.state.value, f"stops at its next epoch end: {note}")
         log.info("%s stops early at its next epoch end: %s", job.id, note)
         return True

@@ -14,7 +14,8 @@ from typing import Any
 class Phase(Enum):
     """Where one attempt of a job stands (``Run.phase``): launched and
     waiting for its executors; running; and the four ways its next epoch
-    end can be special, of which at most one is under way at a time."""
+    end can be special. A stop may come while another of them is under way
+    (``ALLOWED_TOGETHER``); it is then the run's phase."""
     LAUNCHING = "launching"
     RUNNING = "running"
     PAUSING = "pausing"        # pause (or pause and resume elsewhere) at its next epoch end
@@ -32,9 +33,38 @@ ALLOWED_TOGETHER = frozenset({frozenset({Phase.STOPPING, Phase.ENDING}),
                               frozenset({Phase.STOPPING, Phase.PAUSING}),
                               frozenset({Phase.STOPPING, Phase.RESIZING, Phase.ENDING})})
 
+#: the moves a run's phase makes: from each phase, the phases it may go to
+#: next (:meth:`Run.enter` and :meth:`Run.leave` check every move). A run
+#: that pauses or stops is dropped once its executors are done: nothing
+#: leaves STOPPING, and PAUSING only for a stop (the job's last epoch came
+#: first). A live resize goes back to RUNNING when it is committed. A pause
+#: or an early end may be asked before the executors are ready: they then
+#: become ready under it (``Run.started``), which is no move.
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.LAUNCHING: frozenset({Phase.RUNNING, Phase.PAUSING, Phase.ENDING}),
+    Phase.RUNNING: frozenset({Phase.PAUSING, Phase.RESIZING, Phase.STOPPING, Phase.ENDING}),
+    Phase.RESIZING: frozenset({Phase.RUNNING, Phase.STOPPING}),
+    Phase.PAUSING: frozenset({Phase.STOPPING}),
+    Phase.ENDING: frozenset({Phase.STOPPING}),
+    Phase.STOPPING: frozenset(),
+}
+
+#: the phases a run may be in beside others (each has its own flag on Run)
+_SPECIAL = (Phase.STOPPING, Phase.ENDING, Phase.PAUSING, Phase.RESIZING)   # by precedence
+
 
 class PhaseError(AssertionError):
-    """A run in two phases at once: a bug in the core (``validate``)."""
+    """A run in two phases at once, or a move of its phase that is not in
+    ``TRANSITIONS``: a bug in the core (``validate``, ``Run.enter``)."""
+
+
+def _phase(started: bool, on: frozenset) -> Phase:
+    """The phase of a run whose executors are ready (``started``) or not,
+    with the phases ``on`` under way: the first of them by precedence."""
+    for p in _SPECIAL:
+        if p in on:
+            return p
+    return Phase.RUNNING if started else Phase.LAUNCHING
 
 
 #: a worker's subtasks kept for the dashboard's task stream
@@ -137,19 +167,79 @@ class Run:
     # many was sent after its daemon saw the launch
     launch_seq: dict[str, int] = field(default_factory=dict)
 
+    # -- the phase ----------------------------------------------------------------------
+    # Stored as the flags above (started, pausing, reconfig, stopping,
+    # ending), written only by enter and leave: a stop may come while a live
+    # resize, an early end or a pause is under way, and the core reads each
+    # of them after it (the resize's joiners to kill and its timeout, the
+    # early end's note, a clean exit while pausing), and a pause or an early
+    # end may be asked before the executors are ready (``started``, which the
+    # launch timeout and a resize read). One field would drop what they read.
     @property
     def phase(self) -> Phase:
-        """The attempt's phase, from its flags (``validate`` checks that at
-        most one of them is set)."""
-        if self.stopping:
-            return Phase.STOPPING
-        if self.ending:
-            return Phase.ENDING
-        if self.pausing:
-            return Phase.PAUSING
-        if self.reconfig is not None:
-            return Phase.RESIZING
-        return Phase.RUNNING if self.started else Phase.LAUNCHING
+        """The attempt's phase, from its flags: the first phase under way of
+        STOPPING, ENDING, PAUSING, RESIZING; else RUNNING once its executors
+        are ready, LAUNCHING before."""
+        return _phase(self.started, self._on())
+
+    def _on(self) -> frozenset:
+        """The phases under way that have a flag (PAUSING, RESIZING,
+        STOPPING, ENDING)."""
+        return frozenset(p for p, f in ((Phase.PAUSING, self.pausing),
+                                        (Phase.RESIZING, self.reconfig is not None),
+                                        (Phase.STOPPING, self.stopping),
+                                        (Phase.ENDING, bool(self.ending))) if f)
+
+    def enter(self, phase: Phase, *, note: str = "", to: list[str] | None = None,
+              reconfig: Reconfig | None = None) -> None:
+        """The one way the core starts a phase of the run: RUNNING (its
+        executors are all ready), PAUSING (at its next epoch end, then
+        resume on ``to`` if given; ``note``: why), RESIZING (``reconfig``:
+        the live resize), STOPPING (its last epoch reached), ENDING (the
+        scheduler ends it early; ``note``: why). The phase entered becomes
+        the run's phase by a move in ``TRANSITIONS``, except RUNNING under
+        a pause or an early end asked before the executors were ready (no
+        move). PhaseError otherwise, and nothing changes."""
+        old, on = self.phase, self._on()
+        if phase is Phase.RUNNING:
+            # from LAUNCHING a move; under a phase the run went to while it
+            # launched, none
+            ok = not self.started and (phase in TRANSITIONS[old] if old is Phase.LAUNCHING
+                                       else old in TRANSITIONS[Phase.LAUNCHING])
+        else:
+            ok = phase in _SPECIAL and phase not in on \
+                and _phase(self.started, on | {phase}) is phase and phase in TRANSITIONS[old]
+        if not ok:
+            raise PhaseError(f"attempt {self.attempt}: {old.value} -> {phase.value} is not a "
+                             f"move of a run's phase")
+        if phase is Phase.RUNNING:
+            self.started = True
+        elif phase is Phase.PAUSING:
+            self.pausing, self.pause_to, self.pause_note = True, to, note
+        elif phase is Phase.RESIZING:
+            if reconfig is None:
+                raise ValueError("a resize's phase needs its Reconfig")
+            self.reconfig = reconfig
+        elif phase is Phase.STOPPING:
+            self.stopping = True
+        else:
+            if not note:
+                raise ValueError("an early end needs its note (why)")
+            self.ending = note
+
+    def leave(self, phase: Phase) -> None:
+        """The one way a phase ends before the run does: a live resize
+        committed (RESIZING: its Reconfig goes), back to RUNNING by a move
+        in ``TRANSITIONS`` (or, under a stop that came meanwhile, no move).
+        The others end with the run (it is dropped): PhaseError, and
+        nothing changes."""
+        old, on = self.phase, self._on()
+        new = _phase(self.started, on - {phase})
+        if phase is not Phase.RESIZING or phase not in on \
+                or not (new is old or new in TRANSITIONS[old]):
+            raise PhaseError(f"attempt {self.attempt}: leaving {phase.value} "
+                             f"({old.value} -> {new.value}) is not a move of a run's phase")
+        self.reconfig = None
 
     def validate(self, job: str = "") -> None:
         """PhaseError if phases are under way together that may not be:
@@ -157,10 +247,7 @@ class Run:
         ends early stops the way its app's own stop does; a job whose last
         epoch comes while a live resize is in flight, or a pause is asked,
         stops)."""
-        on = frozenset(p for p, f in ((Phase.PAUSING, self.pausing),
-                                      (Phase.RESIZING, self.reconfig is not None),
-                                      (Phase.STOPPING, self.stopping),
-                                      (Phase.ENDING, bool(self.ending))) if f)
+        on = self._on()
         if len(on) > 1 and on not in ALLOWED_TOGETHER:
             raise PhaseError(f"{job}: attempt {self.attempt} in {len(on)} phases at once: "
                              f"{', '.join(sorted(p.value for p in on))}")

@@ -8,7 +8,7 @@ from harmony.comm import messages as M
 from harmony.master.core.lifecycle import Lifecycle
 from harmony.master.core.plans import _layout_summary, balance, shares
 from harmony.master.core.protocol import Unreachable, _err, _msg
-from harmony.master.core.records import Reconfig, Run
+from harmony.master.core.records import Phase, Reconfig, Run
 from harmony.master.core.state import executor_message, log
 from harmony.master.jobs import Job, JobState
 
@@ -34,7 +34,8 @@ class Resize(Lifecycle):
             for k in ("input", "model"):
                 shares(1, len(to), layout[k])        # raises ValueError on bad weights
         join = [n for n in to if n not in job.workers]
-        run.reconfig = Reconfig(to=to, join=join, note=note, t0=self.now, layout=layout)
+        run.enter(Phase.RESIZING,
+                  reconfig=Reconfig(to=to, join=join, note=note, t0=self.now, layout=layout))
         job.move = {"from": list(job.workers), "to": to, "state": "starting executors",
                     "blocks": 0, "blocks_moved": 0, "bytes_moved": 0}
         for n in join:
@@ -274,7 +275,7 @@ class Resize(Lifecycle):
         job.layout = _layout_summary(rc.to, rc.owner, rc.input_counts, rc.layout)
         if job.layout is not None and rc.predicted:
             job.layout["cruise"] = dict(rc.predicted, at_epoch=len(job.epochs))
-        run.reconfig = None
+        run.leave(Phase.RESIZING)
         moved = int(sum(m["bytes_out"] for m in rc.migrated.values()))
         stood = self.now - (rc.stood_since or rc.t0)
         self._move_took.append(self.now - rc.t0)
