@@ -2,7 +2,8 @@
 it plays the peers' side of the protocol with as little logic as it can.
 
 - daemons: ``register``; a ``launch`` makes a :class:`FakeExecutor` that
-  answers ``exec_ready`` at once; ``kill`` ends it;
+  answers ``exec_ready`` at once (or when the test says: ``ready=False``,
+  :meth:`CoreDriver.ready`); ``kill`` ends it;
 - executors: an epoch ends only when the test asks (:meth:`CoreDriver.epoch`:
   ``epoch_done`` from every executor of the job with the timings given);
   the master's ``epoch_sums`` answer is done as the real executors do it
@@ -144,8 +145,10 @@ class CoreDriver:
     """A :class:`MasterCore` with ``machines`` daemons registered (``m0``,
     ``m1``, ...; 1 CPU each), driven by events only."""
 
-    def __init__(self, machines: int = 2, *, mode: str = "harmony", **kw: Any) -> None:
+    def __init__(self, machines: int = 2, *, mode: str = "harmony", ready: bool = True,
+                 **kw: Any) -> None:
         self.t = 0.0
+        self.auto_ready = ready      # launched executors answer at once (else: ready())
         self.core = C.MasterCore(mode=mode, heartbeat_timeout=INF, launch_timeout=INF, **kw)
         self.views: list = []        # every ClusterView the policy was asked about
         self.core.policy = _Watched(self.core.policy, self.views)
@@ -190,7 +193,8 @@ class CoreDriver:
         if cmd.type == "launch":
             ex = FakeExecutor(self, f["job"], machine, f)
             self.execs[ex.ident] = ex
-            ex.ready()
+            if self.auto_ready:
+                ex.ready()
         elif cmd.type == "kill":
             for ex in self.execs.values():
                 if ex.jid == f["job"] and ex.machine == machine:
@@ -230,6 +234,14 @@ class CoreDriver:
         n = len(self.decisions)
         self.handle(C.Tick())
         return self.decisions[n:]
+
+    def ready(self, jid: str) -> None:
+        """The executors of ``jid``'s current launch that have not said so
+        report ready (with ``ready=False``)."""
+        run = self.core.runs[jid]
+        for x in list(self.execs.values()):
+            if x.jid == jid and x.attempt == run.attempt and x.alive and not x.started:
+                x.ready()
 
     def executors(self, jid: str) -> list[FakeExecutor]:
         """The running executors of ``jid``'s current launch, by index."""

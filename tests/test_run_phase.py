@@ -32,6 +32,30 @@ def test_a_pause_asked_in_the_last_epoch_ends_in_a_stop():
     assert not [s for s in d.sent if s.type == "launch" and s.fields["attempt"] > 1]
 
 
+def test_a_pause_asked_before_the_executors_are_ready_or_asked_twice():
+    """A pause may be asked while the run launches: its executors get ready
+    under it (no move of its phase) and it pauses at its first epoch end. A
+    pause asked again on its way is taken (no move either)."""
+    d = CoreDriver(2, mode="naive", ready=False)
+    j = d.submit(machines=2, epochs=10)
+    d.tick()
+    run = d.core.runs[j]
+    assert run.phase is Phase.LAUNCHING
+    d.deliver(d.client, "pause", job=j)
+    assert run.phase is Phase.PAUSING and not run.started
+    d.ready(j)
+    assert run.phase is Phase.PAUSING and run.started
+    assert [s.to for s in d.sent if s.type == "job_start"] == [
+        x.ident for x in d.executors(j)]
+    d.deliver(d.client, "pause", job=j)                         # asked again
+    assert [(s.type, s.fields.get("info", {}).get("state")) for s in d.sent
+            if s.to == d.client][-2:] == [("ok", "pausing")] * 2
+    d.epochs({j: work(1.0, 0.1)})
+    job = d.core.jobs[j]
+    assert job.state == JobState.PAUSED and job.held and j not in d.core.runs
+    assert job.resume["epoch"] == 1
+
+
 # -- the transition table (pure) --------------------------------------------------------
 def _flags(run: Run) -> tuple:
     return (run.started, run.pausing, run.pause_to, run.pause_note, run.reconfig,
