@@ -51,7 +51,8 @@ class Policy(Protocol):
 
 @dataclass(frozen=True)
 class FunctionPolicy:
-    """A stateless policy made of a function ``view -> Decision``."""
+    """A policy made of a function ``view -> Decision`` (its state, if any, bound
+    into the function: ``registry.fitting``)."""
     name: str
     fn: Callable[[ClusterView], Decision]
     preempts: bool = False

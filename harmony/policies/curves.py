@@ -187,12 +187,43 @@ class LossCurve:
                                          for i, x in enumerate(p)))
 
 
+def _refine(res, jac, x0, lb, ub):
+    """Least squares of ``res`` from ``x0`` within [lb, ub]: first without
+    the bounds by Levenberg-Marquardt (MINPACK's lmder through the thin
+    ``leastsq``: about 10x faster than the bounded trust region, whose
+    every step is Python), kept when it converges inside them (a minimum
+    of the bounded problem then); else the bounded trust region, as before.
+    Returns (x, converged, sum of squares)."""
+    import numpy as np
+    from scipy.optimize import least_squares, leastsq
+
+    # a start on a bound (the grid's NNLS leaves a coefficient at 0): just inside it
+    with np.errstate(invalid="ignore"):
+        start = np.where(x0 > lb, x0, lb + 1e-6 * np.maximum(1.0, np.abs(lb)))
+    if np.all(start > lb) and np.all(start < ub):
+        with np.errstate(all="ignore"):
+            try:
+                x, _, info, _, ier = leastsq(res, start, Dfun=jac, full_output=True,
+                                             maxfev=0 if MAX_NFEV is None else MAX_NFEV)
+            except (TypeError, ValueError, FloatingPointError):     # fewer points than
+                ier = 0                                              # parameters, a bad x0
+        if 1 <= ier <= 4 and np.all(np.isfinite(info["fvec"])) \
+                and np.all(x > lb) and np.all(x < ub):
+            return x, True, float(np.sum(info["fvec"] ** 2))
+    sol = least_squares(res, np.clip(x0, lb, ub), jac=jac, bounds=(lb, ub),
+                        max_nfev=MAX_NFEV)
+    return sol.x, bool(sol.success), float(np.sum(sol.fun ** 2))
+
+
 def fit_curve(ks: Sequence[float], losses: Sequence[float], kind: str = "sublinear",
-              decay: float = 0.9) -> LossCurve:
+              decay: float = 0.9, start: LossCurve | None = None) -> LossCurve:
     """Fit SLAQ's ``sublinear`` or ``linear`` model to measured (k, loss)
     points by weighted least squares; the point i of n weighs
     ``decay**(n-1-i)`` (recent points count more, as in SLAQ). ``points``
-    returns the points themselves."""
+    returns the points themselves. ``start``: a fit of the same kind to
+    nearly the same points (the job's previous ones): the least squares
+    start there instead of at the grid's or the heuristic's guess, and the
+    cold fit runs only if it does not converge (:class:`CurveFits`)."""
     import numpy as np
     from scipy.optimize import least_squares, nnls
 
@@ -204,44 +235,81 @@ def fit_curve(ks: Sequence[float], losses: Sequence[float], kind: str = "subline
         return LossCurve("points", tuple(float(v) for pair in zip(k, y) for v in pair))
     w = np.sqrt(decay ** np.arange(len(k) - 1, -1, -1))
     span = max(float(y.max() - y.min()), 1e-12)
+    if start is not None and start.kind != kind:
+        start = None
     if kind == "sublinear":
+        if start is not None:
+            warm = _sublinear(k, y, w, np.array(start.params, dtype=float), None)
+            if warm is not None:
+                return warm
         best = None
         # for a fixed floor d, 1/(y-d) = a k^2 + b k + c is linear in (a,b,c)
         # (non-negative least squares); the floor by a grid, then refined
-        for frac in np.concatenate([np.geomspace(1e-4, 10, 40)]):
+        A = np.stack([k * k, k, np.ones_like(k)], axis=1)
+        Aw = A * w[:, None]
+        for frac in np.geomspace(1e-4, 10, 40):
             d = float(y.min() - frac * span)
-            A = np.stack([k * k, k, np.ones_like(k)], axis=1)
-            coef, _ = nnls(A * w[:, None], w / (y - d))
+            coef, _ = nnls(Aw, w / (y - d))
             coef[2] = max(coef[2], 1e-12)
             r = float(np.sum((w * (1 / (A @ coef) + d - y)) ** 2))
             if best is None or r < best[0]:
                 best = (r, (*coef, d))
-        x0 = np.array(best[1], dtype=float)
-        scale = np.maximum(np.abs(x0), 1e-12)
-
-        def res(z):
-            a, b, c, d = z * scale
-            return w * (1.0 / (a * k * k + b * k + c) + d - y)
-        lb = np.array([0.0, 0.0, 1e-12 / scale[2], -np.inf])
-        sol = least_squares(res, x0 / scale, bounds=(lb, np.full(4, np.inf)),
-                            max_nfev=MAX_NFEV)
-        z = sol.x * scale if sol.success and np.sum(sol.fun ** 2) <= best[0] else x0
-        a, b, c, d = (float(v) for v in z)
-        return LossCurve("sublinear", (max(a, 0.0), max(b, 0.0), max(c, 1e-12), d))
+        return _sublinear(k, y, w, np.array(best[1], dtype=float), best[0])
     if kind == "linear":
-        c0 = float(y.min() - 0.05 * span)
-        mu0 = min(0.99, max(0.01, float(((y[-1] - c0) / (y[0] - c0)) ** (1 / max(k[-1] - k[0], 1)))))
-        b0 = float(k[0] - math.log(max(y[0] - c0, 1e-12)) / math.log(mu0))
+        if start is not None:
+            mu0, b0, c0 = start.params
+        else:
+            c0 = float(y.min() - 0.05 * span)
+            mu0 = min(0.99, max(0.01, float(((y[-1] - c0) / (y[0] - c0))
+                                            ** (1 / max(k[-1] - k[0], 1)))))
+            b0 = float(k[0] - math.log(max(y[0] - c0, 1e-12)) / math.log(mu0))
 
         def res(z):
             mu, b, c = z
             return w * (mu ** (k - b) + c - y)
-        sol = least_squares(res, [mu0, b0, c0],
-                            bounds=([1e-9, -np.inf, -np.inf], [1 - 1e-9, np.inf, np.inf]),
-                            max_nfev=MAX_NFEV)
-        mu, b, c = (float(v) for v in sol.x)
+
+        def jac(z):
+            mu, b, _ = z
+            p = mu ** (k - b)
+            return np.stack([w * (k - b) * p / mu, -w * p * math.log(mu), w], axis=1)
+        x, ok, _ = _refine(res, jac, np.array([mu0, b0, c0]),
+                           np.array([1e-9, -np.inf, -np.inf]), np.array([1 - 1e-9, np.inf, np.inf]))
+        if start is not None and not ok:
+            return fit_curve(ks, losses, kind, decay)
+        mu, b, c = (float(v) for v in x)
         return LossCurve("linear", (mu, b, c))
     raise ValueError(f"cannot fit a {kind!r} curve (sublinear, linear or points)")
+
+
+def _sublinear(k, y, w, x0, floor: float | None) -> LossCurve | None:
+    """The sublinear model's least squares from ``x0`` = (a, b, c, d). A
+    cold start (``floor``: the grid's residual) keeps ``x0`` unless the
+    refinement converges below it; a warm one (``floor`` None) is None
+    unless it converges."""
+    import numpy as np
+
+    scale = np.maximum(np.abs(x0), 1e-12)
+    kk = k * k
+
+    def res(z):
+        a, b, c, d = z * scale
+        return w * (1.0 / (a * kk + b * k + c) + d - y)
+
+    def jac(z):         # exact: the finite differences cost 4 more calls a step
+        a, b, c, _ = z * scale
+        g = -w / (a * kk + b * k + c) ** 2
+        return np.stack([g * kk * scale[0], g * k * scale[1], g * scale[2],
+                         w * scale[3]], axis=1)
+    lb = np.array([0.0, 0.0, 1e-12 / scale[2], -np.inf])
+    x, ok, cost = _refine(res, jac, x0 / scale, lb, np.full(4, np.inf))
+    if floor is None:
+        if not ok or not math.isfinite(cost):
+            return None
+        z = x * scale
+    else:
+        z = x * scale if ok and cost <= floor else x0
+    a, b, c, d = (float(v) for v in z)
+    return LossCurve("sublinear", (max(a, 0.0), max(b, 0.0), max(c, 1e-12), d))
 
 
 # ---------------------------------------------------------------- utility
@@ -327,9 +395,20 @@ def slaq_fit(points: tuple[tuple[float, float], ...]
     Memoized on the points (the policies call it on every decision).
     Each model's least squares stops at ``MAX_NFEV`` evaluations (scipy's
     default): points that are no loss curve (noise, a straight line) run to
-    that limit, ~0.2 s a job per decision; a caller that wants no fit for a
-    straight line asks :func:`straight_line` first
-    (``estimates.Estimator``)."""
+    that limit; a caller that wants no fit for a straight line asks
+    :func:`straight_line` first (``estimates.Estimator``). A policy that
+    fits the same jobs decision after decision uses :class:`CurveFits`."""
+    return _slaq_fit(points, None)[0]
+
+
+Fit = tuple[LossCurve, float, "float | None"]
+
+
+def _slaq_fit(points: tuple[tuple[float, float], ...], starts: dict | None
+              ) -> tuple[Fit | None, dict | None]:
+    """:func:`slaq_fit`, each model started from ``starts`` (its sign and a
+    curve per kind, from the job's previous fit) where given; also returns
+    those of this fit."""
     import numpy as np
 
     ks = [k for k, _ in points]
@@ -337,19 +416,55 @@ def slaq_fit(points: tuple[tuple[float, float], ...]
     sign = -1.0 if ys[-1] > ys[0] else 1.0
     ys = [sign * y for y in ys]
     if max(ys) - min(ys) <= 1e-12 * max(1.0, abs(ys[0])):
-        return None
+        return None, None
+    if starts is not None and starts["sign"] != sign:
+        starts = None
     w = 0.9 ** np.arange(len(ks) - 1, -1, -1)
     best = None
+    curves: dict = {"sign": sign}
     for kind in ("sublinear", "linear"):
         try:
-            c = fit_curve(ks, ys, kind)
+            c = fit_curve(ks, ys, kind, start=starts.get(kind) if starts else None)
         except Exception:       # noqa: BLE001 - a failed fit is no fit
             continue
+        curves[kind] = c
         r = float(np.sum(w * (np.array([c.loss(k) for k in ks]) - ys) ** 2))
         if math.isfinite(r) and (best is None or r < best[0]):
             best = (r, c)
     if best is None:
-        return None
+        return None, None
     curve = best[1]
     norm = max(ys) - min(curve.floor, min(ys))
-    return curve, sign, norm if norm > 0 else None
+    return (curve, sign, norm if norm > 0 else None), curves
+
+
+class CurveFits:
+    """A policy's :func:`slaq_fit` of its jobs over a run. A job's points
+    change a little between decisions (one epoch more, the oldest out of
+    the window), so each fit starts where the job's previous one ended:
+    the least squares converge in a few steps, and the grid of floors
+    (the cold start) runs only for a job's first fit or when the warm one
+    does not converge. On the ``short`` trace this is most of what slaq,
+    mlfs and oasis cost (``bench/sim_paper.py --speed --short``). A warm
+    fit may end in another local minimum than a cold one of the same
+    points: a run's fits depend on its history (deterministically).
+    Holds the latest ``MAX_JOBS`` jobs."""
+
+    MAX_JOBS = 4096
+
+    def __init__(self) -> None:
+        from collections import OrderedDict
+        self._last: OrderedDict[str, tuple[tuple, Fit | None, dict | None]] = OrderedDict()
+
+    def fit(self, job: str, points: tuple[tuple[float, float], ...]) -> Fit | None:
+        last = self._last.get(job)
+        if last is not None and last[0] == points:
+            self._last.move_to_end(job)
+            return last[1]
+        out, curves = _slaq_fit(points, last[2] if last is not None else None)
+        self._last[job] = (points, out, curves if curves is not None else
+                           (last[2] if last is not None else None))
+        self._last.move_to_end(job)
+        if len(self._last) > self.MAX_JOBS:
+            self._last.popitem(last=False)
+        return out

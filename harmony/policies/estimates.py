@@ -33,7 +33,7 @@ from __future__ import annotations
 import statistics
 
 from harmony.policies.view import ClusterView, JobView
-from harmony.policies.curves import slaq_fit, straight_line
+from harmony.policies.curves import CurveFits, slaq_fit, straight_line
 from harmony.sched.model import Profile, job_iter_time, t_cpu_at, t_net_at
 
 #: a job's share of a machine's (CPU, link) without a profile of its own
@@ -66,10 +66,12 @@ def shares(p: Profile, m: int) -> tuple[float, float]:
 class Estimator:
     """Demand and remaining-time estimates for the jobs of one view."""
 
-    def __init__(self, view: ClusterView, fit_lines: bool = True) -> None:
+    def __init__(self, view: ClusterView, fit_lines: bool = True,
+                 fits: CurveFits | None = None) -> None:
         # fit_lines False: a job whose objective falls on a straight line has
         # no loss curve: no fit (the defaults), not a fit ground out of it
         self.fit_lines = fit_lines
+        self.fits = fits        # the policy's fits of earlier decisions (warm starts)
         self.profiles = {j.id: p for j in view.active + view.waiting
                          if (p := profile_of(j)) is not None}
         known = list(self.profiles.values())
@@ -83,7 +85,8 @@ class Estimator:
     def _fit(self, j: JobView):
         if not self.fit_lines and straight_line(j.progress):
             return None
-        return slaq_fit(j.progress)
+        return self.fits.fit(j.id, j.progress) if self.fits is not None else \
+            slaq_fit(j.progress)
 
     def profile(self, j: JobView) -> Profile | None:
         return self.profiles.get(j.id, self.median)

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 
+from harmony.policies.curves import CurveFits
 from harmony.policies.estimates import Estimator
 from harmony.policies.view import ClusterView, Decision, JobView
 
@@ -114,14 +115,14 @@ def priorities(jobs: list[JobView], view: ClusterView, est: Estimator,
     return {j.id: ALPHA * ml[j.id] + (1 - ALPHA) * pc[j.id] for j in jobs}
 
 
-def _mlfs(view: ClusterView, control: bool) -> Decision:
+def _mlfs(view: ClusterView, control: bool, fits: CurveFits | None = None) -> Decision:
     dec = Decision()
     names = [w.name for w in view.workers]
     if not names:
         return dec
     # a job with no loss curve (its objective a straight line) gets no fit:
     # the defaults, at once (issue #32: mlfs-c spent 95% of its time there)
-    est = Estimator(view, fit_lines=False)
+    est = Estimator(view, fit_lines=False, fits=fits)
     running = [j for j in view.active if j.state in ("running", "profiling")]
     queue_ids = {j.id for j in view.waiting}
     prio = priorities(list(view.waiting) + running, view, est, queue_ids)
@@ -212,11 +213,11 @@ def _mlfs(view: ClusterView, control: bool) -> Decision:
     return dec
 
 
-def mlfs(view: ClusterView) -> Decision:
+def mlfs(view: ClusterView, fits: CurveFits | None = None) -> Decision:
     """MLF-H: priorities, placement, overload handling."""
-    return _mlfs(view, control=False)
+    return _mlfs(view, control=False, fits=fits)
 
 
-def mlfs_c(view: ClusterView) -> Decision:
+def mlfs_c(view: ClusterView, fits: CurveFits | None = None) -> Decision:
     """MLF-H with MLF-C's load control (early stops when overloaded)."""
-    return _mlfs(view, control=True)
+    return _mlfs(view, control=True, fits=fits)

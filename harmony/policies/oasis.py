@@ -67,7 +67,7 @@ import numpy as np
 
 from harmony.policies.estimates import Estimator
 from harmony.policies.view import ClusterView, Decision, JobView
-from harmony.policies.curves import Utility
+from harmony.policies.curves import CurveFits, Utility
 
 SLOT = 300.0          # s per time slot
 HORIZON = 288         # slots ahead (24 h)
@@ -111,13 +111,13 @@ class Prices:
         return self._cum, self._peak
 
 
-def oasis(view: ClusterView) -> Decision:
+def oasis(view: ClusterView, fits: CurveFits | None = None) -> Decision:
     dec = Decision()
     names = [w.name for w in view.workers]
     if not names or not view.waiting:
         return dec
     idx = {n: i for i, n in enumerate(names)}
-    est = Estimator(view)
+    est = Estimator(view, fits=fits)
     now = view.now
 
     # the jobs' utilities, best JCTs and the price bounds U_r, L

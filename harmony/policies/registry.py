@@ -10,8 +10,10 @@ here (docs/policies.md).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from harmony.policies.base import FunctionPolicy, Policy, Predict
+from harmony.policies.curves import CurveFits
 from harmony.policies.harmony import harmony, harmony_util, predict_jobs
 from harmony.policies.mlfs import mlfs, mlfs_c
 from harmony.policies.muri import muri
@@ -27,6 +29,14 @@ def fn(name: str, f: Callable[[ClusterView], Decision], *, preempts: bool = Fals
        queued: bool = False, predict: Predict | None = None) -> Factory:
     """The factory of a :class:`FunctionPolicy` (a policy that is a function)."""
     return lambda: FunctionPolicy(name, f, preempts, queued, predict)
+
+
+def fitting(name: str, f: Callable[..., Decision], *, preempts: bool = False) -> Factory:
+    """The factory of a policy that fits its jobs' loss curves at every
+    decision (``f(view, fits=...)``): each one keeps its own
+    :class:`~harmony.policies.curves.CurveFits`, so a job's fit starts where
+    its previous one ended."""
+    return lambda: FunctionPolicy(name, partial(f, fits=CurveFits()), preempts)
 
 
 _LEAST_LOADED = fn("least-loaded", least_loaded)
@@ -45,11 +55,11 @@ POLICIES: dict[str, Factory] = {
                        predict=predict_jobs),
     "match": _MATCH,
     "muri": _MATCH,
-    "slaq": fn("slaq", slaq, preempts=True),
-    "slaq-maxmin": fn("slaq-maxmin", slaq_maxmin, preempts=True),
-    "oasis": fn("oasis", oasis),
-    "mlfs": fn("mlfs", mlfs, preempts=True),
-    "mlfs-c": fn("mlfs-c", mlfs_c, preempts=True),
+    "slaq": fitting("slaq", slaq, preempts=True),
+    "slaq-maxmin": fitting("slaq-maxmin", slaq_maxmin, preempts=True),
+    "oasis": fitting("oasis", oasis),
+    "mlfs": fitting("mlfs", mlfs, preempts=True),
+    "mlfs-c": fitting("mlfs-c", mlfs_c, preempts=True),
 }
 
 # execution modes: placement policy, and whether subtasks go through the queues

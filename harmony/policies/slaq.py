@@ -47,7 +47,7 @@ from __future__ import annotations
 import heapq
 
 from harmony.policies.view import ClusterView, Decision, JobView
-from harmony.policies.curves import slaq_fit
+from harmony.policies.curves import CurveFits, slaq_fit
 from harmony.sched.model import Profile, job_iter_time
 
 HORIZON = 600.0     # s: the gain of an allocation is the loss drop over this time
@@ -63,11 +63,11 @@ def _profile(j: JobView) -> Profile:
 class _Job:
     """A job's predicted normalized loss reduction as a function of machines."""
 
-    def __init__(self, j: JobView, cap: int) -> None:
+    def __init__(self, j: JobView, cap: int, fits: CurveFits | None = None) -> None:
         self.view, self.cap = j, cap
         self.fit = None
         if j.profile is not None and len(j.progress) >= MIN_POINTS:
-            self.fit = slaq_fit(j.progress)
+            self.fit = fits.fit(j.id, j.progress) if fits is not None else slaq_fit(j.progress)
         self.prof = _profile(j) if self.fit is not None else None
         self.memo: dict[int, float] = {0: 0.0}
 
@@ -136,14 +136,14 @@ def _allocate(jobs: list[_Job], machines: int, maxmin: bool) -> dict[str, int]:
     return alloc
 
 
-def _slaq(view: ClusterView, maxmin: bool) -> Decision:
+def _slaq(view: ClusterView, maxmin: bool, fits: CurveFits | None = None) -> Decision:
     dec = Decision()
     live = [w.name for w in view.workers]
     if not live:
         return dec
     alive = set(live)
     running = [j for j in view.active if j.state in ("running", "profiling")]
-    jobs = [_Job(j, min(j.machines, len(live))) for j in running + list(view.waiting)]
+    jobs = [_Job(j, min(j.machines, len(live)), fits) for j in running + list(view.waiting)]
     alloc = _allocate(jobs, len(live), maxmin)
     # machines kept by running jobs, then free ones for growth and starts
     keep: dict[str, list[str]] = {}
@@ -179,9 +179,9 @@ def _slaq(view: ClusterView, maxmin: bool) -> Decision:
     return dec
 
 
-def slaq(view: ClusterView) -> Decision:
-    return _slaq(view, maxmin=False)
+def slaq(view: ClusterView, fits: CurveFits | None = None) -> Decision:
+    return _slaq(view, maxmin=False, fits=fits)
 
 
-def slaq_maxmin(view: ClusterView) -> Decision:
-    return _slaq(view, maxmin=True)
+def slaq_maxmin(view: ClusterView, fits: CurveFits | None = None) -> Decision:
+    return _slaq(view, maxmin=True, fits=fits)
