@@ -197,6 +197,10 @@ def test_heartbeat_stats_schema():
     assert M.clean_stats({**ok, "qw_net": -0.1}) is None
     assert M.clean_stats({**ok, "qg_cpu": math.inf}) is None
     assert M.clean_stats({**ok, "q_cpu": -0.1}) is not None      # not a counter
+    # a machine's NIC bytes of the interval (no emulated links): kept, not negative
+    nic = {"net_sent": 1.5e6, "net_recv": 2e3}
+    assert M.clean_stats({**ok, **nic}) == {k: float(v) for k, v in {**ok, **nic}.items()}
+    assert M.clean_stats({**ok, "net_recv": -1.0}) is None
 
 
 # -- property-based fuzzing of every decoder ----------------------------------------------

@@ -50,8 +50,8 @@ def _metrics_net(dash: dict) -> dict[str, float]:
             for s in f.samples if s.labels.get("resource") == "net"}
 
 
-def _net(c: Client) -> dict[str, float | None]:
-    return {w["name"]: (w.get("utilization") or {}).get("net")
+def _net(c: Client, key: str = "net") -> dict[str, float | None]:
+    return {w["name"]: (w.get("utilization") or {}).get(key)
             for w in c.cluster()["workers"] if w["alive"]}
 
 
@@ -105,6 +105,7 @@ def test_machines_in_network_namespaces_report_nic_traffic(fabric, tmp_path, rat
                            ["--input", ratings, "--max-epochs", "100000"], 2)
             seen: dict[str, float] = {}
             scraped: dict[str, float] = {}
+            sent: dict[str, float] = {}         # bytes a reading (the master keeps them)
             deadline = time.time() + 90
             while True:
                 st = c.status(job)
@@ -113,16 +114,19 @@ def test_machines_in_network_namespaces_report_nic_traffic(fabric, tmp_path, rat
                         seen[m] = max(seen.get(m, 0.0), v or 0.0)
                     for m, v in _metrics_net(dash).items():
                         scraped[m] = max(scraped.get(m, 0.0), v)
+                    for m, v in _net(c, "net_sent").items():
+                        sent[m] = max(sent.get(m, 0.0), v or 0.0)
                 if len(seen) == 2 and min(seen.values()) > 0 and len(scraped) == 2 \
-                        and min(scraped.values()) > 0 and all(
+                        and min(scraped.values()) > 0 and len(sent) == 2 \
+                        and min(sent.values()) > 1000 and all(
                             seen[m] > 10 * idle.get(m, 0.0) for m in seen):
                     break
                 assert st["state"] in ("waiting", "profiling", "running") \
                     and time.time() < deadline, (st["state"], st.get("error"), idle, seen,
-                                                 scraped)
+                                                 scraped, sent)
                 time.sleep(0.3)
             print(f"net utilization, idle peak {idle}, during the job {seen}, "
-                  f"/metrics {scraped}")
+                  f"/metrics {scraped}, bytes sent a reading {sent}")
             c.cancel(job)
     finally:
         stop_pids([p.pid for p in procs], timeout=10)

@@ -466,13 +466,14 @@ def decode(frames: list, limits: Limits = DEFAULT_LIMITS) -> Message:
 #: total bytes of the disk that holds its state dir, and the subtask queues'
 #: counters since the daemon started (COUNTER_KEYS)
 STATS_KEYS = frozenset({"t", "dt", "cpu", "mem", "q_cpu", "q_net", "net",
-                        "disk_free", "disk_total"})
+                        "disk_free", "disk_total", "net_sent", "net_recv"})
 #: per resource R (cpu, net): qg_R subtasks granted (told their executor),
 #: qw_R their seconds waiting in the queue, qd_R subtasks done, qr_R their
 #: run seconds (DaemonCore.queue_stats); never negative
 COUNTER_KEYS = frozenset(f"{k}_{r}" for k in ("qg", "qw", "qd", "qr") for r in ("cpu", "net"))
-#: never negative: the counters and the disk's bytes
-NONNEG_KEYS = COUNTER_KEYS | {"disk_free", "disk_total"}
+#: never negative: the counters, the disk's bytes and the NICs' bytes of the
+#: interval (net_sent, net_recv: a machine without emulated links)
+NONNEG_KEYS = COUNTER_KEYS | {"disk_free", "disk_total", "net_sent", "net_recv"}
 STATS_KEYS = STATS_KEYS | COUNTER_KEYS
 MAX_STATS_ENTRIES = 32
 
