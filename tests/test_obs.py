@@ -696,6 +696,42 @@ def test_snapshot_of_a_master_object_without_io(tmp_path):
         assert val(fam, machine="m0", resource=r) == [(fam + "_total", v)]
 
 
+def test_a_running_jobs_byte_sums_add_only_its_new_epochs():
+    """The snapshot is built every second: a running job's byte sums carry
+    on from the last build (only new epochs are read), and start over when
+    its epochs are not those counted (a resume drops the epochs after its
+    checkpoint)."""
+    from harmony.master.jobs import Job, JobState
+    from harmony.obs.snapshot import _job_cached
+
+    read = []
+
+    class Timings(dict):        # an epoch's timings that note when its bytes are read
+        def get(self, k, d=None):
+            if k == "bytes":
+                read.append(self["e"])
+            return super().get(k, d)
+
+    def epoch(e, b):
+        return {"epoch": e, "metrics": {}, "time": 1.0,
+                "timings": Timings(e=e, bytes=b, bytes_pull=2 * b, bytes_push=3 * b)}
+    j = Job(id="job-0001", app_name="nmf.py", app_source="", args=[], machines=1)
+    j.transition(JobState.RUNNING, "go")
+    j.epochs += [epoch(e, 1.0) for e in range(3)]
+    cache: dict = {}
+    assert _job_cached(cache, j, 2.0)["bytes_pushed"] == 9.0
+    read.clear()
+    j.epochs += [epoch(e, 10.0) for e in (3, 4)]
+    got = _job_cached(cache, j, 3.0)
+    assert (got["data_bytes"], got["bytes_pulled"]) == (23.0, 46.0)
+    assert sorted(set(read)) == [3, 4]          # the new epochs only (not 0-2 again)
+    del j.epochs[3:]                            # resumed from epoch 2's checkpoint
+    j.epochs += [epoch(3, 100.0), epoch(4, 100.0)]
+    assert _job_cached(cache, j, 4.0)["data_bytes"] == 203.0
+    j.transition(JobState.FINISHED, "done")
+    assert _job_cached(cache, j, 5.0)["data_bytes"] == 203.0
+
+
 NODE = shutil.which("node") or shutil.which("nodejs")
 
 

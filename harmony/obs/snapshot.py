@@ -127,7 +127,27 @@ def _decisions(master) -> tuple[list, int]:
     return out, tail.count
 
 
-def _job(job, now: float) -> dict[str, Any]:
+def _byte_sums(job, sums: list | None) -> list:
+    """[epochs summed, data bytes, bytes pulled, bytes pushed, the last epoch
+    summed] of ``job``, carried on from ``sums`` (its previous ones: only
+    the epochs since are added, so a running job's entry does not cost
+    O(its epochs) a second); from the start when its epochs are not those
+    counted (a resume from a checkpoint drops the epochs after it)."""
+    eps = job.epochs
+    if sums is None or sums[0] > len(eps) or (sums[0] and eps[sums[0] - 1] is not sums[4]):
+        sums = [0, 0.0, 0.0, 0.0, None]
+    n, data_bytes, pulled, pushed, _ = sums
+    for e in eps[n:]:
+        tm = e.get("timings") or {}
+        data_bytes += _num(tm.get("bytes")) or 0.0
+        pulled += _num(tm.get("bytes_pull")) or 0.0     # these two: all its machines
+        pushed += _num(tm.get("bytes_push")) or 0.0
+    return [len(eps), data_bytes, pulled, pushed, eps[-1] if eps else None]
+
+
+def _job(job, now: float, sums: list | None = None) -> dict[str, Any]:
+    """A job's entry; ``sums``: its byte sums so far (``_byte_sums``),
+    updated in place."""
     eps = job.epochs
     last = eps[-1] if eps else {}
     metrics = {k: v for k, v in (last.get("metrics") or {}).items() if _num(v) is not None}
@@ -147,12 +167,10 @@ def _job(job, now: float) -> dict[str, Any]:
         eta = 0.0
     curve = [[e["epoch"] + 1, _num((e.get("metrics") or {}).get("objective")), e.get("time")]
              for e in eps[-CURVE:]]
-    data_bytes = pulled = pushed = 0.0
-    for e in eps:
-        tm = e.get("timings") or {}
-        data_bytes += _num(tm.get("bytes")) or 0.0
-        pulled += _num(tm.get("bytes_pull")) or 0.0     # these two: all its machines
-        pushed += _num(tm.get("bytes_push")) or 0.0
+    got = _byte_sums(job, sums)
+    if sums is not None:
+        sums[:] = got
+    _, data_bytes, pulled, pushed, _ = got
     p = job.profile or {}
     store = {}
     for m, st in (job.store or {}).items():
@@ -198,10 +216,14 @@ def _iter_s(epoch: dict) -> float | None:
 
 
 def _job_cached(cache: dict, job, now: float) -> dict[str, Any]:
-    """A finished, failed or cancelled job's entry does not change: built once."""
+    """A finished, failed or cancelled job's entry does not change: built
+    once; a running one's byte sums grow by its new epochs only."""
     if not job.state.terminal:
-        cache.pop(job.id, None)
-        return _job(job, now)
+        hit = cache.get(job.id)
+        sums = hit if isinstance(hit, list) else None
+        if sums is None:
+            sums = cache[job.id] = [0, 0.0, 0.0, 0.0, None]
+        return _job(job, now, sums)
     key = (job.state.value, len(job.epochs), job.ended, len(job.events) + job.events_dropped)
     hit = cache.get(job.id)
     if hit is None or hit[0] != key:
