@@ -29,7 +29,7 @@ from harmony.cluster import LocalCluster
 from harmony.comm import messages as M
 from harmony.master.jobs import MAX_ATTEMPTS, JobState
 from harmony.ps.client import PSClient, PSError
-from harmony.ps.server import ShardServer, ShardTable
+from harmony.ps.server import NonFiniteUpdate, ShardServer, ShardTable
 from apps_for_tests import TOY_APP
 from conftest import run_cli, wait_state
 
@@ -345,6 +345,28 @@ def test_a_push_with_non_finite_values_is_refused(shard):
     t.load(np.arange(2), np.zeros((2, 2), np.float32))
     t.push(np.arange(2), np.full((2, 2), np.nan, np.float32))
     assert np.isnan(t.rows).all()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "complex64"])
+def test_the_finite_check_is_exact_whatever_the_sum(dtype):
+    """The check sums the deltas and looks at every value only when the sum
+    is not finite: a NaN or an infinity anywhere (alone, or +inf with -inf)
+    is refused and changes nothing; finite values whose sum overflows pass."""
+    t = ShardTable(8, dtype, None)
+    n = 3000                                    # past numpy's pairwise blocks
+    t.load(np.arange(n), np.zeros((n, 8), dtype))
+    big = float(np.finfo(dtype).max) / 2
+    for bad in ([np.nan], [np.inf], [-np.inf], [np.inf, -np.inf]):
+        for at in (0, n * 8 // 2 + 3, n * 8 - 1):
+            d = np.ones((n, 8), dtype)
+            d.flat[at:at + len(bad)] = bad
+            with pytest.raises(NonFiniteUpdate, match="not finite"):
+                t.push(np.arange(n), d)
+    assert not t.rows.any()                     # nothing applied
+    d = np.zeros((n, 8), dtype)
+    d[0, :4] = big                              # the sum overflows; every value is finite
+    t.push(np.arange(n), d)
+    assert np.isfinite(t.rows).all() and t.rows[0, 0] == np.array(big, dtype)
 
 
 NAN_APP = TOY_APP.replace("        return np.full(rows.shape, 0.1, dtype=np.float32)",
