@@ -71,6 +71,16 @@ def test_shard_survives_bad_requests_and_serves_empty_pulls():
         with pytest.raises(PSError, match="another job attempt") as err:
             other.pull(np.array([1]))
         assert "job-1:1" not in str(err.value)       # the tag (its secret) is never echoed
+        with pytest.raises(PSError, match="another job attempt"):   # a push, too
+            other.push(np.array([1]), np.ones((1, 2), np.float32))
+        raw = ctx.socket(zmq.DEALER)                  # a values frame of the wrong size
+        raw.connect(srv.endpoint)
+        raw.send_multipart([M.encode("push", rid=9, n=1, dim=2, tag="job-1:1"),
+                            np.array([1], np.int64), np.ones(3, np.float32)])
+        assert raw.poll(5000)
+        msg = M.decode(raw.recv_multipart())
+        raw.close(0)
+        assert msg.type == "ps_error" and "12 bytes, expected 8" in msg["message"]
         assert np.array_equal(c.pull(np.array([1, 2])), np.zeros((2, 2)))  # still serving
     finally:
         c.close()
