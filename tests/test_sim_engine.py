@@ -58,20 +58,25 @@ def test_checkpoints_hold_the_executor_as_the_runtime_does():
 
 
 def test_a_start_up_shares_the_cpu_with_what_runs_on_its_machine():
-    """``startup_cpu`` of a start-up is CPU work outside the queues: b's
-    start-up beside a's 10 s COMP on one core takes 2 s instead of 1, and
-    a's COMP 1 s longer (b's own COMP then waits for a's in the queue)."""
+    """``startup_cpu`` of a start-up is CPU work outside the queues. At the
+    COMP's priority (``startup_weight`` 1), b's start-up beside a's 10 s
+    COMP on one core takes 2 s instead of 1, and a's COMP 1 s longer (b's
+    own COMP then waits for a's in the queue). At nice 19, as the runtime
+    starts executors (the default weight, 15/1024), it takes what a's COMP
+    leaves: a is delayed by 9 x 15/1024 s only, and b is ready when a's COMP
+    ends, so b ends as before."""
     def one(i: str, arrival: float, cpu: float) -> SimJob:
         return SimJob(id=i, app="nmf", arrival=arrival, epochs=1, machines=1, iters=1,
                       profile=lambda m, c=cpu: (c, 0.0))
 
-    def ends(startup_cpu: float) -> dict:
-        c = Contention(startup=1.0, startup_cpu=startup_cpu)
+    def ends(startup_cpu: float, **kw) -> dict:
+        c = Contention(startup=1.0, startup_cpu=startup_cpu, **kw)
         out = Simulator([one("a", 0.0, 10.0), one("b", 2.0, 1.0)], 1, mode="harmony",
                         policy="colocate", contention=c, cpus=1).run()
         return {j["id"]: j["end"] for j in out.jobs}
     assert ends(0.0) == {"a": pytest.approx(11.0), "b": pytest.approx(12.0)}
-    assert ends(1.0) == {"a": pytest.approx(12.0), "b": pytest.approx(13.0)}
+    assert ends(1.0, startup_weight=1.0) == {"a": pytest.approx(12.0), "b": pytest.approx(13.0)}
+    assert ends(1.0) == {"a": pytest.approx(11.0 + 9 * 15 / 1024), "b": pytest.approx(13.0)}
 
 
 def test_the_engine_runs_the_real_cores():

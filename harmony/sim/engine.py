@@ -94,6 +94,11 @@ class Contention:
     startup_cpu: float = 0.0        # s of it that are CPU work on the machine (imports,
                                     # reading the input): it shares the machine's CPU
                                     # with the COMPs running there, outside the queues
+    # the CPU weight of a start-up against a COMP's threads: the executor
+    # reads its input at nice 19 (harmony.worker.executor.startup), which
+    # the kernel weighs 15 against 1024 at nice 0; a machine joining a
+    # running job (a live resize) starts at its own priority (weight 1)
+    startup_weight: float = 15 / 1024
     epoch_overhead: float = 0.0     # s at each epoch end outside COMP/COMM (the sums'
                                     # round trip, the store's adaptation, logging)
     bandwidth: float = 1.25e9       # bytes/s per machine link (moves, checkpoints)
@@ -292,7 +297,9 @@ class Simulator:
         def computed() -> None:
             if ex.alive:
                 self._later(total - cpu, self._ready, ex, join)
-        ex.machine.cpu.start((ex.jid, "setup", ex.ident), cpu, computed, self.now)
+        # a join at the executor's own priority, any other start-up low
+        ex.machine.cpu.start((ex.jid, "setup" if join else "setup-low", ex.ident), cpu,
+                             computed, self.now)
 
     def _ready(self, ex: _Exec, join: bool) -> None:
         if not ex.alive:

@@ -117,6 +117,7 @@ class _Exec:
         m.cpu.drop((self.jid, self.seq), now)
         m.cpu.drop((self.jid, self.seq, "local"), now)
         m.cpu.drop((self.jid, "setup", self.ident), now)
+        m.cpu.drop((self.jid, "setup-low", self.ident), now)
         m.net.drop((self.jid, self.seq), now)
         for mj, _ in self.ups:
             mj.up.drop((self.jid, self.seq, self.index), now)

@@ -135,23 +135,35 @@ class _Machine:
             # one: all progress at cores / demand when the demand exceeds
             # the cores; the queues decide which COMPs run (a stopped one
             # does not), not the transfers' local parts
+            # start-ups at low priority (nice 19, "setup-low") weigh
+            # startup_weight against the others' threads: the CPU the
+            # others leave, else their weighted share
             cores = self.sim.cpus
             stopped = self.stopped
-            comps = whole = 0
+            comps = whole = low = 0
             for key in run:
                 if len(key) == 2:
                     whole += 1
                     if key not in stopped:
                         comps += 1
-            locals_ = n - whole
+                elif key[1] == "setup-low":
+                    low += 1
+            locals_ = n - whole - low
             demand = cores * comps + locals_
-            rate = 1.0 if demand <= cores else cores / demand
-            if self.q is None and comps + locals_ > 1:      # no queues: interference
-                m = comps + locals_
-                rate *= m * c.model.rate("cpu", m)
-            if stopped:
+            rate = rate_low = 1.0
+            if demand + low > cores:
+                w = c.startup_weight
+                rate = min(1.0, cores / (demand + low * w))
+                rate_low = min(1.0, (cores - demand) / low if demand < cores
+                               else w * cores / (demand + low * w)) if low else 0.0
+            if self.q is None and comps + locals_ + low > 1:   # no queues: interference
+                m = comps + locals_ + low
+                f = m * c.model.rate("cpu", m)
+                rate, rate_low = rate * f, rate_low * f
+            if stopped or low:
                 for key, r in run.items():
-                    r[1] = 0.0 if key in stopped else rate
+                    r[1] = 0.0 if key in stopped else \
+                        rate_low if len(key) == 3 and key[1] == "setup-low" else rate
             else:
                 for r in run.values():
                     r[1] = rate
