@@ -259,7 +259,7 @@ def row_grams(a: np.ndarray, b: np.ndarray, r: np.ndarray, F: np.ndarray, n: int
 
 
 class NMF(App):
-    """Non-negative matrix factorization by SGD (ratings -> user/item factors)."""
+    """Non-negative matrix factorization by ALS or SGD (ratings -> user/item factors)."""
 
     name = "nmf"
     static_keys = True    # keys(blocks) depends only on which blocks it gets
@@ -328,7 +328,10 @@ class NMF(App):
                              f"item ids up to {max_item} plan a model of {max_item + 1} rows x "
                              f"{dim * 4} bytes ({planned / 2**30:.1f} GiB with its "
                              f"keys), more than the {part.model_budget() / 2**30:.1f} GiB a "
-                             f"model may take on this machine; are the ids right?")
+                             f"model may take on this machine; are the ids right?"
+                             + (f" (--solver als keeps {dim} values per item at rank "
+                                f"{o.rank}; --solver sgd keeps {o.rank + 1})"
+                                if o.solver == "als" else ""))
         self.num_items = max_item + 1
         if o.solver == "als":
             self.item_count = np.zeros(self.num_items, dtype=np.float64)
