@@ -39,8 +39,9 @@ float32 rounding of the stored sums. With ``--iters-per-epoch k > 1`` an
 iteration replaces its blocks' share of the sums (proportionally: exact
 when the sums are proportional to the counts) and converges alike. The
 model is larger than SGD's (rank 16: 169 values per item against 17) and a
-COMP builds a Gram matrix per row; an epoch cost 1.5-2x SGD's CPU on the
-small sets measured (README, "NMF").
+COMP builds a Gram matrix and solves a small system per row: an epoch took
+1.1x SGD's wall time at rank 8 on 363k ratings, 2-2.5x on 30k, about 1.5x
+at rank 16 and 4x at rank 32 (README, "NMF"), in far fewer epochs.
 
 SGD (``--solver sgd``). Each COMP runs mini-batch SGD over the iteration's
 blocks against a local copy of the pulled item rows ``[R_i, G_i]`` and
