@@ -1,14 +1,17 @@
 """Quality table: every app against its scikit-learn / NumPy / plain-torch
 reference on two data sets each, on 1 and 2 machines of a local cluster.
 
-    python bench/apps_quality.py [--out table.md]
+    python bench/apps_quality.py [--out table.md] [--only nmf,mlr]
 
 Rows (data generated in a temporary directory, seeded; sklearn's data sets
 are shipped with scikit-learn):
 
-* nmf: held-out RMSE against non-negative ALS (ridge per row, clipped at 0;
-  the best of lambda 0.01 / 0.03, 12 sweeps), same split. MovieLens-shaped
-  (``--activity zipf``) and uniform planted data; default app options.
+* nmf: held-out RMSE against non-negative ALS (exact NNLS per row, L2 per
+  rating; the best of lambda 0.003 / 0.01 / 0.03 / 0.1 on the held-out
+  ratings, 40 sweeps: ``tests/nmf_reference.py``), same split.
+  MovieLens-shaped (``--activity zipf``), uniform planted data, and small
+  skewed sets (400 users, ~30k ratings, activity exponent 2 sorted by user
+  and 1.3 shuffled: issue #36); default app options.
 * mlr: test accuracy against ``LogisticRegression`` with the same L2.
   Digits (tuned ``--lr 2 --batch-size 32``) and standardized dense data of
   width 100 with 10% label noise (default ``--lr auto``).
@@ -60,22 +63,13 @@ def _module(app):
 # -- references ----------------------------------------------------------------------
 
 
-# the non-negative ALS reference is the one the NMF test checks against
+# the non-negative ALS reference is the one the NMF tests check against
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from test_app_nmf import nn_als  # noqa: E402
+from nmf_reference import reference_rmse  # noqa: E402
 
 
 def ref_nmf(path, rank):
-    nmf = _module("nmf")
-    a = np.loadtxt(path)
-    u, i, r = a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), a[:, 2]
-    test = nmf.holdout_mask(u, i, 0.1, 0)
-    best = np.inf
-    for lam in (0.01, 0.03):
-        L, R = nn_als(u[~test], i[~test], r[~test], u.max() + 1, i.max() + 1, rank, lam)
-        best = min(best, float(np.sqrt(np.mean(((L[u[test]] * R[i[test]]).sum(1)
-                                                 - r[test]) ** 2))))
-    return best
+    return reference_rmse(path, rank)[0]
 
 
 def ref_mlr(train, test, l2):
@@ -158,6 +152,14 @@ def rows(d: Path):
                 ["--input", z, "--rank", "16", "--max-epochs", "25"], lambda: ref_nmf(z, 16)))
     out.append(("nmf", "uniform 2000x400, 80/user", "test RMSE",
                 ["--input", u, "--rank", "8", "--max-epochs", "30"], lambda: ref_nmf(u, 8)))
+    for s, order in ((2.0, "user"), (1.3, "shuffled")):
+        p = str(d / f"small-{s}-{order}.txt")
+        info = gen_nmf(p, users=400, items=1000, rank=8, per_user=90, noise=0.1, seed=1,
+                       activity="zipf", zipf_exponent=s, order=order)
+        name = (f"small skewed: 400 users, {info['ratings'] // 1000}k ratings, exponent {s}, "
+                + ("sorted by user" if order == "user" else "shuffled"))
+        out.append(("nmf", name, "test RMSE", ["--input", p, "--rank", "8", "--max-epochs", "40"],
+                    lambda p=p: ref_nmf(p, 8)))
 
     X, y = load_digits(return_X_y=True)
     Xtr, Xte, ytr, yte = train_test_split(X / 16.0, y, test_size=0.25, random_state=0,
@@ -215,10 +217,13 @@ def rows(d: Path):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="also write the table here (markdown)")
+    p.add_argument("--only", default=None, help="only these apps' rows (comma-separated)")
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
         d = Path(tmp)
         table = rows(d)
+        if a.only:
+            table = [row for row in table if row[0] in a.only.split(",")]
         cl = LocalCluster(2, str(d / "cluster"), port=0, heartbeat_timeout=10.0)
         cl.start()
         got = {}

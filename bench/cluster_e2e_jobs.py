@@ -155,7 +155,8 @@ def app_job(job: TraceJob, data: dict[str, str]) -> tuple[str, list[str]]:
     common = ["--max-epochs", str(epochs), "--iters-per-epoch", str(k)]
     knob = size_knob(job.app, model_factor(job))
     if job.app == "nmf":
-        return "nmf", ["--input", data["nmf"], "--rank", str(knob), "--holdout", "0", *common]
+        return "nmf", ["--input", data["nmf"], "--rank", str(knob), "--holdout", "0",
+                       "--solver", "sgd", *common]
     if job.app == "lda":
         return "lda", ["--input", data["lda"], "--topics", str(knob), "--blocks", "8",
                        *common]

@@ -50,7 +50,7 @@ def make_jobs(tmp: str, a: argparse.Namespace) -> list[tuple[str, list[str]]]:
     gen_nmf(cpu_data, users=a.cpu_users, items=500, rank=8, per_user=a.cpu_per_user, seed=1)
     gen_nmf(net_data, users=a.net_users, items=a.net_items, rank=8, per_user=10, seed=2)
     common = ["--max-epochs", str(a.epochs), "--holdout", "0",
-              "--iters-per-epoch", str(a.iters)]
+              "--iters-per-epoch", str(a.iters), "--solver", "sgd"]   # SGD: the README's figures
     cpu = ["--input", cpu_data, "--rank", str(a.cpu_rank), *common]
     net = ["--input", net_data, "--rank", "32", "--batch-size", "4096", *common]
     # (name, args, group): two complementary pairs, as Harmony would group them

@@ -61,7 +61,7 @@ def make_data(tmp: str) -> dict[str, str]:
 
 def job_args(app: str, data: dict[str, str], epochs: int) -> list[str]:
     common = ["--max-epochs", str(epochs), "--iters-per-epoch", "2"]
-    return {"nmf": ["--input", data["nmf"], "--rank", "32", "--holdout", "0"],
+    return {"nmf": ["--input", data["nmf"], "--rank", "32", "--holdout", "0", "--solver", "sgd"],
             "lda": ["--input", data["lda"], "--topics", "10", "--blocks", "8"],
             "mlr": ["--input", data["mlr"]],
             "lasso": ["--input", data["lasso"], "--lam", "0.05"]}[app] + common

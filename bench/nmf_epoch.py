@@ -35,13 +35,15 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--iters-per-epoch", type=int, default=4)
+    ap.add_argument("--solver", choices=("sgd", "als"), default="sgd",
+                    help="the app's solver (the README's figures: sgd)")
     a = ap.parse_args()
     src = (ROOT / "apps" / "nmf.py").read_text()
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "r.txt")
         shape = gen_nmf(data, a.users, a.items, 8, a.per_user, 0.1, seed=0)
         args = ["--input", data, "--rank", str(a.rank), "--max-epochs", str(a.epochs),
-                "--iters-per-epoch", str(a.iters_per_epoch)]
+                "--iters-per-epoch", str(a.iters_per_epoch), "--solver", a.solver]
         ref = run_local(load_app(src, "nmf.py"), args)
         with LocalCluster(1, os.path.join(tmp, "c"), port=0) as cl, Client(cl.endpoint, keys=cl.keys) as c:
             job = c.submit("nmf.py", src, args, machines=1)

@@ -49,7 +49,8 @@ def make_jobs(tmp: str, a: argparse.Namespace) -> list[tuple[str, list[str]]]:
     cpu_data, net_data = os.path.join(tmp, "cpu.txt"), os.path.join(tmp, "net.txt")
     gen_nmf(cpu_data, users=a.cpu_users, items=500, rank=8, per_user=60, seed=1)
     gen_nmf(net_data, users=20000, items=a.net_items, rank=8, per_user=10, seed=2)
-    common = ["--max-epochs", str(a.epochs), "--holdout", "0", "--iters-per-epoch", "2"]
+    common = ["--max-epochs", str(a.epochs), "--holdout", "0", "--iters-per-epoch", "2",
+              "--solver", "sgd"]       # SGD: the jobs' CPU/network kinds and the README's figures
     cpu = ["--input", cpu_data, "--rank", "64", *common]
     net = ["--input", net_data, "--rank", "32", "--batch-size", "4096", *common]
     out = []

@@ -51,7 +51,7 @@ def app_cls(name: str):
 def curves(tmp: str, epochs: int) -> dict:
     data = {
         "nmf": (lambda p: gen_nmf(p, users=2000, items=500, rank=8, per_user=40, seed=1,
-                                  activity="zipf"), ["--rank", "8"]),
+                                  activity="zipf"), ["--rank", "8", "--solver", "sgd"]),
         "lda": (lambda p: gen_lda(p, docs=400, vocab=800, topics=10, seed=1), ["--topics", "10"]),
         "mlr": (lambda p: gen_mlr(p, samples=4000, features=200, classes=10, seed=1), []),
         "lasso": (lambda p: gen_lasso(p, samples=1000, features=200, nonzeros=20, seed=1),
@@ -90,7 +90,7 @@ def e2e_profiles(tmp: str) -> dict:
     cpu_data, net_data = os.path.join(tmp, "cpu.txt"), os.path.join(tmp, "net.txt")
     gen_nmf(cpu_data, users=8000, items=500, rank=8, per_user=60, seed=1)
     gen_nmf(net_data, users=20000, items=100000, rank=8, per_user=10, seed=2)
-    common = ["--max-epochs", "2", "--holdout", "0", "--iters-per-epoch", "2"]
+    common = ["--max-epochs", "2", "--holdout", "0", "--iters-per-epoch", "2", "--solver", "sgd"]
     kinds = {"cpu": ["--input", cpu_data, "--rank", "64", *common],
              "net": ["--input", net_data, "--rank", "32", "--batch-size", "4096", *common]}
     cls = app_cls("nmf")

@@ -52,7 +52,8 @@ def one(nice: int, tmp: str, data: dict[str, str], a) -> dict:
             time.sleep(0.2)
         t_b = time.time()
         jb = c.submit("nmf.py", src["nmf"], ["--input", data["nmf"], "--rank", "16",
-                                             "--max-epochs", "3"], machines=1, name="B")
+                                             "--max-epochs", "3", "--solver", "sgd"],
+                      machines=1, name="B")
         first_b = None
         while time.time() < t_end:
             sb = c.status(jb)

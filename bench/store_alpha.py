@@ -82,7 +82,7 @@ def make_data(tmp: str, scale: float) -> list[dict]:
         gen_nmf(path, users=users, items=3000, rank=4, per_user=50, seed=10 + i)
         jobs.append({"name": name, "app": "nmf.py", "lead": True,
                      "args": ["--input", path, "--rank", str(rank), "--batch-size", "4096",
-                              *common],
+                              "--solver", "sgd", *common],
                      "input_mb": users * 50 * 20 / MiB + users * rank * 4 / MiB})
     path = os.path.join(tmp, "lasso.svm")
     samples = int(150000 * scale)

@@ -6,7 +6,9 @@ counts follow a power law (Pareto, exponent ``ZIPF_A``) from a minimum of
 ``per_user // 3`` (mean about ``per_user``, at most half the items), so most
 users sit near the minimum and a few rate hundreds. Items are picked by a
 Zipf-like popularity ``1 / (rank + 10)^0.8`` (a few blockbusters, a long
-tail). The file is sorted by user, as MovieLens and Netflix files are.
+tail). The file is sorted by user, as MovieLens and Netflix files are
+(``--order shuffled``: not). ``--zipf-exponent`` sets the power law's
+exponent (default 1.5; 1.3 is more skewed, 2 less).
 """
 from __future__ import annotations
 
@@ -25,11 +27,13 @@ ZIPF_A = 1.5          # Pareto exponent of the users' rating counts (zipf activi
 ITEM_SKEW = 0.8       # item popularity ~ 1 / (rank + 10)^ITEM_SKEW
 
 
-def zipf_counts(rng: np.random.Generator, n: int, per_user: int, items: int) -> np.ndarray:
-    """Ratings per user: Pareto(ZIPF_A) from per_user // 3, capped at items // 2."""
+def zipf_counts(rng: np.random.Generator, n: int, per_user: int, items: int,
+                exponent: float = ZIPF_A) -> np.ndarray:
+    """Ratings per user: Pareto(exponent) from per_user // 3, capped at items // 2
+    (the share of users with more than c ratings falls as c^-exponent)."""
     lo = max(1, per_user // 3)
     hi = max(lo, items // 2)
-    c = np.floor(lo * (1.0 - rng.random(n)) ** (-1.0 / ZIPF_A)).astype(np.int64)
+    c = np.floor(lo * (1.0 - rng.random(n)) ** (-1.0 / exponent)).astype(np.int64)
     return np.clip(c, lo, hi)
 
 
@@ -66,20 +70,32 @@ def popular_items(rng: np.random.Generator, counts: np.ndarray, cdf: np.ndarray,
 
 def gen_nmf(path: str, users: int = 1000, items: int = 500, rank: int = 8,
             per_user: int = 50, noise: float = 0.1, seed: int = 0,
-            chunk_users: int = 10_000, activity: str = "uniform") -> dict:
+            chunk_users: int = 10_000, activity: str = "uniform",
+            zipf_exponent: float = ZIPF_A, order: str = "user") -> dict:
     """Planted non-negative low-rank ratings ``r = (L* R*)_ui + N(0, noise²)``.
 
     Each user rates ``per_user`` distinct random items (``activity="zipf"``:
     a power-law number of items picked by popularity, see the module
-    docstring). Users are written in chunks, so any size can be made without
-    holding it in memory. Returns the shape written.
+    docstring; ``zipf_exponent`` is the power law's exponent). Users are
+    written in chunks, so any size can be made without holding it in memory.
+    ``order="shuffled"`` shuffles the lines within each chunk of
+    ``chunk_users`` users (the whole file when ``users <= chunk_users``);
+    ``"user"``, the default, keeps them sorted by user. Returns the shape
+    written.
     """
     if users < 1 or items < 1 or rank < 1 or not (1 <= per_user <= items) or noise < 0:
         raise ValueError("need users, items, rank >= 1, 1 <= per_user <= items, noise >= 0")
     if activity not in ("uniform", "zipf"):
         raise ValueError(f"activity must be 'uniform' or 'zipf', not {activity!r}")
+    if order not in ("user", "shuffled"):
+        raise ValueError(f"order must be 'user' or 'shuffled', not {order!r}")
+    if not zipf_exponent > 0:
+        raise ValueError("zipf_exponent must be > 0")
+    # the shuffle has its own stream: a sorted file is the same with or without it
+    shuffle = np.random.default_rng([seed, 0x5FF]) if order == "shuffled" else None
     if activity == "zipf":
-        return _gen_zipf(path, users, items, rank, per_user, noise, seed, chunk_users)
+        return _gen_zipf(path, users, items, rank, per_user, noise, seed, chunk_users,
+                         zipf_exponent, shuffle)
     rng = np.random.default_rng(seed)
     # factors scaled so that ratings average about 3
     R = rng.uniform(0, 1, size=(rank, items)) * np.sqrt(12.0 / rank)
@@ -99,15 +115,19 @@ def gen_nmf(path: str, users: int = 1000, items: int = 500, rank: int = 8,
             vals += rng.normal(0, noise, size=vals.shape) if noise > 0 else 0.0
             uids = np.repeat(np.arange(start, start + cu), per_user)
             block = np.column_stack([uids, choice.ravel(), vals.ravel()])
+            if shuffle is not None:
+                block = block[shuffle.permutation(len(block))]
             buf = io.StringIO()
             np.savetxt(buf, block, fmt=["%d", "%d", "%.4f"])
             out.write(buf.getvalue())
             n += len(block)
-    return {"users": users, "items": items, "rank": rank, "ratings": n, "noise": noise}
+    return {"users": users, "items": items, "rank": rank, "ratings": n, "noise": noise,
+            "order": order}
 
 
 def _gen_zipf(path: str, users: int, items: int, rank: int, per_user: int, noise: float,
-              seed: int, chunk_users: int) -> dict:
+              seed: int, chunk_users: int, exponent: float,
+              shuffle: np.random.Generator | None) -> dict:
     rng = np.random.default_rng([seed, 0x21F])
     R = rng.uniform(0, 1, size=(rank, items)) * np.sqrt(12.0 / rank)
     pop = 1.0 / (np.arange(items) + 10.0) ** ITEM_SKEW
@@ -120,12 +140,14 @@ def _gen_zipf(path: str, users: int, items: int, rank: int, per_user: int, noise
         for start in range(0, users, chunk_users):
             cu = min(chunk_users, users - start)
             L = rng.uniform(0, 1, size=(cu, rank)) * np.sqrt(12.0 / rank)
-            counts = zipf_counts(rng, cu, per_user, items)
+            counts = zipf_counts(rng, cu, per_user, items, exponent)
             u, it = popular_items(rng, counts, cdf, order)
             vals = np.einsum("uk,ku->u", L[u], R[:, it])
             if noise > 0:
                 vals += rng.normal(0, noise, size=len(vals))
             block = np.column_stack([u + start, it, vals])
+            if shuffle is not None:
+                block = block[shuffle.permutation(len(block))]
             buf = io.StringIO()
             np.savetxt(buf, block, fmt=["%d", "%d", "%.4f"])
             out.write(buf.getvalue())
@@ -133,7 +155,8 @@ def _gen_zipf(path: str, users: int, items: int, rank: int, per_user: int, noise
             counts_all.append(np.bincount(u, minlength=cu))
     c = np.concatenate(counts_all)
     return {"users": users, "items": items, "rank": rank, "ratings": n, "noise": noise,
-            "activity": "zipf", "min_per_user": int(c.min()), "median_per_user": int(np.median(c)),
+            "activity": "zipf", "zipf_exponent": exponent, "order": "user" if shuffle is None
+            else "shuffled", "min_per_user": int(c.min()), "median_per_user": int(np.median(c)),
             "max_per_user": int(c.max())}
 
 
@@ -165,6 +188,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activity", choices=("uniform", "zipf"), default="uniform",
                    help="ratings per user: all --per-user, or 'zipf': MovieLens-shaped (power-law "
                         "activity from --per-user/3, popular items, many users near the minimum)")
+    p.add_argument("--zipf-exponent", type=float, default=ZIPF_A,
+                   help="zipf activity: the power law's exponent (the share of users with more "
+                        "than c ratings falls as c^-exponent; smaller: more skewed)")
+    p.add_argument("--order", choices=("user", "shuffled"), default="user",
+                   help="lines sorted by user (as MovieLens/Netflix files are) or shuffled "
+                        "(within each chunk of 10,000 users)")
     p.add_argument("--noise", type=float, default=0.1, help="std. dev. of Gaussian noise")
 
 
@@ -173,4 +202,6 @@ def generate(a: argparse.Namespace) -> dict:
     if a.netflix_scale is not None:
         shape = netflix_shape(a.netflix_scale)
     return gen_nmf(a.out, rank=a.rank, noise=a.noise, seed=a.seed,
-                   activity=getattr(a, "activity", "uniform"), **shape)
+                   activity=getattr(a, "activity", "uniform"),
+                   zipf_exponent=getattr(a, "zipf_exponent", ZIPF_A),
+                   order=getattr(a, "order", "user"), **shape)
