@@ -4,6 +4,8 @@ final checkpoint a finished job keeps for ``harmony model get`` and how
 many are kept, and the model's sources for an export."""
 from __future__ import annotations
 
+import heapq
+
 from harmony.comm import messages as M
 from harmony.master.core.protocol import Send, _err, _msg
 from harmony.master.core.records import Run
@@ -30,8 +32,11 @@ class Checkpoints(CoreState):
         """Per executor, up to 2 more live machines to replicate its part on
         when its replica machine cannot take it (fewest parts placed first)."""
         placed = self._placed()
-        live = sorted((len(placed.get(w.name, ())), w.name) for w in self.workers.values()
-                      if w.alive and w.data_endpoint)
+        # the 4 least loaded are enough: at most 2 of them are skipped (not
+        # a sort of the whole fleet at every launch)
+        live = heapq.nsmallest(4, ((len(placed.get(w.name, ())), w.name)
+                                   for w in self.workers.values()
+                                   if w.alive and w.data_endpoint))
         out = []
         for name, rep in zip(machines, replicas):
             skip = {name, rep[0] if rep else None}
@@ -49,10 +54,10 @@ class Checkpoints(CoreState):
                 other = machines[(i + 1) % len(machines)]
             else:
                 placed = self._placed()
-                others = sorted((len(placed.get(w.name, ())), w.name)
-                                for w in self.workers.values()
-                                if w.alive and w.name != name and w.data_endpoint)
-                other = others[0][1] if others else None
+                least = min(((len(placed.get(w.name, ())), w.name)
+                             for w in self.workers.values()
+                             if w.alive and w.name != name and w.data_endpoint), default=None)
+                other = least[1] if least is not None else None
             w = self.workers.get(other) if other else None
             out.append([other, w.data_endpoint] if w is not None else None)
         return out
@@ -178,12 +183,22 @@ class Checkpoints(CoreState):
         self._gc_checkpoints(job.id, ep, job.checkpoint["holders"])
         return None
 
-    def _retain_models(self) -> None:
+    def _retain_models(self, job: Job | None = None) -> None:
         """Only the ``keep_models`` most recently finished jobs keep their
-        final checkpoint; older ones are dropped from the machines."""
-        kept = sorted((j for j in self.jobs.values() if j.state == JobState.FINISHED
-                       and (j.checkpoint or {}).get("final")),
-                      key=lambda j: j.ended or 0.0, reverse=True)
+        final checkpoint; older ones are dropped from the machines. ``job``:
+        the one that just finished. The jobs holding one are indexed (from a
+        scan of every job once, then as they finish), not found by scanning
+        every job ever submitted at each finish."""
+        models = getattr(self, "_models", None)
+        if models is None or models[0] is not self.jobs:
+            models = self._models = (self.jobs, {j.id: j for j in self.jobs.values()})
+        held = models[1]
+        if job is not None:
+            held[job.id] = job
+        for jid in [jid for jid, j in held.items() if not (
+                j.state == JobState.FINISHED and (j.checkpoint or {}).get("final"))]:
+            del held[jid]
+        kept = sorted(held.values(), key=lambda j: j.ended or 0.0, reverse=True)
         for job in kept[self.keep_models:]:
             job.checkpoint = None
             self._gc_checkpoints(job.id, None)

@@ -200,6 +200,6 @@ class Lifecycle(Checkpoints, Catalog, Views):
                 job.event(self.now, job.state.value, f"no model kept: {why}")
                 log.warning("%s: no model kept: %s", job.id, why)
             self._persist("save", job)
-            self._retain_models()
+            self._retain_models(job)
             self._dirty = True
             log.info("%s finished after %d epochs", job.id, len(job.epochs))

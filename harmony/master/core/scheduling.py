@@ -29,7 +29,7 @@ class Scheduling(Resize):
         if self.policy.preempts and (
                 not live or any(r.pausing or r.reconfig for r in self.runs.values())):
             return      # _schedule_full's rule, before the queue is sorted for nothing
-        waiting = sorted((j for j in self.jobs.values()
+        waiting = sorted((j for j in self._open_jobs()
                           if j.id not in self.mem_wait and (j.state == JobState.WAITING or (
                               j.state in (JobState.PAUSED, JobState.PROFILED) and not j.held))),
                          key=lambda j: (j.submitted, j.id))

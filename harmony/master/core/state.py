@@ -13,6 +13,7 @@ check it)."""
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -106,6 +107,11 @@ class CoreState:
         self.state_dir = state_dir      # named in errors only
         self.now = now
         self.jobs: dict[str, Job] = dict(jobs or {})
+        # the jobs not ended (_open_jobs): an index of self.jobs, which the
+        # core only adds to (the server may replace it whole at start)
+        self._open: dict[str, Job] = {}
+        self._open_of: dict[str, Job] | None = None
+        self._open_seen = 0
         self.datasets: dict[str, dict] = dict(datasets or {})
         # data sets planned and not yet committed: name -> when (a put in flight)
         self.puts: dict[str, float] = {}
@@ -176,6 +182,24 @@ class CoreState:
             log.warning(fmt, *args)
 
     # -- queries -----------------------------------------------------------------------------
+    def _open_jobs(self) -> list[Job]:
+        """The jobs not ended (finished, failed, cancelled are for good), in
+        submission order: kept as jobs are added and dropped as they end,
+        so the scheduler does not scan every job ever submitted at every
+        decision (at 10,000 jobs that scan was a third of a simulation)."""
+        jobs = self.jobs
+        if self._open_of is not jobs or len(jobs) < self._open_seen:
+            self._open, self._open_of, self._open_seen = {}, jobs, 0
+        if len(jobs) > self._open_seen:
+            for j in itertools.islice(jobs.values(), self._open_seen, None):
+                if not j.state.terminal:
+                    self._open[j.id] = j
+            self._open_seen = len(jobs)
+        open_ = self._open
+        for jid in [jid for jid, j in open_.items() if j.state.terminal]:
+            del open_[jid]
+        return list(open_.values())
+
     def _active(self) -> Iterator[Job]:
         """The active jobs, in launch order. Every active job has a run
         (launched, executors not yet ended; the core tests assert it), so

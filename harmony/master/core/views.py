@@ -131,8 +131,8 @@ class Views(CoreState):
         for jid, g in dec.assign.items():
             self.jobs[jid].sched_group = g
         if dec.predicted:
-            for job in self.jobs.values():
-                if not job.state.terminal and job.sched_group in dec.predicted:
+            for job in self._open_jobs():
+                if job.sched_group in dec.predicted:
                     job.predicted = dec.predicted_jobs.get(job.id,
                                                            dec.predicted[job.sched_group])
 
