@@ -11,14 +11,15 @@ Measurements, each printed as a ratio taken in one run:
    the end of the move) until the shard answers a pull of moved rows; and
    the same bytes move as raw pyzmq frames of the same chunk size between
    the same two processes. The two alternate, ``--rounds`` times; ratio =
-   Harmony bytes/s / raw bytes/s, medians (goal >= 0.7). Also printed: the
-   ratio until every block is acknowledged, and until the moved rows are
-   merged into the shard's one sorted table (the bench waits for that
-   before the next measurement).
+   Harmony bytes/s / raw bytes/s of the same round, the median over the
+   rounds (goal >= 0.7). Also printed: the ratio until every block is
+   acknowledged, and until the moved rows are merged into the shard's one
+   sorted table (the bench waits for that before the next measurement).
 1b. **Pull and push after a move**: the shard's rows after a move of
    ``--pullpush-mb`` MiB (before and after the merge), against the same
    rows loaded in place: pulls and pushes of every key and of 10% of them,
-   one request each, the three states interleaved (goal: within 5%).
+   one request each, the three shards in one process and taking turns,
+   ``--pp-reps`` turns, medians of the per-turn ratios (goal: within 5%).
 2. **Under a bandwidth cap** (the local cluster's network emulation, e.g.
    100 MB/s): ratio of Harmony's bytes/s to the cap (goal >= 0.85).
 3. **Stand-still of a 1 -> 2 resize** on a 2-machine local cluster with the
@@ -210,11 +211,17 @@ def transfer_run(sizes: list[int], cap: float | None, rounds: int) -> list[dict]
                     got["raw"].append(nbytes / (time.perf_counter() - t0))
             client.close()
             med = {k: float(np.median(v)) for k, v in got.items()}
+            # each round's Harmony against its own raw run (side by side),
+            # the median of those ratios
+            pair = {k: float(np.median(np.array(got[k]) / np.array(got["raw"])))
+                    for k in ("acked", "ready", "merged")}
             r = med["raw"]
             row = {"mib": mb, "bytes": nbytes, "rounds": rounds, "raw_MBps": r / 1e6,
-                   "harmony_MBps": med["ready"] / 1e6, "ratio_raw": med["ready"] / r,
-                   "acked_MBps": med["acked"] / 1e6, "ratio_raw_acked": med["acked"] / r,
-                   "merged_MBps": med["merged"] / 1e6, "ratio_raw_merged": med["merged"] / r}
+                   "harmony_MBps": med["ready"] / 1e6, "ratio_raw": pair["ready"],
+                   "acked_MBps": med["acked"] / 1e6, "ratio_raw_acked": pair["acked"],
+                   "merged_MBps": med["merged"] / 1e6, "ratio_raw_merged": pair["merged"],
+                   "ratios_raw_per_round": (np.array(got["ready"]) / np.array(got["raw"])
+                                            ).round(3).tolist()}
             if cap:
                 row["cap_MBps"] = cap / 1e6
                 row["ratio_cap"] = med["ready"] / cap
@@ -222,9 +229,9 @@ def transfer_run(sizes: list[int], cap: float | None, rounds: int) -> list[dict]
             results.append(row)
             print(f"  {mb:4d} MiB: raw pyzmq {r / 1e6:7.1f} MB/s; harmony until the shard "
                   f"serves the moved rows {med['ready'] / 1e6:7.1f} MB/s, ratio "
-                  f"{med['ready'] / r:.2f} (until every block is acknowledged "
-                  f"{med['acked'] / r:.2f}, until the rows are merged into its sorted table "
-                  f"{med['merged'] / r:.2f})"
+                  f"{pair['ready']:.2f} (until every block is acknowledged "
+                  f"{pair['acked']:.2f}, until the rows are merged into its sorted table "
+                  f"{pair['merged']:.2f})"
                   + (f"; vs cap {med['ready'] / cap:.2f} ({med['merged'] / cap:.2f} merged)"
                      if cap else ""), flush=True)
     finally:
@@ -238,70 +245,108 @@ def transfer_run(sizes: list[int], cap: float | None, rounds: int) -> list[dict]
     return results
 
 
-def pullpush_run(mb: int, rounds: int, reps: int = 5) -> dict:
+STATES = ("loaded", "moved", "merged")
+
+
+def _pp_receiver(q: mp.Queue, stop: mp.Event, nb: int, nkeys: int) -> None:
+    """Three shards of one key space in one process: its rows loaded in
+    place, moved in and not merged (the move not ended), moved in and
+    merged."""
+    ctx = zmq.Context()
+    servers = {}
+    for state in STATES:
+        table = ShardTable(DIM, "float32", None)
+        if state == "loaded":
+            table.load(np.arange(nkeys, dtype=np.int64),
+                       np.random.default_rng(1).random((nkeys, DIM), dtype=np.float32))
+        else:
+            table.load(np.zeros(0, np.int64), np.zeros((0, DIM), np.float32))
+        srv = servers[state] = ShardServer(ctx, "127.0.0.1", table)
+        srv.set_layout(np.zeros(nb, np.int64), 0, [srv.endpoint])
+        srv.start()
+        if state != "loaded":
+            srv.expect(set(range(nb)))
+    sink = ctx.socket(zmq.ROUTER)
+    sink_ep = f"tcp://127.0.0.1:{sink.bind_to_random_port('tcp://127.0.0.1')}"
+    q.put(({k: v.endpoint for k, v in servers.items()}, sink_ep))
+    while not stop.is_set():
+        if not sink.poll(100):
+            continue
+        ident, cmd = sink.recv_multipart()
+        if cmd == b"end":
+            servers["merged"].end_arrivals()
+            sink.send_multipart([ident, b"ok"])
+        elif cmd == b"merged?":
+            sink.send_multipart([ident, b"0" if getattr(servers["merged"].table, "_runs", None)
+                                 else b"1"])
+    for srv in servers.values():
+        srv.stop()
+    sink.close(0)
+    ctx.term()
+
+
+def pullpush_run(mb: int, reps: int) -> dict:
     """Pull and push speed on a shard whose rows arrived by a move (before
     and after they are merged into its sorted table) against the same rows
-    loaded in place; the three interleaved, medians."""
+    loaded in place: three shards in one process, each operation run on the
+    three in turn, ``reps`` times; medians of the per-turn ratios."""
+    payloads = [p for p in _payloads(mb) if p.sec == "model"]
+    nb, nkeys = _model_space(mb)
     q, stop = mp.Queue(), mp.Event()
-    proc = mp.Process(target=_receiver, args=(q, stop), daemon=True)
+    proc = mp.Process(target=_pp_receiver, args=(q, stop, nb, nkeys), daemon=True)
     proc.start()
-    shard_ep, sink_ep = q.get(timeout=30)
+    eps, sink_ep = q.get(timeout=60)
     ctx = zmq.Context()
     ctl = ctx.socket(zmq.DEALER)
     ctl.connect(sink_ep)
-    shard = ctx.socket(zmq.DEALER)
-    shard.connect(shard_ep)
-    payloads = [p for p in _payloads(mb) if p.sec == "model"]
-    nb, nkeys = _model_space(mb)
-    client = PSClient(ctx, [shard_ep], np.zeros(nb, np.int64), DIM)
+    clients = {k: PSClient(ctx, [ep], np.zeros(nb, np.int64), DIM) for k, ep in eps.items()}
     rng = np.random.default_rng(2)
     allk = np.arange(nkeys, dtype=np.int64)
     sub = np.sort(rng.choice(nkeys, nkeys // 10, replace=False)).astype(np.int64)
-    ones_sub = np.full((len(sub), DIM), 1e-3, np.float32)
-    ones_all = np.full((nkeys, DIM), 1e-3, np.float32)
-    ops = {"pull all": lambda: client.pull(allk), "pull 10%": lambda: client.pull(sub),
-           "push 10%": lambda: client.push(sub, ones_sub),
-           "push all": lambda: client.push(allk, ones_all)}
+    d_sub = np.full((len(sub), DIM), 1e-3, np.float32)
+    d_all = np.full((nkeys, DIM), 1e-3, np.float32)
+    ops = {"pull all": lambda c: c.pull(allk), "pull 10%": lambda c: c.pull(sub),
+           "push 10%": lambda c: c.push(sub, d_sub), "push all": lambda c: c.push(allk, d_all)}
     t: dict[tuple[str, str], list[float]] = {}
     try:
-        for r in range(-1, rounds):         # round -1 warms up, not counted
-            states = ["loaded", "moved", "merged"]
-            for state in (states if r % 2 == 0 else states[::-1]):
-                if state == "loaded":
-                    _ctl(ctl, f"load:{nb}:{nkeys}")
-                else:
-                    _ctl(ctl, f"reset:{nb}:{nkeys}")
-                    mid = f"pp:{r}:{state}"
-                    send_payloads([shard], mid, payloads)
-                    wait_acks(lambda d: shard, {(0, p.sec, p.bid) for p in payloads}, mid, 300)
-                    _ctl(ctl, "settle")
-                    if state == "merged":
-                        while _ctl(ctl, "compacted?") != b"1":
-                            time.sleep(0.002)
-                for name, op in ops.items():
-                    for _ in range(reps):
-                        t0 = time.perf_counter()
-                        op()
-                        if r >= 0:
-                            t.setdefault((state, name), []).append(time.perf_counter() - t0)
+        for state in ("moved", "merged"):
+            sock = ctx.socket(zmq.DEALER)
+            sock.connect(eps[state])
+            send_payloads([sock], f"pp:{state}", payloads)
+            wait_acks(lambda d: sock, {(0, p.sec, p.bid) for p in payloads}, f"pp:{state}", 300)
+            sock.close(0)
+        _ctl(ctl, "end")
+        while _ctl(ctl, "merged?") != b"1":
+            time.sleep(0.01)
+        for r in range(-1, reps):            # turn -1 warms up, not counted
+            for name, op in ops.items():
+                # loaded and merged side by side (in turns, each first every
+                # other turn); the unmerged one after them
+                pair = ("loaded", "merged") if r % 2 == 0 else ("merged", "loaded")
+                for state in (*pair, "moved"):
+                    t0 = time.perf_counter()
+                    op(clients[state])
+                    if r >= 0:
+                        t.setdefault((state, name), []).append(time.perf_counter() - t0)
     finally:
-        client.close()
+        for c in clients.values():
+            c.close()
         stop.set()
         proc.join(10)
         ctl.close(0)
-        shard.close(0)
         ctx.term()
     out = {}
     for name in ops:
-        base = float(np.median(t[("loaded", name)]))
-        row = out[name] = {"loaded_ms": base * 1e3}
+        base = np.array(t[("loaded", name)])
+        row = out[name] = {"loaded_ms": float(np.median(base)) * 1e3}
         for state in ("moved", "merged"):
-            m = float(np.median(t[(state, name)]))
-            row[f"{state}_ms"] = m * 1e3
-            row[f"{state}_vs_loaded"] = base / m
-        print(f"  {name:9s}: loaded {base * 1e3:7.2f} ms; after a move {row['merged_ms']:7.2f} ms "
-              f"(speed {row['merged_vs_loaded']:.2f}x), before the merge "
-              f"{row['moved_ms']:7.2f} ms ({row['moved_vs_loaded']:.2f}x)", flush=True)
+            x = np.array(t[(state, name)])
+            row[f"{state}_ms"] = float(np.median(x)) * 1e3
+            row[f"{state}_vs_loaded"] = float(np.median(base / x))    # speed, per turn
+        print(f"  {name:9s}: loaded {row['loaded_ms']:7.2f} ms; moved and merged "
+              f"{row['merged_ms']:7.2f} ms (speed {row['merged_vs_loaded']:.2f}x); moved, "
+              f"not merged {row['moved_ms']:7.2f} ms ({row['moved_vs_loaded']:.2f}x)",
+              flush=True)
     return out
 
 
@@ -412,6 +457,7 @@ def main() -> int:
     ap.add_argument("--pullpush-mb", type=int, default=128,
                     help="1b: the move (half of it model rows) after which pulls and pushes "
                          "are timed")
+    ap.add_argument("--pp-reps", type=int, default=30, help="1b: turns of each operation")
     ap.add_argument("--plan-limits", default="4,1,0",
                     help="5: the master's --max-moves values compared (0: all at once)")
     ap.add_argument("--plan-mb", type=int, default=64, help="5: the job's input in MiB")
@@ -438,9 +484,9 @@ def measure_transfer(out: dict, sizes: list[int], cap: float, a) -> None:
           f"{a.rounds} rounds, the two alternated:", flush=True)
     out["raw"] = transfer_run(sizes, None, a.rounds)
     print(f"1b. pull/push of the rows of a {a.pullpush_mb} MiB move (one request each, "
-          f"{a.rounds} rounds interleaved): the shard after the move vs the same rows loaded",
+          f"{a.pp_reps} turns): the shard after the move vs the same rows loaded",
           flush=True)
-    out["pullpush"] = pullpush_run(a.pullpush_mb, a.rounds)
+    out["pullpush"] = pullpush_run(a.pullpush_mb, a.pp_reps)
     print(f"2. under a cap of {cap / 1e6:.0f} MB/s:", flush=True)
     out["cap"] = transfer_run([s for s in sizes if s <= 128], cap, 1)
 
