@@ -14,7 +14,10 @@ Measurements, each printed as a ratio taken in one run:
    Harmony bytes/s / raw bytes/s of the same round, the median over the
    rounds (goal >= 0.7). Also printed: the ratio until every block is
    acknowledged, and until the moved rows are merged into the shard's one
-   sorted table (the bench waits for that before the next measurement).
+   sorted table (the bench waits for that before the next measurement);
+   and raw pyzmq whose receiver keeps every frame until the next
+   measurement (as a receiver that holds the data must: fresh memory,
+   page faults), the three taking turns.
 1b. **Pull and push after a move**: the shard's rows after a move of
    ``--pullpush-mb`` MiB (before and after the merge), against the same
    rows loaded in place: pulls and pushes of every key and of 10% of them,
@@ -79,7 +82,7 @@ def _receiver(q: mp.Queue, stop: mp.Event) -> None:
     q.put((server.endpoint, sink_ep))
     poller = zmq.Poller()
     poller.register(sink, zmq.POLLIN)
-    got = 0
+    got, kept, keep = 0, [], False
     while not stop.is_set():
         if not poller.poll(100):
             continue
@@ -88,8 +91,9 @@ def _receiver(q: mp.Queue, stop: mp.Event) -> None:
         if cmd.startswith(b"reset:") or cmd.startswith(b"load:"):
             # an empty shard expecting the model blocks of a key space of
             # nb blocks (reset), or the whole key space loaded (load)
-            got = 0
-            nb, rows = (int(x) for x in cmd.split(b":")[1:])
+            got, kept = 0, []
+            nb, rows, *opt = (int(x) for x in cmd.split(b":")[1:])
+            keep = bool(opt and opt[0])
             if cmd.startswith(b"load:"):
                 table.load(np.arange(rows, dtype=np.int64),
                            np.random.default_rng(1).random((rows, DIM), dtype=np.float32))
@@ -109,6 +113,8 @@ def _receiver(q: mp.Queue, stop: mp.Event) -> None:
             sink.send_multipart([frames[0], b"0" if getattr(table, "_runs", None) else b"1"])
         else:
             got += sum(len(f.buffer) for f in frames[1:])
+            if keep:
+                kept.append(frames)
     server.stop()
     sink.close(0)
     ctx.term()
@@ -189,18 +195,22 @@ def transfer_run(sizes: list[int], cap: float | None, rounds: int) -> list[dict]
             nbytes = sum(p.size for p in payloads)
             frames = [buf[o:o + CHUNK_BYTES] for p in payloads for buf in p.parts()[1]
                       for o in range(0, len(buf), CHUNK_BYTES)]
-            got = {"raw": [], "acked": [], "ready": [], "merged": []}
+            got = {"raw": [], "raw_kept": [], "acked": [], "ready": [], "merged": []}
             throttle = (lambda d, n: netem.transfer("a", "b", n)) if netem else None
             for r in range(rounds):
-                for variant in (("raw", "harmony") if r % 2 == 0 else ("harmony", "raw")):
+                variants = ("raw", "harmony", "raw_kept")
+                for variant in variants[r % 3:] + variants[:r % 3]:
                     if variant == "harmony":
                         t = _move(ctl, shard, client, payloads, nb, nkeys,
                                   f"bench:{mb}:{r}:{time.time()}", throttle)
                         for k, v in t.items():
                             got[k].append(nbytes / v)
                         continue
-                    # raw pyzmq: the same bytes, the same chunking, no protocol
-                    _ctl(ctl, f"reset:{nb}:{nkeys}")
+                    # raw pyzmq: the same bytes, the same chunking, no protocol;
+                    # the receiver drops each frame (raw) or keeps them all
+                    # until the next measurement, as a receiver that holds
+                    # the data must (raw_kept)
+                    _ctl(ctl, f"reset:{nb}:{nkeys}:{int(variant == 'raw_kept')}")
                     t0 = time.perf_counter()
                     for f in frames:
                         if netem is not None:
@@ -208,20 +218,22 @@ def transfer_run(sizes: list[int], cap: float | None, rounds: int) -> list[dict]
                         ctl.send(f, copy=False)
                     while int(_ctl(ctl, "done?")) < nbytes:
                         pass
-                    got["raw"].append(nbytes / (time.perf_counter() - t0))
+                    got[variant].append(nbytes / (time.perf_counter() - t0))
             client.close()
             med = {k: float(np.median(v)) for k, v in got.items()}
             # each round's Harmony against its own raw run (side by side),
             # the median of those ratios
             pair = {k: float(np.median(np.array(got[k]) / np.array(got["raw"])))
                     for k in ("acked", "ready", "merged")}
+            kept = float(np.median(np.array(got["ready"]) / np.array(got["raw_kept"])))
             r = med["raw"]
             row = {"mib": mb, "bytes": nbytes, "rounds": rounds, "raw_MBps": r / 1e6,
                    "harmony_MBps": med["ready"] / 1e6, "ratio_raw": pair["ready"],
                    "acked_MBps": med["acked"] / 1e6, "ratio_raw_acked": pair["acked"],
                    "merged_MBps": med["merged"] / 1e6, "ratio_raw_merged": pair["merged"],
                    "ratios_raw_per_round": (np.array(got["ready"]) / np.array(got["raw"])
-                                            ).round(3).tolist()}
+                                            ).round(3).tolist(),
+                   "raw_kept_MBps": med["raw_kept"] / 1e6, "ratio_raw_kept": kept}
             if cap:
                 row["cap_MBps"] = cap / 1e6
                 row["ratio_cap"] = med["ready"] / cap
@@ -231,7 +243,8 @@ def transfer_run(sizes: list[int], cap: float | None, rounds: int) -> list[dict]
                   f"serves the moved rows {med['ready'] / 1e6:7.1f} MB/s, ratio "
                   f"{pair['ready']:.2f} (until every block is acknowledged "
                   f"{pair['acked']:.2f}, until the rows are merged into its sorted table "
-                  f"{pair['merged']:.2f})"
+                  f"{pair['merged']:.2f}); raw pyzmq keeping what it receives "
+                  f"{med['raw_kept'] / 1e6:.1f} MB/s, harmony vs it {kept:.2f}"
                   + (f"; vs cap {med['ready'] / cap:.2f} ({med['merged'] / cap:.2f} merged)"
                      if cap else ""), flush=True)
     finally:
