@@ -332,7 +332,6 @@ def test_shard_requests_are_served_or_refused(shard, mtype, n, dim, tag, frames,
         keys = np.array(data.draw(st.lists(st.integers(0, 70), max_size=8)), np.int64)
         frames = [keys.tobytes(), os.urandom(len(keys) * 8)] + frames[2:]
     shard.table.load(np.arange(0, 64, 2), np.zeros((32, 2), np.float32))
-    shard.table._pending.clear()
     shard._asm = Assembler()
     before = shard.table.rows.copy()
     try:

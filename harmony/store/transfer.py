@@ -330,9 +330,10 @@ class Assembler:
                 arr = np.frombuffer(buf, dtype=np.dtype(dtype)).reshape(shape)
             except (TypeError, ValueError) as exc:
                 raise TransferError(f"transfer {key[0]}: array {name!r}: {exc}") from None
-            if not arr.flags.writeable and key[1] != "model":
-                # a frame is read-only; app state in input blocks is changed
-                # in place. (Model rows are merged into the shard: a copy there.)
+            if not arr.flags.writeable:
+                # app state in input blocks and a shard's moved model rows
+                # are changed in place (the frames ZeroMQ hands over are
+                # writable: no copy there)
                 arr = arr.copy()
             arrays[name] = arr
         return Block(int(part.head.get("id", key[2])), arrays)

@@ -134,7 +134,8 @@ class Executor(Training):
             # the default update (add) runs in place on the shard
             update = None if type(app).update is App.update else app.update
             table = self.table = ShardTable(spec.dim, spec.dtype, update,
-                                            finite=bool(app.finite_updates))
+                                            finite=bool(app.finite_updates),
+                                            nblocks=int(opts.model_blocks))
             table.attach_spill(self.storage.model)
             # the PS tag names the job attempt and carries the master's secret
             # for this launch: a shard serves only requests that know it
