@@ -186,17 +186,23 @@ def test_the_task_stream_shows_each_machines_subtasks_while_watched(obs_cluster)
         assert {t[3] for t in mine} == {"cpu", "net"}, (name, mine[:5])
 
 
+def _answer(req: urllib.request.Request, timeout: float) -> tuple[int, object]:
+    """An HTTP request's status and its JSON body (or text, for an error
+    that is not JSON)."""
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        return exc.code, (json.loads(body) if body.startswith(b"{") else body.decode())
+
+
 def _post(url, token=None, header=True):
     req = urllib.request.Request(url + (f"&token={token}" if token else ""), data=b"",
                                  method="POST")
     if header:
         req.add_header("X-Harmony-Dashboard", "1")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        body = exc.read()
-        return exc.code, (json.loads(body) if body.startswith(b"{") else body.decode())
+    return _answer(req, 10)
 
 
 def test_the_dashboards_buttons_pause_resume_and_cancel_for_a_client_key(obs_cluster):
@@ -373,12 +379,7 @@ def _logs_api(dash, job, at=None, token=None):
     req = urllib.request.Request(dash["url"] + q)
     if token is not False:
         req.add_header("Authorization", f"Bearer {token or dash['token']}")
-    try:
-        with urllib.request.urlopen(req, timeout=15) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        body = exc.read()
-        return exc.code, (json.loads(body) if body.startswith(b"{") else body.decode())
+    return _answer(req, 15)
 
 
 def test_the_job_pages_logs_stream_from_every_machine(obs_cluster):
