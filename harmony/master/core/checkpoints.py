@@ -189,7 +189,7 @@ class Checkpoints(CoreState):
         the one that just finished. The jobs holding one are indexed (from a
         scan of every job once, then as they finish), not found by scanning
         every job ever submitted at each finish."""
-        models = getattr(self, "_models", None)
+        models = self._models
         if models is None or models[0] is not self.jobs:
             models = self._models = (self.jobs, {j.id: j for j in self.jobs.values()})
         held = models[1]

@@ -112,6 +112,9 @@ class CoreState:
         self._open: dict[str, Job] = {}
         self._open_of: dict[str, Job] | None = None
         self._open_seen = 0
+        # the finished jobs holding a final checkpoint (_retain_models): the
+        # table they were indexed from, and the index
+        self._models: tuple[dict[str, Job], dict[str, Job]] | None = None
         self.datasets: dict[str, dict] = dict(datasets or {})
         # data sets planned and not yet committed: name -> when (a put in flight)
         self.puts: dict[str, float] = {}
