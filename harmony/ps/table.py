@@ -445,20 +445,15 @@ class ShardTable:
         self._ensure()
         loc = self._locate(keys)
         parts = self._parts()
-        if len(loc) == 1:
-            p, _, idx = loc[0]
-            rows = parts[p][1]
-            if isinstance(idx, slice):
-                return rows
-            dup = first_duplicate(keys)
-            if dup is not None:
-                raise ValueError(f"duplicate keys in one pull (key {dup} more than once); "
-                                 f"pull each key once")
-            return rows[idx]
+        if len(loc) == 1 and isinstance(loc[0][2], slice):
+            return parts[loc[0][0]][1]          # the whole part, without a copy
         dup = first_duplicate(keys)
         if dup is not None:
             raise ValueError(f"duplicate keys in one pull (key {dup} more than once); "
                              f"pull each key once")
+        if len(loc) == 1:
+            p, _, idx = loc[0]
+            return parts[p][1][idx]
         out = np.empty((len(keys), self.dim), dtype=self.dtype)
         for p, pos, idx in loc:
             out[pos] = parts[p][1][idx]
