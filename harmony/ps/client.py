@@ -32,10 +32,12 @@ class _LocalReply:
 class PSClient:
     def __init__(self, ctx: zmq.Context, peers: list[str], owner: np.ndarray, dim: int,
                  dtype: str = "float32", timeout_s: float = 120.0,
-                 throttle: Callable[[int, int, str], object] | None = None,
+                 throttle: Callable[[list[list[tuple[int, int, str]]]], object] | None = None,
                  tag: str = "") -> None:
-        """``throttle(peer, nbytes, "out"|"in")`` is called for every transfer
-        (network emulation of local clusters); None for a real network."""
+        """``throttle(flows)`` is called once per pull or push with one flow
+        per peer, each a list of (peer, nbytes, "out"|"in") legs in order
+        (network emulation of local clusters: the flows run in parallel, as
+        on a NIC); None for a real network."""
         self.throttle = throttle
         self.tag = tag
         self.peers = list(peers)
@@ -225,9 +227,9 @@ class PSClient:
         for p, sel, n, _ in replies:
             self.peer_bytes[p] += n * (8 + self.dim * self.dtype.itemsize)
             self.pull_bytes += n * (8 + self.dim * self.dtype.itemsize)
-            if self.throttle is not None:
-                self.throttle(p, n * 8, "out")
-                self.throttle(p, n * self.dim * self.dtype.itemsize, "in")
+        if self.throttle is not None:     # each peer's keys out, then its rows in
+            self.throttle([[(p, n * 8, "out"), (p, n * self.dim * self.dtype.itemsize, "in")]
+                           for p, _, n, _ in replies])
         if len(replies) == 1 and replies[0][1] is None:
             rows = _frame_array(replies[0][3].frames[0], self.dtype, (len(keys), self.dim))
             self.bytes_received += rows.nbytes
@@ -265,8 +267,10 @@ class PSClient:
             v = deltas if sel is None else np.ascontiguousarray(deltas[sel])
             done = self._local("push", k, v)
             return None if done is None else _LocalReply([])
-        for p, sel, n, _ in self._rounds(keys, send, local):
+        replies = self._rounds(keys, send, local)
+        for p, sel, n, _ in replies:
             self.peer_bytes[p] += n * (8 + self.dim * self.dtype.itemsize)
             self.push_bytes += n * (8 + self.dim * self.dtype.itemsize)
-            if self.throttle is not None:
-                self.throttle(p, n * (8 + self.dim * self.dtype.itemsize), "out")
+        if self.throttle is not None:
+            self.throttle([[(p, n * (8 + self.dim * self.dtype.itemsize), "out")]
+                           for p, _, n, _ in replies])

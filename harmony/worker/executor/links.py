@@ -134,10 +134,10 @@ class Links:
             return None
         me, token = self.spec["worker"], job_token(self.job)
 
-        def throttle(peer: int, nbytes: int, direction: str) -> None:
-            other = machines[peer]
-            src, dst = (me, other) if direction == "out" else (other, me)
-            self.net_wait += self.netem.transfer(src, dst, nbytes, token)
+        def throttle(flows: list[list[tuple[int, int, str]]]) -> None:
+            self.net_wait += self.netem.transfer_many(
+                [[(me, machines[p], n) if d == "out" else (machines[p], me, n)
+                  for p, n, d in legs] for legs in flows], token)
         return throttle
 
     def _sub(self, kind: str, fn):
