@@ -65,6 +65,7 @@ from scheduler_e2e import ceiling, print_prediction_tables, run_mode  # noqa: E4
 from harmony.cli.common import parse_size  # noqa: E402
 from harmony.sched.throughput import best_dop  # noqa: E402
 from harmony.sim.trace import iteration_profile, save_trace, sched_profile  # noqa: E402
+from harmony.worker.executor.startup import startup_nice  # noqa: E402
 from harmony.worker.netem import parse_rate  # noqa: E402
 
 MODES = ("isolated", "isolated-best", "naive-2", "match", "harmony")
@@ -219,6 +220,9 @@ def main() -> None:
         # prints their tables); the metrics directory is gone with the run
         with open(a.out, "w") as fh:
             json.dump({"machines": a.machines, "dilation": a.dilation, "bandwidth": bw,
+                       # what a replay's start-ups weigh against a COMP
+                       # (bench/cluster_replay.py): nice 0 start-ups compete as equals
+                       "startup_weight": 1.0 if startup_nice() == 0 else None,
                        "trace": a.trace, "jobs": {j.id: mapped[j.id] for j in trace},
                        "runs": {f"{ld:g}": {m: [{k: v for k, v in r.items()
                                                  if k != "metrics_dir"} for r in rs]

@@ -33,6 +33,7 @@ per-epoch samples, else a stand-in from each job's last prediction).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import statistics
@@ -205,6 +206,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--calibrate-from", default=None,
                     help="take the isolated run from this file (same format) instead")
     ap.add_argument("--jobs", action="store_true", help="print every job's JCTs too")
+    ap.add_argument("--startup-weight", type=float, default=None,
+                    help="CPU weight of a start-up against a COMP thread (default: the "
+                         "file's 'startup_weight', else the simulator's, 15/1024: start-ups "
+                         "at nice 19; 1 for runs made before they were, session 17's)")
     a = ap.parse_args(argv)
     logging.getLogger("harmony.master").setLevel(logging.WARNING)
     data = json.load(open(a.file))
@@ -213,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     n = int(data["machines"])
     print(f"{a.file}: {n} machines x 1 core at dilation {data.get('dilation', 1):g}, link "
           f"{data.get('bandwidth', 0) / 1e6:g} MB/s; the simulator: {n} machines x 1 core")
+    if a.startup_weight is None and data.get("startup_weight") is None:
+        print("(the file does not say at what weight its start-ups ran: the simulator's "
+              "default is used; --startup-weight 1 for runs before start-ups ran at nice 19)")
     for load in loads:
         iso_src = ok_runs(cal_data, load if load in cal_data["runs"] else
                           next(iter(cal_data["runs"]))).get("isolated")
@@ -220,6 +228,9 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"no isolated run in {a.calibrate_from or a.file} to calibrate "
                              f"from: pass --calibrate-from FILE")
         cal = calibrate(iso_src[0]["statuses"])
+        w = a.startup_weight if a.startup_weight is not None else data.get("startup_weight")
+        if w is not None:
+            cal.contention = dataclasses.replace(cal.contention, startup_weight=float(w))
         print(f"\nload {load}")
         print_calibration(cal, f"{'--calibrate-from ' if a.calibrate_from else ''}"
                                f"isolated run 0")

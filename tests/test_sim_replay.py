@@ -5,6 +5,7 @@ the records' epochs, periodic checkpoints), and a simulated run replayed
 by itself."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -162,3 +163,43 @@ def test_a_simulated_isolated_run_replays_itself():
                                       "harmony")] == [
         ("isolated", 0), ("isolated", 0), ("naive", 2), ("match@harmony", 0),
         ("harmony@harmony", 0)]
+
+
+def test_each_job_starts_up_at_its_own_measured_cost():
+    """A job's start-up (launch to ready, and its CPU part) is imported from
+    its record and simulated per job: a Lasso job parsing its input took 6 s
+    of CPU where an NMF job took 2 (session 17's real-core run), and a single
+    machine-wide median made the simulator's co-located jobs too fast. A
+    join still costs the machines' figure: it takes its blocks as they are."""
+    rec = record("a", 0.0, [(5.0, 1.0), (6.2, 1.0), (7.4, 1.0)],
+                 [(0.5, R, "attempt 1 on m0, m1")], ended=7.5)
+    rec["setups"] = [[3.0, 2.0], [3.4, 2.6]]
+    rec["dilation"] = 2.0
+    wall, cpu = importer.job_startup(rec)
+    assert wall == pytest.approx(5.0 - 0.5 - 1.0 - 0.1)
+    assert cpu == pytest.approx(2.3 / 2.0)          # the median, undilated
+    (j,), _ = importer.jobs_from_status([rec])
+    assert (j.startup_s, j.startup_cpu_s) == (pytest.approx(wall), pytest.approx(cpu))
+    assert parse_trace(dumps_trace([j])) == [j]
+    assert importer.job_startup({"epochs": []}) == (None, None)
+
+    def first_epoch_start(startup_s, startup_cpu_s, beside=False):
+        trace = [TraceJob(id="x", arrival=0.0, app="nmf", iterations=4, cpu_s=0.5, bytes=0.0,
+                          ref_dop=1, machines=1, startup_s=startup_s,
+                          startup_cpu_s=startup_cpu_s)]
+        if beside:   # a long COMP-bound job already on the one machine
+            trace.insert(0, TraceJob(id="w", arrival=0.0, app="nmf", iterations=40,
+                                     cpu_s=1.0, bytes=0.0, ref_dop=1, machines=1))
+            trace[1] = dataclasses.replace(trace[1], arrival=5.0)
+        res = simulate(trace, 1, "naive", contention=Contention(startup=1.0, startup_cpu=0.5,
+                                                                startup_weight=1.0),
+                       grain=10 ** 6, cpus=1, statuses=True)
+        return {s["name"]: s for s in res.meta["statuses"]}
+    own = first_epoch_start(4.0, 3.0)["x"]
+    common = first_epoch_start(None, None)["x"]
+    assert own["epochs"][0]["time"] - common["epochs"][0]["time"] == pytest.approx(3.0, abs=0.01)
+    # its CPU part competes with the COMPs beside it: 3 s of it at an equal
+    # share take ~6 s there, and slow the other job's COMPs as much
+    busy = first_epoch_start(4.0, 3.0, beside=True)
+    busy_common = first_epoch_start(None, None, beside=True)
+    assert busy["w"]["ended"] - busy_common["w"]["ended"] >= 2.0

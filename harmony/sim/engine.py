@@ -66,6 +66,11 @@ class SimJob:
     loss: Callable[[float], float] | None = None
     deadline: float | None = None   # s after arrival, submitted with the job
     utility: str = ""               # a Utility spec, submitted with the job
+    # its own start-up on each machine, where measured (None: the machines'
+    # Contention.startup and startup_cpu): launch to ready, and its CPU part;
+    # a join (an executor added to a running job) costs the machines' figures
+    startup: float | None = None
+    startup_cpu: float | None = None
 
     def __post_init__(self) -> None:
         if not self.plan:
@@ -281,16 +286,20 @@ class Simulator:
             if ex is not None:
                 ex.kill()
 
-    def _startup(self, job: SimJob, count: int) -> float:
+    def _startup(self, job: SimJob, count: int, join: bool = False) -> float:
         c = self.contention
-        return c.startup + job.input_bytes / count / c.disk
+        return (c.startup if job.startup is None or join else job.startup) \
+            + job.input_bytes / count / c.disk
 
     def _start_up(self, ex: _Exec, join: bool) -> None:
         """Launch to ready: ``startup_cpu`` seconds of CPU work on its
         machine (sharing the CPU with what runs there: on a busy machine the
         start-up takes longer and slows the COMPs), then the rest."""
-        total = self._startup(ex.job, ex.count)
-        cpu = min(self.contention.startup_cpu, total)
+        total = self._startup(ex.job, ex.count, join)
+        # a job's own start-up parses its input; a join takes its blocks as
+        # they are, so it costs the machines' common part
+        cpu = min(self.contention.startup_cpu if ex.job.startup_cpu is None or join
+                  else ex.job.startup_cpu, total)
         if cpu <= 0:
             return self._later(total, self._ready, ex, join)
 

@@ -96,7 +96,8 @@ def sim_jobs(trace: list[TraceJob], bandwidth: float, grain: int = GRAIN,
                           else tj.final_bytes, ckpt_bytes=tj.ckpt_bytes,
                           plan=plan, loss=tj.curve.loss if tj.curve is not None else None,
                           deadline=tj.deadline,
-                          utility=tj.utility.spec() if tj.utility is not None else ""))
+                          utility=tj.utility.spec() if tj.utility is not None else "",
+                          startup=tj.startup_s, startup_cpu=tj.startup_cpu_s))
     return out
 
 

@@ -45,6 +45,12 @@ ckpt_bytes          no        bytes a periodic checkpoint (or a pause) writes,
 machines            yes       machines the job asks for (its DoP in the
                               isolated and naive modes)
 deadline            no        seconds after arrival
+startup_s           no        seconds from launch to a ready executor on each
+                              machine, measured; empty: the simulated
+                              machines' (``Contention.startup``)
+startup_cpu_s       no        the CPU seconds of that start-up (imports,
+                              parsing the input), which compete with the
+                              COMPs beside it; empty: the machines'
 utility             no        a number (a constant utility / weight) or
                               ``sigmoid:g1,g2,g3`` (OASiS: g1/(1+exp(g2(t-g3)))
                               of the JCT t)
@@ -93,7 +99,8 @@ APPS = ("nmf", "lda", "mlr", "lasso", "torch_mlp", "minimal", "synthetic")
 
 COLUMNS = ("id", "arrival", "app", "dataset", "iterations", "iters_per_epoch", "curve",
            "target", "cpu_s", "bytes", "ref_dop", "net_s", "link", "eval_s", "input_bytes",
-           "model_bytes", "final_bytes", "ckpt_bytes", "machines", "deadline", "utility")
+           "model_bytes", "final_bytes", "ckpt_bytes", "machines", "deadline", "utility",
+           "startup_s", "startup_cpu_s")
 REQUIRED = ("id", "arrival", "app", "cpu_s", "bytes", "ref_dop", "machines")
 HEADER_COMMENT = "# harmony trace v1"
 
@@ -130,6 +137,8 @@ class TraceJob:
     ckpt_bytes: float | None = None
     deadline: float | None = None
     utility: Utility | None = None
+    startup_s: float | None = None
+    startup_cpu_s: float | None = None
 
     def __post_init__(self) -> None:
         bad = [f.name for f in fields(self) if f.name != "target"
@@ -230,7 +239,7 @@ def ceiling(trace: Sequence[TraceJob], machines: int, bandwidth: float | None) -
 
 _INT = {"iterations", "iters_per_epoch", "ref_dop", "machines"}
 _FLOAT = {"arrival", "target", "cpu_s", "bytes", "net_s", "link", "eval_s", "input_bytes",
-          "model_bytes", "final_bytes", "ckpt_bytes", "deadline"}
+          "model_bytes", "final_bytes", "ckpt_bytes", "deadline", "startup_s", "startup_cpu_s"}
 
 
 def load_trace(path: str | os.PathLike) -> list[TraceJob]:
