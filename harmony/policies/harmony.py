@@ -75,11 +75,6 @@ LARGE = 160
 BOUND = Bound(groups=4, waiting=32)
 
 
-def _profile(j: JobView) -> Profile:
-    assert j.profile is not None
-    return Profile.from_view(j.id, j.profile)
-
-
 def _gid(j: JobView) -> str:
     return j.sched_group or f"g:{j.id}"
 
@@ -187,12 +182,12 @@ def _frees_first(g: RunningGroup, frees: list[tuple[float, int]],
     return False
 
 
-def predict_jobs(profiles: dict[str, tuple], machines: int) -> dict[str, tuple[float, float]]:
+def predict_jobs(profiles: dict[str, Profile], machines: int) -> dict[str, tuple[float, float]]:
     """Each job's predicted (training, epoch) seconds per iteration in a
-    group of these jobs (their views' profile tuples) on ``machines``
-    machines: the model the decisions use (alone: Tcpu + Tnet + overhead;
-    shared: the queue replay), and the same with the epoch's end included."""
-    return predict_both([Profile.from_view(j, v) for j, v in profiles.items()], machines)
+    group of these jobs (their profiles, by job) on ``machines`` machines:
+    the model the decisions use (alone: Tcpu + Tnet + overhead; shared: the
+    queue replay), and the same with the epoch's end included."""
+    return predict_both(list(profiles.values()), machines)
 
 
 def _U(groups, profiles, total: int) -> float:
@@ -228,7 +223,7 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
     if not live:
         return dec
     alive = set(live)
-    profiles = {j.id: _profile(j) for j in view.active + view.waiting + view.finished
+    profiles = {j.id: j.profile for j in view.active + view.waiting + view.finished
                 if j.profile is not None}
 
     # what runs now (finished jobs still in their groups, for on_completion)
