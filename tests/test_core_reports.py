@@ -23,3 +23,22 @@ def test_a_duplicate_epoch_report_changes_nothing():
     assert ([e["epoch"] for e in job.epochs], job.profile) == before
     d.epochs({j: work(1.0, 0.1)})
     assert [e["epoch"] for e in job.epochs] == [0, 1] and job.profile["samples"] == 2
+
+
+def test_only_the_jobs_left_waiting_wait_behind_the_first_that_cannot_be_profiled():
+    """Three jobs submitted at once on two machines: the harmony policy
+    profiles the first two on the idle machines and the third waits (no
+    machine idle, and no room beside jobs not yet profiled). The reason
+    "waits behind" is for jobs queued after it, not for the two it
+    profiles in the same decision (their submission times tie with it)."""
+    d = CoreDriver(2)
+    a, b, c = d.submit(epochs=5), d.submit(epochs=5), d.submit(epochs=5)
+    d.tick()
+    jobs = d.core.jobs
+    assert [jobs[x].state.value for x in (a, b, c)] == ["profiling", "profiling", "waiting"]
+    assert jobs[a].submitted == jobs[c].submitted
+    assert "no room to profile it" in jobs[c].reason
+    assert (jobs[a].reason, jobs[b].reason) == ("", "")
+    e = d.submit(epochs=5)          # later: it does wait behind the third
+    d.tick()
+    assert jobs[e].reason.startswith(f"waits behind {c}")

@@ -332,7 +332,7 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
     # machine at 80 jobs / 100 machines in the simulator: their profiling
     # epochs took 50 hours and the scheduler waited on their pauses.)
     frees = _frees_in(view.active, profiles)
-    for j in view.waiting:
+    for i, j in enumerate(view.waiting):
         if j.profile is not None:
             continue
         idle = cur.idle
@@ -365,8 +365,10 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
                           f"there would be" if soon is not None else "") + ")")
                 notes.append(f"{j.id} waits: {why}")
                 dec.wait[j.id] = f"{PROFILE_SAMPLES} epochs of profile to run; {why}"
-                for k in view.waiting:
-                    if k.profile is None and k.id != j.id and k.submitted >= j.submitted:
+                # the new jobs queued after it (those before it are profiled
+                # in this decision, whatever their submission times)
+                for k in view.waiting[i + 1:]:
+                    if k.profile is None:
                         dec.wait.setdefault(k.id, f"waits behind {j.id} (first come, "
                                                   f"first served) to be profiled")
             break
