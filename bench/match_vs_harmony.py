@@ -56,7 +56,7 @@ def job_view(p: Profile, state: str = "profiled", workers: tuple[str, ...] = (),
              group: str = "", submitted: float = 0.0) -> JobView:
     """A profiled job as the master shows it to a policy."""
     return JobView(id=p.id, machines=DOP, submitted=submitted, state=state,
-                   profile=(p.t_cpu, p.t_net, p.dop, p.remote), workers=workers,
+                   profile=Profile(p.id, p.t_cpu, p.t_net, p.dop, p.remote), workers=workers,
                    sched_group=group, epochs=3)
 
 

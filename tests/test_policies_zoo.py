@@ -20,8 +20,8 @@ def workers(*loads):
     return tuple(WorkerView(f"m{i}", 8, 1 << 30, n) for i, n in enumerate(loads))
 
 
-def prof(cpu, net, dop=1):
-    return (cpu, net, dop, 0.0)
+def prof(jid, cpu, net, dop=1):
+    return Profile(jid, cpu, net, dop)
 
 
 # ---------------------------------------------------------------- muri
@@ -56,10 +56,10 @@ def test_matching_maximizes_total_efficiency_not_greedy_pairs():
 
 def test_muri_starts_complementary_pairs_on_free_machines_fifo():
     view = ClusterView(workers(0, 0, 0, 0), waiting=(
-        JobView("c1", 2, 0.0, state="profiled", profile=prof(1.0, 0.2)),
-        JobView("c2", 2, 1.0, state="profiled", profile=prof(1.0, 0.2)),
-        JobView("n1", 2, 2.0, state="profiled", profile=prof(0.2, 1.0)),
-        JobView("n2", 1, 3.0, state="profiled", profile=prof(0.2, 1.0))))
+        JobView("c1", 2, 0.0, state="profiled", profile=prof("c1", 1.0, 0.2)),
+        JobView("c2", 2, 1.0, state="profiled", profile=prof("c2", 1.0, 0.2)),
+        JobView("n1", 2, 2.0, state="profiled", profile=prof("n1", 0.2, 1.0)),
+        JobView("n2", 1, 3.0, state="profiled", profile=prof("n2", 0.2, 1.0))))
     dec = muri(view)
     # c1 and c2 each pair with a network-heavy job; each pair on max(DoP) machines
     assert set(dec.start) == {"c1", "c2", "n1", "n2"}
@@ -73,10 +73,10 @@ def test_muri_starts_complementary_pairs_on_free_machines_fifo():
 def test_muri_lets_a_waiting_job_join_a_running_singleton_and_keeps_fifo():
     view = ClusterView(
         workers(1, 1, 0),
-        waiting=(JobView("big", 3, 0.0, state="profiled", profile=prof(1.0, 0.2)),
-                 JobView("net", 2, 1.0, state="profiled", profile=prof(0.2, 1.0)),
+        waiting=(JobView("big", 3, 0.0, state="profiled", profile=prof("big", 1.0, 0.2)),
+                 JobView("net", 2, 1.0, state="profiled", profile=prof("net", 0.2, 1.0)),
                  JobView("new", 1, 2.0)),
-        active=(JobView("cpu", 2, -1.0, state="running", profile=prof(2.0, 0.4, 2),
+        active=(JobView("cpu", 2, -1.0, state="running", profile=prof("cpu", 2.0, 0.4, 2),
                         workers=("m0", "m1"), sched_group="m:cpu"),))
     dec = muri(view)
     # net joins the CPU-bound singleton on its machines; big (3 machines) waits
@@ -90,18 +90,18 @@ def test_muri_profiles_new_jobs_and_pauses_a_poor_pair():
     view = ClusterView(
         workers(1, 2),
         waiting=(JobView("new", 1, 5.0),),
-        active=(JobView("solo", 1, 0.0, state="running", profile=prof(1.0, 0.2),
+        active=(JobView("solo", 1, 0.0, state="running", profile=prof("solo", 1.0, 0.2),
                         workers=("m0",), sched_group="m:solo"),
-                JobView("host", 1, 1.0, state="running", profile=prof(1.0, 0.0),
+                JobView("host", 1, 1.0, state="running", profile=prof("host", 1.0, 0.0),
                         workers=("m1",), sched_group="m:host"),
-                JobView("guest", 1, 2.0, state="profiling", profile=prof(1.0, 0.0),
+                JobView("guest", 1, 2.0, state="profiling", profile=prof("guest", 1.0, 0.0),
                         workers=("m1",), sched_group="m:host")))
     dec = muri(view)
     assert dec.pause == {"guest": None}          # two CPU-bound jobs: no gain
     assert dec.profile == {"new": ["m0"]}        # no free machine: beside a singleton
     # a profiled job alone stays where it is
     alone = ClusterView(workers(1), (), active=(JobView("p", 1, 0.0, state="profiling",
-                                                    profile=prof(1.0, 0.2), workers=("m0",)),))
+                                                    profile=prof("p", 1.0, 0.2), workers=("m0",)),))
     dec = muri(alone)
     assert dec.promote == ["p"] and not dec.pause
 
@@ -119,9 +119,9 @@ FLAT = LossCurve("linear", (0.5, 0.0, 1.0))         # converged after 20 iterati
 def test_slaq_gives_machines_to_the_job_whose_loss_drops_most():
     ks = range(2, 22, 2)
     view = ClusterView(workers(0, 0, 0, 0, 0), waiting=(
-        JobView("flat", 4, 0.0, state="paused", profile=prof(60.0, 0.0, 1),
+        JobView("flat", 4, 0.0, state="paused", profile=prof("flat", 60.0, 0.0, 1),
                 progress=curve_points(FLAT, ks)),
-        JobView("steep", 4, 1.0, state="paused", profile=prof(60.0, 0.0, 1),
+        JobView("steep", 4, 1.0, state="paused", profile=prof("steep", 60.0, 0.0, 1),
                 progress=curve_points(STEEP, ks))))
     dec = slaq(view)
     # one machine each, then the rest to the steep job (up to its request)
@@ -133,9 +133,9 @@ def test_slaq_new_jobs_first_and_jobs_beyond_capacity_wait():
     ks = range(2, 22, 2)
     view = ClusterView(workers(1, 1), waiting=(
         JobView("new", 2, 5.0),),
-        active=(JobView("flat", 1, 0.0, state="running", profile=prof(60.0, 0.0, 1),
+        active=(JobView("flat", 1, 0.0, state="running", profile=prof("flat", 60.0, 0.0, 1),
                         progress=curve_points(FLAT, ks), workers=("m0",)),
-                JobView("steep", 1, 1.0, state="running", profile=prof(60.0, 0.0, 1),
+                JobView("steep", 1, 1.0, state="running", profile=prof("steep", 60.0, 0.0, 1),
                         progress=curve_points(STEEP, ks), workers=("m1",))))
     dec = slaq(view)
     # a new job's first machine gains most (1, normalized); the converged
@@ -146,9 +146,9 @@ def test_slaq_new_jobs_first_and_jobs_beyond_capacity_wait():
 
 def test_slaq_resizes_running_jobs_and_maxmin_favours_the_highest_loss():
     ks = range(2, 22, 2)
-    active = (JobView("flat", 3, 0.0, state="running", profile=prof(60.0, 0.0, 1),
+    active = (JobView("flat", 3, 0.0, state="running", profile=prof("flat", 60.0, 0.0, 1),
                       progress=curve_points(FLAT, ks), workers=("m0", "m1")),
-              JobView("steep", 3, 1.0, state="running", profile=prof(60.0, 0.0, 1),
+              JobView("steep", 3, 1.0, state="running", profile=prof("steep", 60.0, 0.0, 1),
                       progress=curve_points(STEEP, ks), workers=("m2",)))
     view = ClusterView(workers(1, 1, 1, 0), (), active=active)
     dec = slaq(view)
@@ -198,8 +198,8 @@ def test_oasis_admits_on_the_cheapest_machines_and_reports_ps_equal_to_workers()
     # m0, m1 hold a job using half of their CPU and link each: their prices
     # are higher, so a 2-machine job goes to m2, m3
     view = ClusterView(workers(1, 1, 0, 0), waiting=(
-        JobView("new", 2, 0.0, state="paused", profile=prof(1.0, 1.0, 2)),),
-        active=(JobView("old", 2, -5.0, state="running", profile=prof(1.0, 1.0, 2),
+        JobView("new", 2, 0.0, state="paused", profile=prof("new", 1.0, 1.0, 2)),),
+        active=(JobView("old", 2, -5.0, state="running", profile=prof("old", 1.0, 1.0, 2),
                         workers=("m0", "m1")),))
     dec = O.oasis(view)
     assert dec.start == {"new": ["m2", "m3"]}
@@ -210,8 +210,8 @@ def test_oasis_uses_fewer_workers_when_capacity_is_short():
     # m0's link is taken (a network-only job): the waiting job needs link
     # share 0.5 on each machine, so of the 3 it asked for only m1, m2 fit
     view = ClusterView(workers(1, 0, 0), waiting=(
-        JobView("j", 3, 0.0, state="paused", profile=prof(1.0, 1.0, 3)),),
-        active=(JobView("net", 1, -5.0, state="running", profile=prof(0.0, 1.0, 1),
+        JobView("j", 3, 0.0, state="paused", profile=prof("j", 1.0, 1.0, 3)),),
+        active=(JobView("net", 1, -5.0, state="running", profile=prof("net", 0.0, 1.0, 1),
                         workers=("m0",)),))
     dec = O.oasis(view)
     assert dec.start == {"j": ["m1", "m2"]}
@@ -219,8 +219,8 @@ def test_oasis_uses_fewer_workers_when_capacity_is_short():
 
 def test_oasis_rejects_a_job_whose_utility_does_not_pay_and_admits_a_later_one():
     view = ClusterView(workers(0, 0), waiting=(
-        JobView("poor", 2, 0.0, state="paused", profile=prof(1.0, 1.0, 2), utility="1e-6"),
-        JobView("rich", 2, 1.0, state="paused", profile=prof(1.0, 1.0, 2), utility="100")))
+        JobView("poor", 2, 0.0, state="paused", profile=prof("poor", 1.0, 1.0, 2), utility="1e-6"),
+        JobView("rich", 2, 1.0, state="paused", profile=prof("rich", 1.0, 1.0, 2), utility="100")))
     dec = O.oasis(view)
     # the first job's payoff is negative: it waits without blocking the second.
     # A constant utility does not reward speed: the cheapest schedule wins,
@@ -279,7 +279,7 @@ def test_mlfs_places_by_priority_on_machines_under_90_percent_and_backfills():
     # second job would take a resource over 90% there
     view = ClusterView(workers(0, 1, 0), waiting=(
         JobView("big", 3, 0.0), JobView("small", 2, 5.0)),
-        active=(JobView("r", 1, -1.0, state="running", profile=prof(1.0, 1.0, 1),
+        active=(JobView("r", 1, -1.0, state="running", profile=prof("r", 1.0, 1.0, 1),
                         workers=("m1",)),), now=10.0)
     dec = mlfs(view)
     # big (3 machines) cannot be placed; small goes to the empty machines
@@ -290,9 +290,9 @@ def test_mlfs_places_by_priority_on_machines_under_90_percent_and_backfills():
 def test_mlfs_moves_the_low_priority_job_off_an_overloaded_machine():
     # m0 hosts two jobs whose measured shares add up to CPU 1.3: overloaded.
     # "late" has the lower priority (less progress per epoch, shorter wait)
-    early = JobView("early", 1, 0.0, state="running", profile=prof(0.8, 0.2, 1),
+    early = JobView("early", 1, 0.0, state="running", profile=prof("early", 0.8, 0.2, 1),
                     workers=("m0",), epochs=3, progress=((1, 10.0), (2, 6.0), (3, 5.0)))
-    late = JobView("late", 1, 5.0, state="running", profile=prof(0.5, 0.5, 1),
+    late = JobView("late", 1, 5.0, state="running", profile=prof("late", 0.5, 0.5, 1),
                    workers=("m0",), epochs=3, progress=((1, 10.0), (2, 9.9), (3, 9.89)))
     view = ClusterView(workers(2, 0), (), active=(early, late), now=100.0)
     dec = mlfs(view)
@@ -304,9 +304,9 @@ def test_mlfs_moves_the_low_priority_job_off_an_overloaded_machine():
 
 def test_mlfs_c_stops_converged_jobs_only_when_the_cluster_is_overloaded():
     ks = range(2, 22, 2)
-    done = JobView("done", 1, 0.0, state="running", profile=prof(60.0, 0.0, 1),
+    done = JobView("done", 1, 0.0, state="running", profile=prof("done", 60.0, 0.0, 1),
                    workers=("m0",), epochs=10, progress=curve_points(FLAT, ks))
-    going = JobView("going", 1, 1.0, state="running", profile=prof(60.0, 0.0, 1),
+    going = JobView("going", 1, 1.0, state="running", profile=prof("going", 60.0, 0.0, 1),
                     workers=("m1",), epochs=10, progress=curve_points(STEEP, ks))
     est = Estimator(ClusterView(workers(1, 1), (), active=(done, going)))
     assert est.gain_left(done) < 0.01 and est.gain_left(going) > 0.1
@@ -326,7 +326,7 @@ def test_estimates_demand_and_remaining_time():
     assert shares(p, 3) == pytest.approx((0.5, 0.5))          # COMP / 3 on 3 machines
     # a fitted curve: the iterations left until 95% of its reducible loss
     ks = range(2, 22, 2)
-    j = JobView("j", 1, 0.0, state="running", profile=prof(1.0, 0.0, 1), workers=("m0",),
+    j = JobView("j", 1, 0.0, state="running", profile=prof("j", 1.0, 0.0, 1), workers=("m0",),
                 progress=curve_points(STEEP, ks))
     est = Estimator(ClusterView(workers(1), (), active=(j,)))
     left = est.remaining_iters(j)

@@ -48,3 +48,16 @@ def test_match_is_the_muri_style_policy_and_muri_its_alias():
     from harmony.sim.run import setup
     assert P.POLICIES["match"] is P.POLICIES["muri"]
     assert setup("match") == ("match", "harmony")      # its pairs need the subtask queues
+
+
+def test_a_views_profile_is_its_own_jobs():
+    """A job's view carries its profile as the model's Profile, named by the
+    job: another job's profile in it is refused (the policies key profiles
+    by the Profile's id)."""
+    import pytest
+
+    from harmony.sched.model import Profile
+    mine = JobView("a", 1, 0.0, state="profiled", profile=Profile("a", 1.0, 0.5, 2))
+    assert (mine.profile.t_cpu, mine.profile.dop) == (1.0, 2)
+    with pytest.raises(ValueError, match="profile is b's"):
+        JobView("a", 1, 0.0, state="profiled", profile=Profile("b", 1.0, 0.5, 2))

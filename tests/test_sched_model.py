@@ -1,4 +1,6 @@
 """The performance model (Eq 4.1-4.4) on hand-computed cases."""
+import dataclasses
+
 import pytest
 
 import numpy as np
@@ -63,14 +65,32 @@ def test_score_weighs_cpu_above_network():
     assert score(0.9, 0.5) > score(0.5, 0.9)
 
 
-def test_profile_validation_and_master_record():
+def test_profile_validation_and_the_masters_profile_of_a_job():
+    from harmony.master.jobs import Job
     with pytest.raises(ValueError):
         Profile("a", -1.0, 1.0, 1)
     with pytest.raises(ValueError):
         Profile("a", 1.0, 1.0, 0)
-    p = Profile.from_record("j", {"t_cpu": 0.5, "t_net": 0.25, "t_iter": 0.8,
-                                  "machines": 4, "samples": 3})
-    assert p == Profile("j", 0.5, 0.25, 4)
+    # the master's profile of a job: from the moving averages of its reports
+    j = Job("j", "a.py", "", [], 4)
+    assert j.sched_profile() is None                   # nothing measured yet
+    tm = {"comp": 1.0, "pull": 0.2, "push": 0.3, "train": 1.6, "iters": 2.0,
+          "bytes": 2e6, "link": 1e7, "eval": 0.25}
+    j.update_profile(tm, 4, alone=True, wall=2.0)
+    assert j.sched_profile(need=2) is None             # one epoch of two
+    p = j.sched_profile()
+    # (t_cpu, t_net, dop, remote = bytes / link, overhead, iters, end_cpu,
+    # end_other = wall - train - eval, cpu_fixed)
+    assert p.id == "j" and dataclasses.astuple(p)[1:] == pytest.approx(
+        (0.5, 0.25, 4, 0.1, 0.05, 2.0, 0.25, 0.15, 0.0))
+    assert j.sched_profile() is p                      # unchanged averages: the same one
+    j.update_profile(tm, 4)
+    assert j.sched_profile(need=2) == p                # a second epoch alike
+    j.update_profile(dict(tm, comp=2.0), 4)
+    assert j.sched_profile().t_cpu == pytest.approx(0.65)   # 0.7 * 0.5 + 0.3 * 1.0
+    # it is derived, not stored: the durable record holds the averages only
+    assert "_sched_profile" not in j.to_record() and Job.from_record(
+        j.to_record()).sched_profile() == j.sched_profile()
 
 
 # ------------------------------------------------ Tnet at a DoP (remote > 0)
@@ -135,8 +155,6 @@ def test_remote_profile_validation_and_record():
         Profile("a", 1.0, 1.0, 1, remote=-0.5)
     with pytest.raises(ValueError):
         Profile("a", 1.0, 1.0, 1, remote=float("nan"))
-    p = Profile.from_record("j", {"t_cpu": 0.5, "t_net": 0.25, "machines": 2, "remote": 0.1})
-    assert p == Profile("j", 0.5, 0.25, 2, 0.1)
     # seeds draw the same profiles with or without the remote option
     plain, rem = random_profiles(20, 3), random_profiles(20, 3, remote=0.5)
     ranged = random_profiles(20, 3, remote=(0.5, 1.0))
@@ -150,7 +168,7 @@ def test_remote_profile_validation_and_record():
 def test_a_jobs_measured_overhead_counts_in_its_own_iteration_time():
     from harmony.master.jobs import Job
     from harmony.sched.model import Profile, group_iter_time, job_iter_time
-    p = Profile.from_view("a", (0.4, 0.2, 1, 0.0, 0.1))
+    p = Profile("a", 0.4, 0.2, 1, overhead=0.1)
     assert (p.remote, p.overhead) == (0.0, 0.1)
     assert job_iter_time(p, 1) == pytest.approx(0.7)
     q = Profile("b", 0.2, 0.4, 1)
@@ -189,14 +207,13 @@ def test_a_steady_jobs_profile_converges_geometrically():
     # ... keeping the COMP it measured at the DoP it left: COMP 0.08 s per
     # iteration on 2 machines and still 0.06 s on 4 is mostly fixed part in
     # the view's profile (f + w/m: f = 0.04)
-    from harmony.master.core import MasterCore
-    from harmony.sched.model import Profile, t_cpu_at
+    from harmony.sched.model import t_cpu_at
     k = Job("k", "a.py", "", [], 2)
     for _ in range(2):
         k.update_profile(step, 2)
     k.update_profile(dict(steady, comp=0.12), 4)
     assert k.profile["cpu_prev"] == [2, pytest.approx(0.08)]
-    prof = Profile.from_view("k", MasterCore()._view_profile(k, 1))
+    prof = k.sched_profile()
     assert prof.dop == 4 and prof.cpu_fixed == pytest.approx(0.04)
     assert t_cpu_at(prof, 8) == pytest.approx(0.05)      # not 0.03
 

@@ -64,13 +64,13 @@ def test_predict_alone_and_cached():
 def test_harmony_decision_predicts_per_job():
     """The scheduler's decision carries each grouped job's own prediction."""
     w = (WorkerView("m0", 1, 1 << 30, 2),)
-    prof = {"j1": (1.0, 0.05, 1, 0.0, 0.01, 2, 0.3, 0.2),
-            "j2": (0.1, 0.6, 1, 0.0, 0.01, 2, 0.1, 0.2)}
+    prof = {"j1": Profile("j1", 1.0, 0.05, 1, 0.0, 0.01, 2, 0.3, 0.2),
+            "j2": Profile("j2", 0.1, 0.6, 1, 0.0, 0.01, 2, 0.1, 0.2)}
     active = tuple(JobView(j, 1, float(i), state="running", profile=prof[j], workers=("m0",),
                            sched_group="g", epochs=5) for i, j in enumerate(prof))
     dec = harmony(ClusterView(workers=w, waiting=(), active=active, now=10.0))
     assert set(dec.predicted_jobs) == {"j1", "j2"}
-    want = predict([Profile.from_view(j, prof[j]) for j in prof], 1)
+    want = predict(list(prof.values()), 1)
     assert dec.predicted_jobs == pytest.approx(want)
     assert dec.predicted_jobs["j1"] != dec.predicted_jobs["j2"]
 

@@ -15,6 +15,7 @@ from harmony.cluster import LocalCluster
 from harmony.master.jobs import JobState
 from harmony.policies.harmony import harmony
 from harmony.policies.view import ClusterView, JobView, WorkerView
+from harmony.sched.model import Profile
 from apps_for_tests import TOY_APP
 from conftest import ISOLATE, wait_state
 from coredriver import CoreDriver, acts, work
@@ -25,7 +26,10 @@ CPU, NET = work(1.0, 0.1), work(0.1, 1.0)      # complementary jobs
 
 
 def job(i, state="waiting", profile=None, workers=(), group="", epochs=0):
-    return JobView(f"job-{i:04d}", 1, float(i), state=state, profile=profile,
+    """A view of job ``i``; ``profile``: its Profile's (t_cpu, t_net, dop)."""
+    jid = f"job-{i:04d}"
+    return JobView(jid, 1, float(i), state=state,
+                   profile=None if profile is None else Profile(jid, *profile),
                    workers=tuple(workers), sched_group=group, epochs=epochs)
 
 
@@ -122,7 +126,7 @@ def test_a_job_near_its_epoch_budget_is_not_lent_machines():
         assert d.workers(j) == (["m0", "m1"] if lent else ["m0"])
     # a view without the budget (the core always knows one: its app's
     # default) takes as many left as it ran: lent
-    prof = (1.0, 0.2, 1, 0.0, 0.0, 1)
+    prof = Profile("job-0001", 1.0, 0.2, 1, iters=1)
     old = JobView("job-0001", 1, 1.0, state="running", profile=prof, workers=("m0",),
                   sched_group="g1", epochs=30, epochs_left=None)
     assert harmony(ClusterView(M2, (), (old,))).pause == {"job-0001": ["m0", "m1"]}
@@ -298,7 +302,7 @@ def test_a_job_just_moved_is_not_moved_again_before_its_profile_settles():
     machine count has ``SETTLE`` epochs, not on the first one measured there
     (a one-epoch profile at a new width moved MLR 2 -> 3 -> 1 machines)."""
     from harmony.policies.harmony import SETTLE
-    j = JobView("job-0001", 1, 1.0, state="running", profile=(1.0, 0.2, 1, 0.0, 0.0, 10),
+    j = JobView("job-0001", 1, 1.0, state="running", profile=Profile("job-0001", 1.0, 0.2, 1, iters=10),
                 workers=("m0",), sched_group="g1", epochs=8)
     assert harmony(ClusterView(M2, (), (j,))).pause == {"job-0001": ["m0", "m1"]}
     fresh = dataclasses.replace(j, steady=SETTLE - 1)
@@ -313,8 +317,8 @@ def test_a_new_job_waits_for_a_machine_that_frees_before_its_profile_would():
     beside job 2; when job 1 ends within the epochs a profile there would
     take (FREES_EPOCHS of job 2's), the new job waits for m0 instead (then
     runs alone, with no pause to leave a poor pair)."""
-    busy = (1.0, 0.01, 1, 0.0, 0.0, 1)       # 1 iteration per epoch
-    gaps = (0.75, 0.75, 1, 0.0, 0.0, 1)      # epochs of 1.5 s
+    busy = Profile("job-0001", 1.0, 0.01, 1, iters=1)     # 1 iteration per epoch
+    gaps = Profile("job-0002", 0.75, 0.75, 1, iters=1)    # epochs of 1.5 s
     one = JobView("job-0001", 1, 1.0, state="running", profile=busy, workers=("m0",),
                   sched_group="g1", epochs=5, epochs_left=40)
     two = JobView("job-0002", 1, 2.0, state="running", profile=gaps, workers=("m1",),

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+from harmony.sched.model import Profile, fixed_part
+
 #: harmony-master --retention default: seconds a finished job stays in the
 #: live views (Job.retained)
 RETENTION_S = 3600.0
@@ -173,6 +175,37 @@ class Job:
             p["end_cpu"] = float(timings["eval_cpu"])
         p["iters"] = iters
         p["samples"] = 1 if fresh else p.get("samples", 0) + 1
+
+    def sched_profile(self, need: int = 1) -> Profile | None:
+        """The job's profile as the scheduler sees it, from the moving
+        averages ``update_profile`` keeps of its executors' reports: the one
+        place the master makes a :class:`~harmony.sched.model.Profile`.
+        None until ``need`` epochs are measured at its current machine count.
+
+        ``remote`` is its bytes per iteration over its link rate (0: no link
+        measured); ``cpu_fixed`` is fitted from the COMP measured at the
+        machine count it left (``model.fixed_part``; 0: none). The last one
+        made is kept (beside the record's fields, so it is not saved) and
+        given again while the averages are unchanged: a view is built on
+        every scheduling pass."""
+        p = self.profile
+        if not p or p.get("samples", 0) < need:
+            return None
+        t_cpu = float(p["t_cpu"])
+        link = p.get("link", 0.0)
+        prev = p.get("cpu_prev")
+        key = (t_cpu, float(p["t_net"]), max(1, int(p["machines"])),
+               float(p.get("bytes", 0.0) / link) if link > 0 else 0.0,
+               float(p.get("overhead", 0.0)), float(p.get("iters", 0.0)),
+               float(p.get("end_cpu", 0.0)), float(p.get("end_other", 0.0)),
+               float(fixed_part(int(prev[0]), float(prev[1]), int(p["machines"]), t_cpu))
+               if prev else 0.0)
+        last = self.__dict__.get("_sched_profile")
+        if last is not None and last[0] == key and last[1].id == self.id:
+            return last[1]
+        prof = Profile(self.id, *key)
+        self.__dict__["_sched_profile"] = (key, prof)
+        return prof
 
     def event(self, now: float, state: str, note: str) -> None:
         """Add a line to the job's story (``harmony status JOB --events``),

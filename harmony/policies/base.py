@@ -15,8 +15,8 @@ A policy is an object with
   clock). The object may keep state between calls (the registry makes a
   fresh one for each master core, so each run has its own);
 * ``predict``: None, or the policy's model of each job's (training,
-  epoch) seconds per iteration in a group, from the jobs' profile tuples
-  (as in a view) on ``machines`` machines; the master records it for the
+  epoch) seconds per iteration in a group, from the jobs' profiles (by
+  job, as in a view) on ``machines`` machines; the master records it for the
   next epoch at every epoch report.
 
 :class:`FunctionPolicy` adapts a plain function ``view -> Decision`` (most
@@ -30,11 +30,12 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from harmony.policies.view import ClusterView, Decision
+from harmony.sched.model import Profile
 
 MIN_GAIN = 0.05         # Harmony (and match): no regrouping for less than this gain in U
 
 #: ``predict``'s type: (profiles by job, machines) -> job -> (training, epoch) s/iteration
-Predict = Callable[[dict[str, tuple], int], dict[str, tuple[float, float]]]
+Predict = Callable[[dict[str, Profile], int], dict[str, tuple[float, float]]]
 
 
 @runtime_checkable

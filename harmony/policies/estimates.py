@@ -50,10 +50,8 @@ MIN_POINTS = 3
 
 
 def profile_of(j: JobView) -> Profile | None:
-    if j.profile is None:
-        return None
-    p = Profile.from_view(j.id, j.profile)
-    return p if p.t_cpu + p.t_net > 0 else None
+    p = j.profile
+    return p if p is not None and p.t_cpu + p.t_net > 0 else None
 
 
 def shares(p: Profile, m: int) -> tuple[float, float]:

@@ -75,11 +75,6 @@ LARGE = 160
 BOUND = Bound(groups=4, waiting=32)
 
 
-def _profile(j: JobView) -> Profile:
-    assert j.profile is not None
-    return Profile.from_view(j.id, j.profile)
-
-
 def _gid(j: JobView) -> str:
     return j.sched_group or f"g:{j.id}"
 
@@ -187,12 +182,12 @@ def _frees_first(g: RunningGroup, frees: list[tuple[float, int]],
     return False
 
 
-def predict_jobs(profiles: dict[str, tuple], machines: int) -> dict[str, tuple[float, float]]:
+def predict_jobs(profiles: dict[str, Profile], machines: int) -> dict[str, tuple[float, float]]:
     """Each job's predicted (training, epoch) seconds per iteration in a
-    group of these jobs (their views' profile tuples) on ``machines``
-    machines: the model the decisions use (alone: Tcpu + Tnet + overhead;
-    shared: the queue replay), and the same with the epoch's end included."""
-    return predict_both([Profile.from_view(j, v) for j, v in profiles.items()], machines)
+    group of these jobs (their profiles, by job) on ``machines`` machines:
+    the model the decisions use (alone: Tcpu + Tnet + overhead; shared: the
+    queue replay), and the same with the epoch's end included."""
+    return predict_both(list(profiles.values()), machines)
 
 
 def _U(groups, profiles, total: int) -> float:
@@ -228,7 +223,7 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
     if not live:
         return dec
     alive = set(live)
-    profiles = {j.id: _profile(j) for j in view.active + view.waiting + view.finished
+    profiles = {j.id: j.profile for j in view.active + view.waiting + view.finished
                 if j.profile is not None}
 
     # what runs now (finished jobs still in their groups, for on_completion)
@@ -337,7 +332,7 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
     # machine at 80 jobs / 100 machines in the simulator: their profiling
     # epochs took 50 hours and the scheduler waited on their pauses.)
     frees = _frees_in(view.active, profiles)
-    for j in view.waiting:
+    for i, j in enumerate(view.waiting):
         if j.profile is not None:
             continue
         idle = cur.idle
@@ -370,8 +365,10 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
                           f"there would be" if soon is not None else "") + ")")
                 notes.append(f"{j.id} waits: {why}")
                 dec.wait[j.id] = f"{PROFILE_SAMPLES} epochs of profile to run; {why}"
-                for k in view.waiting:
-                    if k.profile is None and k.id != j.id and k.submitted >= j.submitted:
+                # the new jobs queued after it (those before it are profiled
+                # in this decision, whatever their submission times)
+                for k in view.waiting[i + 1:]:
+                    if k.profile is None:
                         dec.wait.setdefault(k.id, f"waits behind {j.id} (first come, "
                                                   f"first served) to be profiled")
             break

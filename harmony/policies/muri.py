@@ -64,11 +64,6 @@ MIN_EFF = (1.0 + MIN_GAIN) / 2
 MAX_POOL = 64
 
 
-def _profile(j: JobView) -> Profile:
-    assert j.profile is not None
-    return Profile.from_view(j.id, j.profile)
-
-
 def efficiency(a: Profile, b: Profile, m: float) -> float:
     """(Tcpu_a + Tnet_a + Tcpu_b + Tnet_b) / (2 Titr_ab) on ``m`` machines."""
     t = group_iter_time((a, b), m)
@@ -107,7 +102,7 @@ def muri(view: ClusterView) -> Decision:
         return dec
     busy = {m for j in view.active for m in j.workers}
     free = [w.name for w in view.workers if w.jobs == 0 and w.name not in busy]
-    profiles = {j.id: _profile(j) for j in view.active + view.waiting if j.profile is not None}
+    profiles = {j.id: j.profile for j in view.active + view.waiting if j.profile is not None}
 
     groups: dict[str, list[JobView]] = {}
     for j in view.active:

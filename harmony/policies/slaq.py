@@ -48,16 +48,12 @@ import heapq
 
 from harmony.policies.view import ClusterView, Decision, JobView
 from harmony.policies.curves import CurveFits, slaq_fit
-from harmony.sched.model import Profile, job_iter_time
+from harmony.sched.model import job_iter_time
 
 HORIZON = 600.0     # s: the gain of an allocation is the loss drop over this time
 MIN_POINTS = 3      # objective points before a curve is fitted
 STICKY = 0.10       # a running job's gains up to its current machines weigh this much more
 NEW = 1.0           # a new job's gain for its first machine (the normalized maximum)
-
-
-def _profile(j: JobView) -> Profile:
-    return Profile.from_view(j.id, j.profile)
 
 
 class _Job:
@@ -68,7 +64,7 @@ class _Job:
         self.fit = None
         if j.profile is not None and len(j.progress) >= MIN_POINTS:
             self.fit = fits.fit(j.id, j.progress) if fits is not None else slaq_fit(j.progress)
-        self.prof = _profile(j) if self.fit is not None else None
+        self.prof = j.profile if self.fit is not None else None
         self.memo: dict[int, float] = {0: 0.0}
 
     @property

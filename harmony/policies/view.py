@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from harmony.sched.model import Profile
+
 PROFILE_SAMPLES = 3     # Harmony: epochs of profile before a job is placed by it
 PROGRESS_POINTS = 32    # JobView.progress: the last this many (iterations, objective) points
 
@@ -32,11 +34,9 @@ class JobView:
     group: str = ""    # explicit job group: share the machines of that group
     # what the Harmony scheduler also looks at
     state: str = "waiting"      # waiting | profiled | paused | profiling | running
-    # (Tcpu, Tnet, c_g, remote, overhead, iters, end_cpu, end_other,
-    # cpu_fixed) once profiled (a prefix of at least 3: the rest default to
-    # 0; see sched.model.Profile.from_view); remote: seconds per iteration
-    # to move all its PULL/PUSH bytes over the link (0: unknown)
-    profile: tuple[float, ...] | None = None
+    # its measured profile (the master's Job.sched_profile; its id is the
+    # job's) once profiled, else None
+    profile: Profile | None = None
     workers: tuple[str, ...] = ()                      # where it runs (active jobs)
     sched_group: str = ""                              # its scheduler group, if any
     # what the loss- and deadline-aware policies (slaq, ...) also look at
@@ -52,6 +52,10 @@ class JobView:
     progress: tuple[tuple[float, float], ...] = ()
     deadline: float | None = None      # absolute time (the view's clock), if it has one
     utility: str = ""                  # harmony.policies.curves.Utility spec, if it has one
+
+    def __post_init__(self) -> None:
+        if self.profile is not None and self.profile.id != self.id:
+            raise ValueError(f"job {self.id}: its view's profile is {self.profile.id}'s")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ Everything here is pure arithmetic on profiles: no clocks, no I/O.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 # Decision: the paper says "CPU utilization rates are treated more importantly
@@ -41,6 +41,13 @@ CPU_WEIGHT = 2.0 / 3.0
 class Profile:
     """Per-iteration COMP seconds ``t_cpu`` and COMM seconds ``t_net`` of job
     ``id``, measured with the job's group on ``dop`` machines (c_g).
+
+    The one form of a job's profile from the master to the policies: the
+    master builds it from its moving averages of the executors' reports
+    (``harmony.master.jobs.Job.sched_profile``), a policy's view carries it
+    (``harmony.policies.view.JobView.profile``), the queue replay derives
+    its ``Shape`` from it (``harmony.sched.replay.shape_at``) and the
+    simulator builds one from a trace row (``harmony.sim.trace.sched_profile``).
 
     ``remote`` (default 0: the paper's constant Tnet) is R, the seconds per
     iteration to move all of one machine's PULL + PUSH bytes over its link
@@ -71,24 +78,6 @@ class Profile:
                 or not self.overhead >= 0 or not 0 <= self.cpu_fixed <= self.t_cpu \
                 or not all(x >= 0 for x in (self.iters, self.end_cpu, self.end_other)):
             raise ValueError(f"bad profile {self!r}: times must be >= 0 and dop >= 1")
-
-    @classmethod
-    def from_view(cls, job_id: str, prof: Sequence[float]) -> Profile:
-        """From a policy view's profile tuple: (Tcpu, Tnet, c_g[, remote[,
-        overhead[, iters, end_cpu, end_other[, cpu_fixed]]]])."""
-        t_cpu, t_net, dop = prof[:3]
-        rest = [float(x) for x in prof[3:9]]
-        rest += [0.0] * (6 - len(rest))
-        rest[5] = min(max(0.0, rest[5]), float(t_cpu))
-        return cls(job_id, float(t_cpu), float(t_net), max(1, int(dop)), *rest)
-
-    @classmethod
-    def from_record(cls, job_id: str, rec: Mapping[str, float]) -> Profile:
-        """From the master's moving-average dict (``t_cpu``, ``t_net``,
-        ``machines``, optionally ``remote``), as kept by
-        ``harmony.master.jobs.Job.update_profile``."""
-        return cls(job_id, float(rec["t_cpu"]), float(rec["t_net"]), int(rec["machines"]),
-                   float(rec.get("remote", 0.0)))
 
     @property
     def work(self) -> float:

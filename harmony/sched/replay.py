@@ -216,7 +216,8 @@ ITERS_CAP = 8
 def shape_at(p: Profile, m: int) -> Shape:
     """A profiled job's shape on ``m`` machines (COMP and the evaluation
     scale as 1/m, Eq 4.2; COMM as ``t_net_at``), epochs capped at
-    ``ITERS_CAP`` iterations."""
+    ``ITERS_CAP`` iterations: the one way a :class:`Profile` becomes a
+    :class:`Shape` (the master's and the simulator's predictions alike)."""
     iters = int(round(p.iters))
     f = ITERS_CAP / iters if iters > ITERS_CAP else 1.0
     return Shape(p.id, t_cpu_at(p, m), t_net_at(p, m), p.overhead, min(iters, ITERS_CAP),

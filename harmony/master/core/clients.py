@@ -103,7 +103,7 @@ class Clients(Lifecycle):
             group = [j for j in self.jobs.values() if j.state.active
                      and j.sched_group == job.sched_group]
             others = sorted(j.id for j in group if j is not job)
-            alone = [j.profile.get("t_cpu", 0.0) + j.profile.get("t_net", 0.0) for j in group]
+            alone = [p.t_cpu + p.t_net if (p := j.sched_profile()) else 0.0 for j in group]
             if not others:
                 return (f"{self.policy_name}: alone in {job.sched_group} on {on}; predicted "
                         f"iteration {job.predicted:.3f}s")

@@ -217,6 +217,11 @@ class Executors(Cruise):
 
     @executor_message
     def _on_epoch_report(self, ident: bytes, msg: M.Message, job: Job, run: Run) -> None:
+        if job.epochs and msg["epoch"] <= job.epochs[-1].get("epoch", -1):
+            # already recorded (a resent report): a second row, and its
+            # timings (gone by now) fed to the profile as zeros, would be wrong
+            log.warning("%s: epoch %d reported again; ignored", job.id, msg["epoch"])
+            return
         timings = run.timings.pop(msg["epoch"], {})
         job.epochs.append({"epoch": msg["epoch"], "metrics": msg["metrics"],
                            "timings": timings, "time": self.now})

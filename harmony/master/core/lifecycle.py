@@ -130,7 +130,7 @@ class Lifecycle(Checkpoints, Catalog, Views):
         self.ends += 1
         if job.state.active and job.workers:
             self._ended.append(P.JobView(job.id, job.machines, job.submitted, state="finished",
-                                         profile=self._view_profile(job, 1),
+                                         profile=job.sched_profile(),
                                          workers=tuple(job.workers),
                                          sched_group=job.sched_group))
 

@@ -13,22 +13,9 @@ from harmony.master.core.records import Worker
 from harmony.master.core.state import CoreState, log
 from harmony.master.jobs import Job, JobState
 from harmony.policies import view as P
-from harmony.sched.model import fixed_part
 
 
 class Views(CoreState):
-    def _view_profile(self, job: Job, need: int) -> tuple[float, ...] | None:
-        p = job.profile
-        if not p or p.get("samples", 0) < need:
-            return None
-        link = p.get("link", 0.0)
-        remote = p.get("bytes", 0.0) / link if link > 0 else 0.0
-        prev = p.get("cpu_prev")
-        fixed = (fixed_part(int(prev[0]), float(prev[1]), int(p["machines"]), p["t_cpu"])
-                 if prev else 0.0)
-        return (p["t_cpu"], p["t_net"], int(p["machines"]), remote, p.get("overhead", 0.0),
-                p.get("iters", 0.0), p.get("end_cpu", 0.0), p.get("end_other", 0.0), fixed)
-
     def _job_view(self, j: Job, **kw: Any) -> P.JobView:
         """What every policy sees of a job: its request, state, profile, where
         it runs, its progress (iterations done, objective) after its last
@@ -76,10 +63,10 @@ class Views(CoreState):
             workers.append(v)
         return P.ClusterView(
             workers=tuple(workers),
-            waiting=tuple(self._job_view(j, profile=self._view_profile(j, 1)) for j in waiting),
+            waiting=tuple(self._job_view(j, profile=j.sched_profile()) for j in waiting),
             active=tuple(self._job_view(
-                j, profile=self._view_profile(j, P.PROFILE_SAMPLES if j.state ==
-                                              JobState.PROFILING else 1)) for j in active),
+                j, profile=j.sched_profile(P.PROFILE_SAMPLES if j.state ==
+                                           JobState.PROFILING else 1)) for j in active),
             finished=tuple(self._ended), max_jobs=self.max_jobs, now=self.now,
             move_cost=statistics.median(self._move_took) if self._move_took else 0.0,
             arrival_gap=self._arrival_gap())
@@ -103,18 +90,18 @@ class Views(CoreState):
             return
         mine = set(job.workers)
         mates = [j for j in self._active() if j is job or not mine.isdisjoint(j.workers)]
-        views = {j.id: self._view_profile(j, 1) for j in mates}
-        if any(v is None for v in views.values()):
+        profiles = {j.id: j.sched_profile() for j in mates}
+        if any(p is None for p in profiles.values()):
             return
         try:
-            pred = predict(views, len(job.workers)).get(job.id)
+            pred = predict(profiles, len(job.workers)).get(job.id)
         except Exception:       # a model bug must not stop the master
             log.exception("predicting %s's next epoch failed", job.id)
             return
         if pred:
             self._record("predictions", {"t": self.now, "job": job.id,
                                          "epoch": job.epochs[-1]["epoch"] + 1,
-                                         "jobs": sorted(views), "predicted": pred[0],
+                                         "jobs": sorted(profiles), "predicted": pred[0],
                                          "predicted_epoch": pred[1]})
 
     def _log_decision(self, dec: P.Decision) -> None:
