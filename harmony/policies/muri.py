@@ -190,7 +190,7 @@ def muri(view: ClusterView) -> Decision:
                 dec.assign[j.id] = gid_of.get(h.id, f"m:{h.id}")
                 dec.assign.setdefault(h.id, dec.assign[j.id])
 
-    for gid in set(dec.assign.values()):
+    for gid in sorted(set(dec.assign.values())):     # (a stable order in the run record)
         members = [x for x, g in dec.assign.items() if g == gid and x in profiles]
         members += [j.id for j in groups.get(gid, ()) if j.id in profiles
                     and j.id not in members and j.id not in dec.pause]
