@@ -5,8 +5,9 @@ import pytest
 
 import numpy as np
 
-from harmony.sched.model import (CPU_WEIGHT, Profile, cluster_util, group_iter_time,
-                                 group_util, job_iter_time, score, t_cpu_at, t_net_at)
+from harmony.sched.model import (CPU_WEIGHT, Profile, cluster_util, comm_cpu_at,
+                                 group_iter_time, group_util, job_iter_time, score, t_cpu_at,
+                                 t_net_at)
 from harmony.sched.synthetic import random_profiles
 
 
@@ -80,9 +81,9 @@ def test_profile_validation_and_the_masters_profile_of_a_job():
     assert j.sched_profile(need=2) is None             # one epoch of two
     p = j.sched_profile()
     # (t_cpu, t_net, dop, remote = bytes / link, overhead, iters, end_cpu,
-    # end_other = wall - train - eval, cpu_fixed)
+    # end_other = wall - train - eval, cpu_fixed, comm_cpu: none reported)
     assert p.id == "j" and dataclasses.astuple(p)[1:] == pytest.approx(
-        (0.5, 0.25, 4, 0.1, 0.05, 2.0, 0.25, 0.15, 0.0))
+        (0.5, 0.25, 4, 0.1, 0.05, 2.0, 0.25, 0.15, 0.0, 0.0))
     assert j.sched_profile() is p                      # unchanged averages: the same one
     j.update_profile(tm, 4)
     assert j.sched_profile(need=2) == p                # a second epoch alike
@@ -91,6 +92,24 @@ def test_profile_validation_and_the_masters_profile_of_a_job():
     # it is derived, not stored: the durable record holds the averages only
     assert "_sched_profile" not in j.to_record() and Job.from_record(
         j.to_record()).sched_profile() == j.sched_profile()
+    # the CPU its COMM costs the machine: the executor's CPU while training
+    # less its COMP thread's, per iteration, averaged from its first report
+    j.update_profile(dict(tm, train_cpu=1.3, comp_cpu=0.9), 4)
+    assert j.sched_profile().comm_cpu == pytest.approx(0.2)
+    j.update_profile(dict(tm, train_cpu=1.5, comp_cpu=0.9), 4)
+    assert j.sched_profile().comm_cpu == pytest.approx(0.7 * 0.2 + 0.3 * 0.3)
+
+
+# ------------------------------------------------ COMM's CPU at a DoP
+def test_comm_cpu_scales_with_the_bytes_that_cross_the_network():
+    p = Profile("a", 0.4, 0.2, 2, remote=0.2, comm_cpu=0.02)
+    assert comm_cpu_at(p, 2) == pytest.approx(0.02)
+    assert comm_cpu_at(p, 4) == pytest.approx(0.02 * (3 / 4) / (1 / 2))
+    assert comm_cpu_at(p, 1) == 0.0
+    alone = Profile("b", 0.4, 0.003, 1, comm_cpu=0.003)   # all local: kept at any m
+    assert comm_cpu_at(alone, 4) == 0.003
+    with pytest.raises(ValueError):
+        Profile("c", 0.4, 0.2, 2, comm_cpu=-0.1)
 
 
 # ------------------------------------------------ Tnet at a DoP (remote > 0)

@@ -27,6 +27,29 @@ def test_complementary_pair_between_eq41_and_one_after_the_other():
         assert eq41 - 1e-9 <= v < 2.4       # never better than Eq 4.1, better than in turn
 
 
+def test_a_transfers_cpu_work_slows_the_comp_beside_it():
+    """Issue #34 item 2: a COMM's own CPU (framing, encryption, the I/O
+    threads) shares the core with the partner's COMP. A CPU job beside a
+    network job whose transfers keep 40% of a core busy runs its COMP at
+    0.6 of its pace while they move; alone (no partner) nothing changes, and
+    Eq 4.1's CPU sum counts the COMM's CPU too."""
+    def pair(net_cpu):
+        return iteration_times([Shape("cpu", 1.0, 0.2), Shape("net", 0.2, 1.0,
+                                                              net_cpu=net_cpu)])
+    t0, t1, t3 = pair(0.0), pair(0.4), pair(3.0)
+    assert t0["cpu"] == pytest.approx(1.4)
+    # its 1 s COMP is beside the partner's transfers at 0.6 of its pace
+    assert t0["cpu"] * 1.3 < t1["cpu"] <= t0["cpu"] / 0.6 + 1e-9, t1
+    # at most half the core: two busy threads share it fairly
+    assert t1["cpu"] < t3["cpu"] <= t0["cpu"] / 0.5 + 1e-9, t3
+    # a job's own COMM never runs beside its own COMP
+    assert iteration_times([Shape("a", 0.7, 0.2, 0.03, net_cpu=0.2)])["a"] == \
+        pytest.approx(0.93)
+    p_cpu, p_net = Profile("cpu", 1.0, 0.0, 1), Profile("net", 0.0, 1.0, 1, comm_cpu=0.4)
+    assert group_iter_time([p_cpu, p_net], 1) == pytest.approx(1.4)
+    assert job_iter_time(p_net, 1) == pytest.approx(1.0)
+
+
 def test_partner_at_its_epoch_end_runs_alone():
     """Eq 4.1 says 2 s per iteration for two equal CPU jobs; with 2 iterations
     per epoch and a 2 s epoch end (barrier, report) the partner is away a

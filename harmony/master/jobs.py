@@ -146,6 +146,10 @@ class Job:
                   "t_iter": timings.get("train", 0.0) / iters,
                   # data bytes pulled + pushed per iteration by one machine
                   "bytes": timings.get("bytes", 0.0) / iters}
+        if "train_cpu" in timings and "comp_cpu" in timings:
+            # the CPU its COMM costs the machine: the executor's CPU while
+            # training (all its threads) less its COMP thread's
+            sample["comm_cpu"] = max(0.0, timings["train_cpu"] - timings["comp_cpu"]) / iters
         p = self.profile
         fresh = not p or p.get("machines") != machines
         if fresh and p and p.get("samples", 0) >= 2 and "t_cpu" in p:
@@ -154,7 +158,7 @@ class Job:
             # (model.fixed_part)
             p["cpu_prev"] = [int(p["machines"]), float(p["t_cpu"])]
         for k, v in sample.items():
-            p[k] = v if fresh else (1 - weight) * p[k] + weight * v
+            p[k] = v if fresh or k not in p else (1 - weight) * p[k] + weight * v
         p["machines"] = machines
         p["link"] = float(timings.get("link", 0.0))   # bytes/s of its machines' links
         # per-iteration time outside COMP and COMM (queue grants, the
@@ -199,7 +203,7 @@ class Job:
                float(p.get("overhead", 0.0)), float(p.get("iters", 0.0)),
                float(p.get("end_cpu", 0.0)), float(p.get("end_other", 0.0)),
                float(fixed_part(int(prev[0]), float(prev[1]), int(p["machines"]), t_cpu))
-               if prev else 0.0)
+               if prev else 0.0, float(p.get("comm_cpu", 0.0)))
         last = self.__dict__.get("_sched_profile")
         if last is not None and last[0] == key and last[1].id == self.id:
             return last[1]

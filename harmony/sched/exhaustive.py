@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harmony.sched.grouping import Plan, PlannedGroup
-from harmony.sched.model import (Profile, group_iter_time, group_util, score, t_cpu_at,
-                                 t_net_at)
+from harmony.sched.model import (Profile, comm_cpu_at, group_iter_time, group_util, score,
+                                 t_cpu_at, t_net_at)
 
 MAX_JOBS = 12
 
@@ -54,10 +54,11 @@ def best_plan(profiles: Sequence[Profile], machines: int, run: str = "any") -> P
         # group_util (Eq 4.1, 4.3) with each job's times at m computed once
         tc = [t_cpu_at(p, m) for p in profiles]
         tn = [t_net_at(p, m) for p in profiles]
+        cc = [comm_cpu_at(p, m) for p in profiles]
         for s in range(1, full + 1):
             cpu = net = top = 0.0
             for i in idx[s]:
-                cpu += tc[i]
+                cpu += tc[i] + cc[i]
                 net += tn[i]
                 top = max(top, tc[i] + tn[i])
             t = max(cpu, net, top)

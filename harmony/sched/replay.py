@@ -24,6 +24,10 @@ barrier and report). The CPU serves one COMP at a time (with the queue's
 preemption); of two running transfers the primary moves at full rate and
 the secondary waits for it (Eq 4.1's Σ Tnet: the secondary only gets what
 the primary leaves idle, nothing when the primary saturates the link).
+A transfer's own CPU work (``net_cpu`` seconds per iteration: framing,
+encryption, the I/O threads) shares the core with the COMP running beside
+it: while transfers run, the COMP moves at 1 - their CPU share (at most
+half the core, the kernel's fair share between two busy threads).
 
 Cost: a few hundred events per call (about 1 ms for a pair), so callers use
 it where groups are few (the master's predictions, the bench); the
@@ -36,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from harmony.sched.model import Profile, job_iter_time, t_cpu_at, t_net_at
+from harmony.sched.model import Profile, comm_cpu_at, job_iter_time, t_cpu_at, t_net_at
 from harmony.subtasks.queues import Demote, Grant, Promote, ResourceQueues, Resume, Stop, Sub
 
 
@@ -52,10 +56,11 @@ class Shape:
     end_cpu: float = 0.0
     end_net: float = 0.0
     end_other: float = 0.0
+    net_cpu: float = 0.0    # CPU seconds of its COMM per iteration (beside the COMPs)
 
     def __post_init__(self) -> None:
         if min(self.t_cpu, self.t_net, self.overhead, self.end_cpu, self.end_net,
-               self.end_other) < 0 or self.iters < 0:
+               self.end_other, self.net_cpu) < 0 or self.iters < 0:
             raise ValueError(f"bad shape {self!r}: times and iters must be >= 0")
 
 
@@ -113,12 +118,17 @@ def replay(shapes: Sequence[Shape], epochs: int = 4, warmup: int = 1,
     now, tie, events = 0.0, 0, 0
     want = warmup + epochs
 
+    # a COMM's CPU share of the core while it moves (0: none measured)
+    share = {s.id: min(1.0, s.net_cpu / s.t_net) if s.t_net > 0 else 0.0 for s in shapes}
+    slowed = any(share.values())
+
     def act(actions: list) -> None:
         for a in actions:
             key = (a.sub.job, a.sub.seq)
             if isinstance(a, Grant):
-                run[key] = [jobs[a.sub.job].program[jobs[a.sub.job].pc][1],
-                            0.0 if a.role == "secondary" else 1.0]
+                j = jobs[a.sub.job]
+                run[key] = [j.program[j.pc][1], 0.0 if a.role == "secondary" else 1.0,
+                            j.program[j.pc][0] == "cpu"]
             elif isinstance(a, (Promote, Resume)):
                 run[key][1] = 1.0
             elif isinstance(a, (Demote, Stop)):
@@ -163,24 +173,29 @@ def replay(shapes: Sequence[Shape], epochs: int = 4, warmup: int = 1,
         due(jid)
     while events < max_events and any(j.epochs < want for j in jobs.values()):
         events += 1
+        # the COMP's pace beside the transfers moving now (1: none slow it)
+        pace = 1.0 - min(0.5, sum(share[k[0]] for k, r in run.items() if r[1] > 0 and not r[2])) \
+            if slowed else 1.0
         # the next event: a running subtask ends, or a job's next subtask is due
         t_next, who = float("inf"), None
-        for key, (left, rate) in run.items():
+        for key, (left, rate, cpu) in run.items():
+            if cpu:
+                rate *= pace
             if rate > 0 and now + left / rate < t_next:
                 t_next, who = now + left / rate, key
         if timers and timers[0][0] <= t_next:
             t, _, jid = heapq.heappop(timers)
-            _advance(run, t - now)
+            _advance(run, t - now, pace)
             now = t
             start(jid)
             continue
         if who is None:
             break                                  # nothing can move: a bad shape
-        _advance(run, t_next - now)
+        _advance(run, t_next - now, pace)
         now = t_next
         finish(who[0])
     out = {}
-    cpu = sum(s.t_cpu for s in shapes)
+    cpu = sum(s.t_cpu + s.net_cpu for s in shapes)
     net = sum(s.t_net for s in shapes)
     for jid, j in jobs.items():
         s = j.shape
@@ -197,12 +212,12 @@ def _end(s: Shape) -> float:
     return (s.end_net + s.end_cpu + s.end_other) if s.iters else 0.0
 
 
-def _advance(run: dict, dt: float) -> None:
+def _advance(run: dict, dt: float, pace: float = 1.0) -> None:
     if dt <= 0:
         return
     for rec in run.values():
         if rec[1] > 0:
-            rec[0] = max(0.0, rec[0] - dt * rec[1])
+            rec[0] = max(0.0, rec[0] - dt * (rec[1] * pace if rec[2] else rec[1]))
 
 
 # -- predictions from profiles --------------------------------------------------------
@@ -221,13 +236,13 @@ def shape_at(p: Profile, m: int) -> Shape:
     iters = int(round(p.iters))
     f = ITERS_CAP / iters if iters > ITERS_CAP else 1.0
     return Shape(p.id, t_cpu_at(p, m), t_net_at(p, m), p.overhead, min(iters, ITERS_CAP),
-                 f * p.end_cpu * p.dop / m, 0.0, f * p.end_other)
+                 f * p.end_cpu * p.dop / m, 0.0, f * p.end_other, comm_cpu_at(p, m))
 
 
 def _key(s: Shape) -> tuple:
     r = lambda x: float(f"{x:.3g}")       # noqa: E731  (3 significant digits)
     return (s.id, r(s.t_cpu), r(s.t_net), r(s.overhead), s.iters, r(s.end_cpu),
-            r(s.end_net), r(s.end_other))
+            r(s.end_net), r(s.end_other), r(s.net_cpu))
 
 
 @lru_cache(maxsize=4096)
