@@ -329,3 +329,16 @@ def test_a_new_job_waits_for_a_machine_that_frees_before_its_profile_would():
     ending = dataclasses.replace(one, epochs_left=1)
     dec = harmony(ClusterView(M2, (job(3),), (ending, two)))
     assert dec.profile == {} and "machines free in about 1 s" in dec.wait["job-0003"]
+
+
+def test_the_policy_is_asked_again_when_a_job_may_move():
+    """The core asks the policy again when a job's profile reaches
+    PROFILE_SAMPLES epochs at its machine count (and at its first); it has
+    no other trigger at an epoch report. So the harmony policy's own
+    thresholds for moving or widening a running job (SETTLE epochs at its
+    width, WIDEN_AFTER epochs done) must be reached by then, or a job that
+    crossed one later would wait for some unrelated event (an arrival, a
+    finish) to be considered."""
+    from harmony.policies import harmony as H
+    from harmony.policies.view import PROFILE_SAMPLES
+    assert H.SETTLE <= PROFILE_SAMPLES and H.WIDEN_AFTER <= PROFILE_SAMPLES
