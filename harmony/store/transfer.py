@@ -5,8 +5,9 @@ Every byte that moves between machines (live block migration, checkpoint
 replicas, checkpoint fetches on resume, staged input) moves as *payloads*
 named ``(sec, bid)`` within one transfer ``mid``. A payload is either a
 :class:`~harmony.store.blocks.Block` (its arrays travel as they lie in
-memory: no export, no join) or opaque bytes (an exported block read from a
-checkpoint, a chunk of a staged file).
+memory: no export, no join), opaque bytes, or an opaque *source* read one
+chunk at a time as it is sent (an exported block streamed from a
+checkpoint on disk, a chunk of a staged file: never held whole).
 
 On the wire a payload is a run of ``blk`` messages, one per *chunk* of at
 most ``CHUNK_BYTES`` of one array, each with the CRC-32 of its bytes (by
@@ -51,18 +52,23 @@ class Payload:
     sec: str                      # "model", "input", "data", ...
     bid: int
     data: bytes | memoryview | None = None    # opaque bytes, or
-    block: Block | None = None                # a block, sent array by array
+    block: Block | None = None                # a block, sent array by array, or
+    source: object = None         # opaque bytes read by range (harmony.store.pieces.Source)
     dest: int = 0                 # index of the destination socket (sender side)
 
     def __post_init__(self) -> None:
-        if (self.data is None) == (self.block is None):
-            raise ValueError("a payload is either bytes or a block")
+        if sum(x is not None for x in (self.data, self.block, self.source)) != 1:
+            raise ValueError("a payload is bytes, a block or a source")
 
     @property
     def size(self) -> int:
+        if self.source is not None:
+            return self.source.size
         return len(self.data) if self.block is None else self.block.nbytes
 
-    def parts(self) -> tuple[dict, list[memoryview]]:
+    def parts(self) -> tuple[dict, list]:
+        if self.source is not None:
+            return {"raw": True}, [self.source]
         if self.block is None:
             return {"raw": True}, [memoryview(self.data).cast("B")]
         arrays = [(n, np.ascontiguousarray(a)) for n, a in self.block.arrays.items()]
@@ -80,9 +86,11 @@ def chunk_messages(mid: str, p: Payload, chunk: int = CHUNK_BYTES, tag: str | No
     packed = msgpack.packb(head, use_bin_type=True)
     first = True
     for ai, buf in enumerate(bufs):
-        size, off = len(buf), 0
+        src = buf if hasattr(buf, "read") else None
+        size, off = (src.size if src is not None else len(buf)), 0
         while True:
-            piece = buf[off:off + chunk]
+            piece = (src.read(off, min(chunk, size - off)) if src is not None
+                     else buf[off:off + chunk])
             yield M.encode("blk", mid=mid, sec=p.sec, bid=int(p.bid), arr=ai, narr=len(bufs),
                            off=off, size=size, h=chunk_digest(piece),
                            head=packed if first else None, tag=tag), piece

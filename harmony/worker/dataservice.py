@@ -17,10 +17,16 @@ spool file per transfer under ``STATE/spool`` (:mod:`harmony.store.spool`:
 its bounds on memory, disk and idle time), and at its end its blocks are
 read back from there one at a time: a peer that never closes what it sent
 leaves files, not memory, and those go after ``IDLE_S``.
+
+No block costs this process its size, however large: a replica's blocks
+and a staged chunk are copied from the spool into LMDB a piece at a time,
+each spool range punched out once it is committed
+(:mod:`harmony.store.pieces`), and a fetched block or chunk is read from
+LMDB's file and sent one chunk at a time, its SHA-256 checked as it goes
+(``SND_HWM`` chunks at most wait in ZeroMQ's queue for a slow reader).
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -36,6 +42,7 @@ from harmony.store.checkpoint import CheckpointError, CheckpointStore
 from harmony.store.errors import StoreError
 from harmony.store import staging
 from harmony.store.staging import ChunkStore, StagingError
+from harmony.store.pieces import Hashed
 from harmony.store.spool import Spool, Spooled
 from harmony.store.transfer import (CHUNK_BYTES, HEAD_BYTES, Payload, TransferError,
                                     send_payloads)
@@ -50,6 +57,10 @@ log = logging.getLogger("harmony.data")
 #: 1,000, let a flood of 70 chunks grow the daemon by 104-208 MiB while the
 #: spool wrote them, against 32-40 MiB with 4: bench/attack_memory.py)
 RCV_HWM = 4
+#: messages (a block chunk: up to 8 MiB) queued for one peer before a send
+#: waits for it to read (a fetch streams blocks from disk: a reader that
+#: does not read must not make the service queue them in memory)
+SND_HWM = 4
 #: a transfer that sends nothing for IDLE_S is dropped, its spool file deleted
 IDLE_S = 60.0
 #: a replica's blocks are written to its part in transactions of this many
@@ -76,6 +87,7 @@ class DataService:
         self.sock.setsockopt(zmq.SNDTIMEO, 60_000)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.sock.setsockopt(zmq.RCVHWM, RCV_HWM)
+        self.sock.setsockopt(zmq.SNDHWM, SND_HWM)
         self.endpoint = bind_random(self.sock, host)
         self.spool = Spool(os.path.join(state_dir, "spool"), idle_s=IDLE_S)
         self._stop = threading.Event()
@@ -178,14 +190,12 @@ class DataService:
             want = {(str(s), int(b)) for s, b in msg["want"]}
             store = self._part(msg["job"], msg["epoch"], msg["index"])
             try:
-                ck = store.restore(decode=False, want=lambda s, b: (s, b) in want)
+                with store.stream(want=lambda s, b: (s, b) in want) as (_, blocks):
+                    payloads = [Payload(sec, bid, source=src) for sec, bid, src in blocks]
+                    self.served_bytes += send_payloads([self.sock], msg["mid"], payloads,
+                                                       prefix=[ident])
             finally:
                 store.close()
-            payloads = [Payload(sec, bid, data) for sec, blocks in
-                        (("model", ck.blocks), ("input", ck.input_blocks))
-                        for bid, data in blocks.items()]
-            self.served_bytes += send_payloads([self.sock], msg["mid"], payloads,
-                                               prefix=[ident])
             self._reply(ident, M.encode("blk_end", mid=msg["mid"], count=len(payloads),
                                         meta={}))
         elif msg.type == "blk":
@@ -201,10 +211,10 @@ class DataService:
                 self.received_bytes += size
                 self._reply(ident, M.encode("blk_ack", mid=mid, sec=sec, bid=bid, ok=True))
         elif msg.type == "data_fetch":
-            payloads = [Payload("data", int(i), self.chunks.get(msg["name"], int(i)))
-                        for i in msg["chunks"]]
-            self.served_bytes += send_payloads([self.sock], msg["mid"], payloads,
-                                               prefix=[ident])
+            with self.chunks.sources(msg["name"], list(msg["chunks"])) as chunks:
+                payloads = [Payload("data", i, source=src) for i, src in chunks]
+                self.served_bytes += send_payloads([self.sock], msg["mid"], payloads,
+                                                   prefix=[ident])
             self._reply(ident, M.encode("blk_end", mid=msg["mid"], count=len(payloads),
                                         meta={}))
         elif msg.type == "blk_end":
@@ -229,9 +239,9 @@ class DataService:
             name = staging.check_name(str(meta["dataset"]))
             shas = []
             for s, i in sorted(got):
-                data = got[(s, i)]
-                self.chunks.put(name, i, data)
-                shas.append((s, i, hashlib.sha256(data).digest()))
+                src = Hashed(got.source((s, i)))
+                self.chunks.put(name, i, src)
+                shas.append((s, i, src.digest()))
             log.info("stored %d chunk(s) of data set %s", len(got), name)
             return self._reply(ident, M.encode("blk_done", mid=mid, ok=True,
                                                digest=jobckpt.entries_digest(shas)))
