@@ -34,7 +34,6 @@ import zmq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harmony.comm import messages as M  # noqa: E402
 from harmony.store import staging  # noqa: E402
 from harmony.store.blocks import Block, export_block  # noqa: E402
 from harmony.store.transfer import Payload  # noqa: E402

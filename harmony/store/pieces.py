@@ -88,7 +88,7 @@ class Hashed:
     def _finish(self) -> None:
         self._digest = self._h.digest()
         if self.expect is not None and self._digest != self.expect:
-            raise self.error(f"{self.what}: checksum mismatch (corrupt data)")
+            raise self.error(f"{self.what} checksum mismatch (corrupt data)")
 
     def read(self, off: int, n: int):
         data = self.src.read(off, n)

@@ -63,8 +63,8 @@ RCV_HWM = 4
 SND_HWM = 4
 #: a transfer that sends nothing for IDLE_S is dropped, its spool file deleted
 IDLE_S = 60.0
-#: a replica's blocks are written to its part in transactions of this many
-#: bytes (and one block): what is held while they commit
+#: a replica's blocks are written to its part, as pieces, in transactions of
+#: this many bytes (and one piece): what is held while they commit
 REPLICA_BATCH_BYTES = 16 << 20
 #: the largest frame the service reads (ZMQ_MAXMSGSIZE: a larger one
 #: disconnects its sender before it is buffered): a block chunk is at most
