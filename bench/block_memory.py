@@ -4,7 +4,9 @@ large block in a replica and closes it, fetches it back, and stages one
 large chunk and fetches that back (the hardening issue's memory goal: no
 block, whatever its size, may grow the daemon by more than ~64 MiB).
 
-A data service runs alone in a child process (no cluster, no keys) with
+A data service runs alone in a child process (no cluster, no keys; the
+C allocator set as a worker daemon sets it: large buffers given back when
+freed) with
 its state directory under ``--dir`` (default: a temporary directory on the
 disk of /tmp). The sender runs here; its own memory is not measured.
 
@@ -44,7 +46,9 @@ MiB = 1 << 20
 CHILD = """
 import sys, time, zmq
 sys.path.insert(0, {root!r})
+from harmony.util.malloc import return_large_buffers
 from harmony.worker.dataservice import DataService
+return_large_buffers()          # as the worker daemon does at its start
 svc = DataService(zmq.Context(), "127.0.0.1", {state!r}, "m0")
 svc.start()
 print(svc.endpoint, flush=True)

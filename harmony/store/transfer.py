@@ -36,6 +36,10 @@ from harmony.store.framing import crc32
 
 CHUNK_BYTES = 8 << 20
 MAX_OPEN = 4
+#: chunks read from a source (and so held by nothing but ZeroMQ's queue)
+#: that one transfer lets ZeroMQ hold at once: a send waits for the oldest
+#: to leave it (a tracked zero-copy frame) before the next is read
+MAX_QUEUED = 4
 SEND_TIMEOUT_MS = 60_000
 
 
@@ -116,6 +120,7 @@ def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload]
     open_: list[tuple[Payload, Iterator]] = []
     sent = done = 0
     pre = list(prefix or [])
+    queued: list[zmq.MessageTracker] = []     # read chunks ZeroMQ still holds
     while todo or open_:
         while todo and len(open_) < max_open:
             p = todo.pop(0)
@@ -132,12 +137,17 @@ def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload]
                 throttle(p.dest, len(data))
             sock = socks[p.dest]
             deadline = time.monotonic() + SEND_TIMEOUT_MS / 1000
+            track = p.source is not None and len(data) >= 65536
             while True:
                 try:
                     if not sock.poll(SEND_TIMEOUT_MS, zmq.POLLOUT):
                         raise TransferError(f"transfer {mid}: peer not reading for "
                                             f"{SEND_TIMEOUT_MS / 1000:.0f}s")
-                    sock.send_multipart([*pre, head, data], copy=len(data) < 65536)
+                    tracker = sock.send_multipart([*pre, head, data], copy=len(data) < 65536,
+                                                  track=track)
+                    if track:
+                        queued.append(tracker)
+                        _drain(queued, MAX_QUEUED - 1, mid)
                     break
                 except zmq.Again:
                     # a ROUTER (always writable) whose peer's queue is full gives
@@ -152,6 +162,18 @@ def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload]
             if progress is not None:
                 progress(sent, done)
     return sent
+
+
+def _drain(queued: list, keep: int, mid: str) -> None:
+    """Wait until at most ``keep`` of the tracked frames are still in
+    ZeroMQ's hands (the oldest leave first)."""
+    while len(queued) > keep:
+        try:
+            queued[0].wait(SEND_TIMEOUT_MS / 1000)
+        except zmq.NotDone:
+            raise TransferError(f"transfer {mid}: peer not reading for "
+                                f"{SEND_TIMEOUT_MS / 1000:.0f}s") from None
+        queued.pop(0)
 
 
 #: what one payload header may hold: at most this many arrays, of at most

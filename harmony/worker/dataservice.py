@@ -23,7 +23,9 @@ and a staged chunk are copied from the spool into LMDB a piece at a time,
 each spool range punched out once it is committed
 (:mod:`harmony.store.pieces`), and a fetched block or chunk is read from
 LMDB's file and sent one chunk at a time, its SHA-256 checked as it goes
-(``SND_HWM`` chunks at most wait in ZeroMQ's queue for a slow reader).
+(at most ``transfer.MAX_QUEUED`` chunks read for it wait in ZeroMQ's
+queue for a slow reader: the ROUTER's high-water mark stays at its
+default, since replies to a peer that left block on a full one).
 """
 from __future__ import annotations
 
@@ -57,10 +59,6 @@ log = logging.getLogger("harmony.data")
 #: 1,000, let a flood of 70 chunks grow the daemon by 104-208 MiB while the
 #: spool wrote them, against 32-40 MiB with 4: bench/attack_memory.py)
 RCV_HWM = 4
-#: messages (a block chunk: up to 8 MiB) queued for one peer before a send
-#: waits for it to read (a fetch streams blocks from disk: a reader that
-#: does not read must not make the service queue them in memory)
-SND_HWM = 4
 #: a transfer that sends nothing for IDLE_S is dropped, its spool file deleted
 IDLE_S = 60.0
 #: a replica's blocks are written to its part, as pieces, in transactions of
@@ -87,7 +85,6 @@ class DataService:
         self.sock.setsockopt(zmq.SNDTIMEO, 60_000)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.sock.setsockopt(zmq.RCVHWM, RCV_HWM)
-        self.sock.setsockopt(zmq.SNDHWM, SND_HWM)
         self.endpoint = bind_random(self.sock, host)
         self.spool = Spool(os.path.join(state_dir, "spool"), idle_s=IDLE_S)
         self._stop = threading.Event()
