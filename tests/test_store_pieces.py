@@ -256,3 +256,43 @@ def test_pieces_written_before_a_failure_leave_no_version(tmp_path):
     finally:
         spooled.close()
         st.close()
+
+
+def test_a_reader_that_does_not_read_holds_the_sender_to_a_few_chunks(tmp_path, monkeypatch):
+    """A block streamed from disk to a peer that reads nothing: the sender
+    (a ROUTER, as a data service) reads the next chunk only once ZeroMQ has
+    let go of all but MAX_QUEUED - 1 of those it read, so what it holds
+    stays a few chunks, not the block, and it gives up after its send
+    timeout (shortened here) with a clear error."""
+    from harmony.comm.zmqutil import make_socket
+    from harmony.store import transfer
+    monkeypatch.setattr(transfer, "SEND_TIMEOUT_MS", 2000)
+    size = 20 * transfer.CHUNK_BYTES
+    path = str(tmp_path / "t1")
+    with open(path, "wb") as fh:
+        fh.truncate(size)                              # read back as zeros
+    ctx = zmq.Context()
+    router = make_socket(ctx, zmq.ROUTER)
+    reader = ctx.socket(zmq.DEALER)
+    reader.setsockopt(zmq.LINGER, 0)
+    reader.setsockopt(zmq.RCVHWM, 1)
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        reader.connect(f"tcp://127.0.0.1:{port}")
+        reader.send(b"hello")
+        assert router.poll(5000)
+        ident = router.recv_multipart()[0]
+        with Spooled(path, {("model", 0): (0, size)}) as got:
+            tracemalloc.start()
+            try:
+                with pytest.raises(TransferError, match="peer not reading"):
+                    transfer.send_payloads([router], "get:x", [transfer.Payload(
+                        "model", 0, source=got.source(("model", 0)))], prefix=[ident])
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+        assert peak < (transfer.MAX_QUEUED + 3) * transfer.CHUNK_BYTES < size, peak
+    finally:
+        reader.close(0)
+        router.close(0)
+        ctx.term()
