@@ -10,10 +10,12 @@ socket at a time, with the cluster's own keys (client, reader, worker):
   shard    ten 8 MiB model blocks named as the job's own move, from each key
   data     an 8 MiB payload header, then 70 whole 8 MiB payloads of a
            replica whose closing message never comes (worker key); they
-           go to the daemon's spool on disk, whose size is printed too
+           go to the daemon's spool on disk, whose size is printed too;
+           then one replica of a single --huge MiB block (512), closed, so
+           that it is written to the daemon's store, and a fetch of it back
   daemon   every executor message type from another machine's worker key
 
-    python bench/attack_memory.py [--idle 60]
+    python bench/attack_memory.py [--idle 60] [--huge 512]
 
 Prints, per socket, the process's RSS before, at its peak during the flood,
 and after the idle timeout (60 s: ``harmony.store.transfer.IDLE_S``); for
@@ -45,7 +47,10 @@ from harmony.cluster import LocalCluster  # noqa: E402
 from harmony.comm import messages as M  # noqa: E402
 from harmony.comm import security  # noqa: E402
 from harmony.comm.zmqutil import make_socket  # noqa: E402
-from harmony.store.transfer import IDLE_S, chunk_digest  # noqa: E402
+from harmony.store.blocks import Block, export_block  # noqa: E402
+from harmony.store.transfer import IDLE_S, Payload, chunk_digest  # noqa: E402
+from harmony.store.transfer import send_payloads, wait_acks  # noqa: E402
+from harmony.worker import jobckpt  # noqa: E402
 from apps_for_tests import TOY_APP  # noqa: E402
 from test_hardening import _flood_payloads  # noqa: E402
 
@@ -97,6 +102,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--idle", type=float, default=IDLE_S + 5,
                     help="seconds to wait after the floods before the last reading")
+    ap.add_argument("--huge", type=int, default=512,
+                    help="MiB of the one block sent in a closed replica (0: none)")
     a = ap.parse_args()
     ctx = zmq.Context()
     with tempfile.TemporaryDirectory() as tmp:
@@ -179,6 +186,34 @@ def main() -> None:
                 spools[name] = os.path.join(tmp, "c", "workers", name, "spool")
                 print(f"data {name}: {du(spools[name]) / MiB:.0f} MiB in its spool after the "
                       f"flood", flush=True)
+
+            # data services: one huge block, closed (written to the store), fetched back
+            if a.huge:
+                blk = export_block(Block(0, {"a": np.zeros(a.huge * MiB // 8)}))
+            for name, ep in data.items() if a.huge else ():
+                pid = daemons[0] if name == "m0" else daemons[1]
+                pk = Peak(pid)
+                s = dealer(ctx, ep, k["worker"])
+                s.setsockopt(zmq.RCVTIMEO, 120_000)
+                mid = f"rep:huge:{name}"
+                send_payloads([s], mid, [Payload("model", 0, blk)])
+                wait_acks(lambda d: s, {(0, "model", 0)}, mid, 120)
+                s.send_multipart([M.encode("blk_end", mid=mid, count=1, meta={
+                    "job": "huge", "epoch": 1, "index": 0, "iteration": 0})])
+                done = M.decode(s.recv_multipart())
+                assert done.type == "blk_done" and done["ok"], done.fields
+                time.sleep(0.5)
+                pk.stop()
+                s.close(0)
+                rows.append((f"data {name}", f"one {a.huge} MiB block, closed", pk))
+                pk = Peak(pid)
+                _, got = jobckpt.fetch_part(ctx, ep, "huge", 1, 0, lambda s, b: True,
+                                            timeout_s=120, keys=k["worker"])
+                assert got[("model", 0)].nbytes == a.huge * MiB
+                del got
+                time.sleep(0.5)
+                pk.stop()
+                rows.append((f"data {name}", "fetch of that block", pk))
 
             # daemons' executor sockets: another machine's key
             xs = [(pid, ep) for pid, ep in listening(daemons) if ep not in data.values()]

@@ -14,6 +14,7 @@ from harmony.store.blocks import Block, export_block
 from harmony.store.checkpoint import CheckpointError, CheckpointStore, _dkey
 from harmony.store.errors import StoreFullError
 from harmony.store.lmdb_env import LmdbEnv
+from harmony.store.pieces import piece_key
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,6 +36,11 @@ def store(tmp_path):
     yield st
     if not st.env.closed:
         st.close()
+
+
+def first_piece(version: int, section: str, bid: int) -> bytes:
+    """The key of a stored block's first (here: only) piece."""
+    return piece_key(_dkey(version, section, bid), 0)
 
 
 def raw_put(st: CheckpointStore, db, key: bytes, value: bytes | None) -> None:
@@ -95,7 +101,7 @@ def test_keeps_previous_version_until_new_complete(store):
 def test_damaged_block_in_lmdb_is_rejected(store, damage, reason):
     store.write(model(1), epoch=1, iteration=0)
     store.write(model(2), epoch=2, iteration=0)
-    key = _dkey(2, "model", 2)
+    key = first_piece(2, "model", 2)
     raw_put(store, store._data, key, damage(raw_get(store, store._data, key)) if damage else None)
     with pytest.raises(CheckpointError, match=f"checkpoint v2 of job job-7 .*{reason}"):
         store.restore()                   # the newest is damaged: no silent fallback
@@ -111,7 +117,7 @@ def test_a_selective_restore_reads_and_verifies_only_its_blocks(store):
     m = model(1)
     inp = {b: Block(b, {"L": np.full((3, 2), b, dtype=np.float32)}) for b in range(4)}
     store.write(m, epoch=1, iteration=0, input_blocks=inp)
-    key = _dkey(1, "model", 2)
+    key = first_piece(1, "model", 2)
     v = raw_get(store, store._data, key)
     raw_put(store, store._data, key, v[:10] + bytes([v[10] ^ 1]) + v[11:])
     ck = store.restore(1, want=lambda section, bid: bid % 2 == 1)

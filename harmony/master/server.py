@@ -9,7 +9,6 @@ record files, the clock and signals; every decision is the core's.
 """
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
 import logging
@@ -33,6 +32,7 @@ from harmony.master.core import (KEEP_MODELS, MasterCore, Reconfig, Run,  # noqa
 from harmony.master.jobdb import JobDB, JobTableError, TableFull  # noqa: F401 (re-exported)
 from harmony.master.jobs import RETENTION_S
 from harmony.obs import dashboard as obs_dashboard
+from harmony.util.malloc import return_large_buffers
 
 log = logging.getLogger("harmony.master")
 
@@ -40,18 +40,6 @@ MASTER_RCVHWM = 4           # messages queued per peer before TCP pushes back (a
 # the metrics logs (STATE/metrics/*.jsonl): rotated by size, a few files kept
 METRICS_LOG_BYTES = int(os.environ.get("HARMONY_METRICS_LOG_BYTES", 64 << 20))
 METRICS_LOG_KEEP = 3
-
-
-def _return_large_buffers(threshold: int = 256 << 10) -> None:
-    """Buffers of at least ``threshold`` bytes (message frames) mmapped and
-    given back to the system when freed: glibc's dynamic threshold would
-    otherwise keep them in the heap after a burst of large messages, and the
-    master's memory would stay at the burst's peak. No-op off glibc."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, threshold)      # M_MMAP_THRESHOLD (fixed: no longer dynamic)
-    except (OSError, AttributeError):
-        pass
 
 
 CLOCK_FILE = "clock.json"
@@ -210,7 +198,7 @@ class Master:
         self.core.jobs = {j.id: j for j in self.db.load_all()}
         self.core.datasets = self.db.load_datasets()
         self._run(self.core.recover(self.clock()))
-        _return_large_buffers()
+        return_large_buffers()
         self.ctx = zmq.Context()
         self.sock = make_socket(self.ctx, zmq.ROUTER)
         # a larger frame than any legitimate message never reaches the process

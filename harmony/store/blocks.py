@@ -87,15 +87,17 @@ def parse_header(data: bytes | memoryview) -> tuple[int, list, int]:
     return bid, meta, 8 + hlen
 
 
-def import_block(data: bytes | memoryview) -> Block:
+def import_block(data: bytes | bytearray | memoryview, copy: bool = True) -> Block:
+    """A block from its exported bytes; ``copy=False``: its arrays are views
+    of ``data`` (a ``bytearray`` the caller hands over: writable arrays)."""
     mv = memoryview(data)
     bid, meta, off = parse_header(mv)
     arrays = {}
     for name, dtype, shape, nbytes in meta:
         if off + nbytes > len(mv):
             raise BlockFormatError(f"truncated block data for array {name!r}")
-        arr = np.frombuffer(mv[off:off + nbytes], dtype=np.dtype(dtype)).reshape(shape).copy()
-        arrays[name] = arr
+        arr = np.frombuffer(mv[off:off + nbytes], dtype=np.dtype(dtype)).reshape(shape)
+        arrays[name] = arr.copy() if copy else arr
         off += nbytes
     if off != len(mv):
         raise BlockFormatError("trailing bytes after block data")

@@ -8,10 +8,11 @@ iteration, caller's dict, array dtypes and shapes of every block).
 
 Atomicity and integrity
 -----------------------
-* Block values are written first, in transactions of at most ``chunk_bytes``
+* Block values are written first, as pieces of at most ``PIECE_BYTES``
+  (:mod:`harmony.store.pieces`), in transactions of at most ``chunk_bytes``
   (one txn for everything would keep the whole checkpoint as dirty pages in
   memory until commit, which is exactly what a machine short of memory cannot
-  afford). Then the *manifest* is committed in its own transaction: it lists
+  afford; one value for a whole block would keep that block). Then the *manifest* is committed in its own transaction: it lists
   every block with its length and SHA-256, the totals, and ends with the
   SHA-256 of the manifest itself. The manifest commit is the commit point: a
   version without a manifest does not exist (its blocks are garbage-collected
@@ -28,6 +29,14 @@ Atomicity and integrity
   :class:`CheckpointError` naming the version and block. Nothing damaged is
   ever returned. ``restore_latest_good`` falls back to older versions, but only
   when asked and it reports what it skipped.
+
+Formats: a format-2 manifest (written now) stores each block as pieces,
+keys ``version|section|block|piece``; a format-1 one (before) as one value,
+key ``version|section|block``. Both are read, and both range by range from
+the data file (:class:`~harmony.store.pieces.FileRanges`), so a block is
+streamed to another machine (:meth:`CheckpointStore.stream`) or verified
+without being held whole, and assembled only by :meth:`restore`, for a
+consumer that needs its arrays.
 
 SHA-256 rather than CRC-32 here: checkpoints are written rarely and read back
 after crashes, moves or long pauses, where a 32-bit check is too weak; with
@@ -46,17 +55,24 @@ import logging
 import struct
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import msgpack
 
 from harmony.store.blocks import Block, BlockFormatError, export_block, import_block
 from harmony.store.lmdb_env import LmdbEnv, MiB
+from harmony.store.pieces import (PIECE_BYTES, FileRanges, Hashed, PieceWriter, Source,
+                                  as_source, piece_count, piece_key)
 
 log = logging.getLogger("harmony.store.checkpoint")
 
-FORMAT = 1
+#: the format written (pieces); FORMATS: those read (1: one value a block)
+FORMAT = 2
+FORMATS = (1, 2)
+#: the longest exported block header read for a manifest's dtypes and shapes
+MAX_HEADER_BYTES = 1 * MiB
 SECTIONS = {"model": b"m", "input": b"i"}
 _SECTION_NAME = {v: k for k, v in SECTIONS.items()}
 _V = struct.Struct(">Q")
@@ -92,22 +108,33 @@ def _dkey(version: int, section: str, block_id: int) -> bytes:
     return _V.pack(version) + SECTIONS[section] + _V.pack(block_id)
 
 
-def _block_desc(data: bytes | memoryview) -> dict:
-    """dtype and shape of every array in an exported block (from its header)."""
-    head_len = struct.unpack("<I", bytes(memoryview(data)[4:8]))[0]
-    head = msgpack.unpackb(bytes(memoryview(data)[8:8 + head_len]), raw=False)
-    return {name: [dt, shape] for name, dt, shape, _ in head["arrays"]}
+def _block_desc(src: Source) -> dict:
+    """dtype and shape of every array in an exported block (from its
+    header, read from ``src`` alone); ``BlockFormatError`` if it is not one."""
+    if src.size < 8:
+        raise BlockFormatError(f"{src.size} bytes: too short for a block")
+    head_len = struct.unpack("<I", bytes(src.read(4, 4)))[0]
+    if head_len > min(MAX_HEADER_BYTES, src.size - 8):
+        raise BlockFormatError(f"block header of {head_len} bytes (at most "
+                               f"{MAX_HEADER_BYTES}, within the block's {src.size})")
+    try:
+        head = msgpack.unpackb(bytes(src.read(8, head_len)), raw=False)
+        return {str(name): [dt, shape] for name, dt, shape, _ in head["arrays"]}
+    except Exception as exc:
+        raise BlockFormatError(f"corrupt block header: {str(exc)[:100]}") from None
 
 
 class CheckpointStore:
     """Versioned, verified checkpoints in one (synced) LMDB environment."""
 
-    def __init__(self, env: LmdbEnv, keep: int = 2, chunk_bytes: int = 64 * MiB) -> None:
+    def __init__(self, env: LmdbEnv, keep: int = 2, chunk_bytes: int = 64 * MiB,
+                 piece_bytes: int = PIECE_BYTES) -> None:
         if not env.sync:
             raise ValueError("checkpoints need an env opened with sync=True")
         if keep < 1:
             raise ValueError("keep must be >= 1")
         self.env, self.job, self.keep, self.chunk_bytes = env, env.job, keep, chunk_bytes
+        self.piece_bytes = piece_bytes
         self._data = env.db("ckpt_blocks")
         self._man = env.db("ckpt_manifests")
         self._lock = threading.Lock()
@@ -118,9 +145,14 @@ class CheckpointStore:
 
     @classmethod
     def open(cls, path: str, job: str, *, keep: int = 2, chunk_bytes: int = 64 * MiB,
-             map_size: int = 1 << 30, max_map_size: int | None = None) -> "CheckpointStore":
+             map_size: int = 1 << 30, max_map_size: int | None = None,
+             piece_bytes: int = PIECE_BYTES) -> "CheckpointStore":
         env = LmdbEnv(path, job=job, sync=True, map_size=map_size, max_map_size=max_map_size)
-        return cls(env, keep=keep, chunk_bytes=chunk_bytes)
+        try:
+            return cls(env, keep=keep, chunk_bytes=chunk_bytes, piece_bytes=piece_bytes)
+        except BaseException:
+            env.close()
+            raise
 
     def close(self) -> None:
         self.env.close()
@@ -130,48 +162,51 @@ class CheckpointStore:
         return CheckpointError(f"checkpoint{v} of job {self.job} ({self.env.path}): {what}")
 
     # -- write -------------------------------------------------------------------
-    def write(self, blocks: Mapping[int, Block | bytes], *, epoch: int, iteration: int,
-              meta: dict | None = None,
-              input_blocks: Mapping[int, Block | bytes] | None = None,
+    def write(self, blocks: Mapping[int, Block | bytes | Source], *, epoch: int,
+              iteration: int, meta: dict | None = None,
+              input_blocks: Mapping[int, Block | bytes | Source] | None = None,
               exported: bool = False) -> CheckpointInfo:
         """Write one checkpoint version; returns its info once it is durable.
         On any failure (e.g. ``StoreFullError``) the partial version is removed
         and the previous versions are untouched. ``exported``: byte values
         are blocks already exported (:func:`export_block`), e.g. received
-        from another machine, and are restored as blocks."""
+        from another machine, and are restored as blocks. A value may be a
+        :class:`~harmony.store.pieces.Source` (a spool file's range): it is
+        read a piece at a time and never held whole, and released piece by
+        piece as they are committed."""
         with self._lock:
             version = self._last_version() + 1
             entries: list[list] = []
-            batch: list[tuple[bytes, bytes]] = []
-            size = total = 0
+            hashed: list[Hashed] = []
+            total = 0
+            w = PieceWriter(self.env, self._data, self.chunk_bytes, self.piece_bytes)
             try:
                 for section, src in (("model", blocks), ("input", input_blocks or {})):
                     for bid in sorted(src):
                         val = src[bid]
+                        where = f"block {bid} [{section}]"
                         if isinstance(val, Block):
                             if val.id != bid:
                                 raise ValueError(f"block under id {bid} has id {val.id}")
-                            data, kind = export_block(val), "block"
-                            desc = _block_desc(data)
-                        elif exported:
-                            data, kind = val, "block"
-                            desc = _block_desc(data)
+                            data, kind = as_source(export_block(val)), "block"
                         else:
-                            data, kind, desc = bytes(val), "bytes", None
-                        entries.append([section, int(bid), len(data),
-                                        hashlib.sha256(data).digest(), kind, desc])
-                        batch.append((_dkey(version, section, int(bid)), data))
-                        size += len(data)
-                        total += len(data)
-                        if size >= self.chunk_bytes:
-                            self._put_batch(batch, size)
-                            batch, size = [], 0
-                if batch:
-                    self._put_batch(batch, size)
+                            data, kind = as_source(val), "block" if exported else "bytes"
+                        try:
+                            desc = _block_desc(data) if kind == "block" else None
+                        except BlockFormatError as exc:
+                            raise self._err(version, f"{where}: {exc}") from None
+                        entries.append([section, int(bid), data.size, len(hashed), kind, desc])
+                        hashed.append(Hashed(data, what=where))
+                        w.put(_dkey(version, section, int(bid)), hashed[-1])
+                        total += data.size
+                w.flush()
+                for e in entries:       # every piece is read: the digests are known
+                    e[3] = hashed[e[3]].digest()
+                hashed.clear()
                 doc = {"format": FORMAT, "job": self.job, "version": version,
                        "epoch": int(epoch), "iteration": int(iteration), "created": time.time(),
                        "meta": meta or {}, "blocks": entries, "num_blocks": len(entries),
-                       "total_bytes": total}
+                       "total_bytes": total, "piece_bytes": self.piece_bytes}
                 packed = msgpack.packb(doc, use_bin_type=True)
                 self._commit_manifest(version, packed + hashlib.sha256(packed).digest())
             except BaseException:
@@ -182,10 +217,6 @@ class CheckpointStore:
                 raise
             self._prune()
             return self._info(doc)
-
-    def _put_batch(self, batch: list[tuple[bytes, bytes]], size: int) -> None:
-        items = list(batch)
-        self.env.write(lambda txn: [txn.put(k, v, db=self._data) for k, v in items], size)
 
     def _commit_manifest(self, version: int, value: bytes) -> None:
         self.env.write(lambda txn: txn.put(_V.pack(version), value, db=self._man), len(value))
@@ -202,7 +233,7 @@ class CheckpointStore:
             doc = msgpack.unpackb(body, raw=False)
         except Exception as exc:
             raise self._err(version, f"manifest unreadable: {exc}") from None
-        if doc.get("format") != FORMAT or doc.get("version") != version:
+        if doc.get("format") not in FORMATS or doc.get("version") != version:
             raise self._err(version, "manifest does not describe this version")
         if doc.get("job") != self.job:
             raise self._err(version, f"manifest belongs to job {doc.get('job')!r}")
@@ -251,24 +282,79 @@ class CheckpointStore:
                 return info
         return None
 
+    def _newest(self, version: int | None) -> int:
+        if version is None:
+            keys = self._manifest_keys()
+            if not keys:
+                raise self._err(None, "no checkpoint")
+            version = keys[-1]
+        return version
+
     def restore(self, version: int | None = None, *, decode: bool = True,
                 want: Callable[[str, int], bool] | None = None) -> Checkpoint:
         """Load and verify one version (default: the newest manifest present,
         even if damaged: then this raises rather than silently loading an
         older one). ``decode=False`` returns exported blocks as bytes.
         ``want(section, block_id)`` ("model" or "input") selects the blocks
-        to read, verify and decode; the others are not touched."""
+        to read, verify and decode; the others are not touched. Each block
+        is assembled whole here (its arrays are what the caller wants);
+        :meth:`stream` hands them on without that."""
         with self._lock:
-            if version is None:
-                keys = self._manifest_keys()
-                if not keys:
-                    raise self._err(None, "no checkpoint")
-                version = keys[-1]
-            return self.env.read(lambda txn: self._load(txn, version, decode, want))
+            version = self._newest(version)
+            out: dict[str, dict] = {"model": {}, "input": {}}
+
+            def load(txn):
+                doc, blocks = self._extents(txn, version, want)
+                for section, bid, nbytes, digest, kind, ranges in blocks:
+                    where = f"block {bid} [{section}]"
+                    buf = bytearray(nbytes)
+                    FileRanges(self.env, ranges).readinto_all(memoryview(buf))
+                    if hashlib.sha256(buf).digest() != digest:
+                        raise self._err(version, f"{where} checksum mismatch (corrupt data)")
+                    if kind == "block" and decode:
+                        try:
+                            blk = import_block(buf, copy=False)    # views of buf
+                        except BlockFormatError as exc:
+                            raise self._err(version, f"{where}: {exc}") from None
+                        if blk.id != bid:
+                            raise self._err(version, f"{where} holds block {blk.id}")
+                        out[section][bid] = blk
+                    else:
+                        out[section][bid] = bytes(buf)
+                return doc
+            doc = self.env.read(load)
+            return Checkpoint(self._info(doc), out["model"], out["input"])
+
+    @contextmanager
+    def stream(self, version: int | None = None,
+               want: Callable[[str, int], bool] | None = None
+               ) -> Iterator[tuple[CheckpointInfo, list[tuple[str, int, Hashed]]]]:
+        """One version's selected blocks as sources to read range by range,
+        ``(info, [(section, block id, source), ...])``, valid inside the
+        ``with``. Each source checks the block's SHA-256 as it is read:
+        reading its last range raises :class:`CheckpointError` if the block
+        is damaged, so a damaged block is never read whole. A missing or
+        resized block is refused here, before anything is read."""
+        with self._lock:
+            version = self._newest(version)
+            lease = self.env.lease()
+            try:
+                doc, blocks = self._extents(lease.txn, version, want)
+                yield self._info(doc), [
+                    (section, bid, Hashed(FileRanges(self.env, ranges), expect=digest,
+                                          error=lambda m: self._err(version, m),
+                                          what=f"block {bid} [{section}]"))
+                    for section, bid, _n, digest, _kind, ranges in blocks]
+            finally:
+                lease.close()
 
     def verify(self, version: int) -> CheckpointInfo:
-        """Check a version completely without keeping its data."""
-        return self.restore(version, decode=False).info
+        """Check a version completely, one range of a block at a time."""
+        with self.stream(version) as (info, blocks):
+            for _s, _b, src in blocks:
+                for off in range(0, src.size, self.piece_bytes):
+                    src.read(off, min(self.piece_bytes, src.size - off))
+            return info
 
     def restore_latest_good(self) -> tuple[Checkpoint, list[tuple[int, str]]]:
         """The newest version that verifies, and (version, error) for each newer
@@ -282,41 +368,50 @@ class CheckpointStore:
         raise self._err(None, "no intact checkpoint" +
                         (f" (damaged: {[v for v, _ in skipped]})" if skipped else ""))
 
-    def _load(self, txn, version: int, decode: bool,
-              want: Callable[[str, int], bool] | None = None) -> Checkpoint:
+    def _extents(self, txn, version: int, want: Callable[[str, int], bool] | None
+                 ) -> tuple[dict, list[tuple[str, int, int, bytes, str, list]]]:
+        """A version's verified manifest, and for each block ``want``
+        selects ``(section, id, nbytes, sha256, kind, ranges)``: where its
+        bytes lie in the data file (one range, or one a piece), every piece
+        checked for presence and length."""
         value = txn.get(_V.pack(version), db=self._man)
         if value is None:
             raise self._err(version, "no such version (missing manifest)")
         doc = self._parse_manifest(version, value)
-        out: dict[str, dict] = {"model": {}, "input": {}}
+        pieces = int(doc.get("piece_bytes") or 0) if doc["format"] >= 2 else 0
+        if doc["format"] >= 2 and pieces <= 0:
+            raise self._err(version, "manifest gives no piece size")
+        out = []
         total = 0
         for section, bid, nbytes, digest, kind, _desc in doc["blocks"]:
+            total += nbytes
             if want is not None and not want(section, bid):
-                total += nbytes
                 continue
             where = f"block {bid} [{section}]"
-            data = txn.get(_dkey(version, section, bid), db=self._data)
-            if data is None:
-                raise self._err(version, f"{where} missing")
-            if len(data) != nbytes:
-                raise self._err(version, f"{where} truncated or resized: {len(data)} bytes, "
-                                         f"manifest says {nbytes}")
-            if hashlib.sha256(data).digest() != digest:
-                raise self._err(version, f"{where} checksum mismatch (corrupt data)")
-            total += nbytes
-            if kind == "block" and decode:
-                try:
-                    blk = import_block(data)   # copies out of the map
-                except BlockFormatError as exc:
-                    raise self._err(version, f"{where}: {exc}") from None
-                if blk.id != bid:
-                    raise self._err(version, f"{where} holds block {blk.id}")
-                out[section][bid] = blk
+            key = _dkey(version, section, bid)
+            if not pieces:
+                data = txn.get(key, db=self._data)
+                if data is None:
+                    raise self._err(version, f"{where} missing")
+                if len(data) != nbytes:
+                    raise self._err(version, f"{where} truncated or resized: {len(data)} "
+                                             f"bytes, manifest says {nbytes}")
+                ranges = [self.env.extent(data)]
             else:
-                out[section][bid] = bytes(data)
+                ranges = []
+                for i in range(piece_count(nbytes, pieces)):
+                    data = txn.get(piece_key(key, i), db=self._data)
+                    size = min(pieces, nbytes - i * pieces)
+                    if data is None:
+                        raise self._err(version, f"{where} missing (piece {i})")
+                    if len(data) != size:
+                        raise self._err(version, f"{where} truncated or resized: piece {i} "
+                                                 f"has {len(data)} bytes, not {size}")
+                    ranges.append(self.env.extent(data))
+            out.append((section, bid, nbytes, bytes(digest), kind, ranges))
         if total != doc["total_bytes"] or len(doc["blocks"]) != doc["num_blocks"]:
             raise self._err(version, "manifest totals do not match its block list")
-        return Checkpoint(self._info(doc), out["model"], out["input"])
+        return doc, out
 
     # -- housekeeping ----------------------------------------------------------------
     def _last_version(self) -> int:

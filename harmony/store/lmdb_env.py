@@ -26,6 +26,7 @@ LMDB handled as a database
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import mmap
@@ -207,6 +208,22 @@ def _mapping_of(addr: int) -> tuple[int, int]:
     raise StoreError(f"address {addr:#x} is in no mapping of this process")
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MADV_DONTNEED = 4
+_PAGE = mmap.PAGESIZE
+
+
+def _drop_pages(addr: int, n: int) -> None:
+    """Unmap the whole pages of ``[addr, addr + n)`` from this process (a
+    read-only shared file map: they come back from the page cache on the
+    next touch)."""
+    lo = -(-addr // _PAGE) * _PAGE
+    hi = (addr + n) // _PAGE * _PAGE
+    if hi > lo:
+        _libc.madvise(lo, hi - lo, _MADV_DONTNEED)
+
+
 #: what a lock file is allocated with (LMDB's for its 126 default reader
 #: slots is 8 KiB; it grows a file only when it is smaller than it needs)
 LOCK_FILE_BYTES = 64 << 10
@@ -272,6 +289,7 @@ class LmdbEnv:
         self._fmap: mmap.mmap | None = None     # own read-only map of data.mdb
         self._fmap_lock = threading.Lock()
         self._lmdb_base: tuple[int, int] | None = None   # LMDB's map: (start, end)
+        self._fd: int | None = None             # data.mdb, for pread_into
 
     # -- databases -----------------------------------------------------------
     def db(self, name: str):
@@ -324,6 +342,40 @@ class LmdbEnv:
                                          f"end of data.mdb ({size} bytes)")
                     fm = self._fmap = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ)
         return memoryview(fm)[off:off + n]
+
+    def extent(self, value: memoryview) -> tuple[int, int]:
+        """``(offset in data.mdb, length)`` of a value that a read txn
+        returned with ``buffers=True`` (call inside that txn: the pages
+        stay put while it lives). py-lmdb has touched every page of the
+        value (its ``preload``, so that no page fault is taken with the GIL
+        held): they are dropped from this process's page tables again
+        (``MADV_DONTNEED`` on LMDB's read-only shared map, which only
+        refaults them from the page cache), so that a value found here and
+        read with :meth:`pread_into` is not counted in its RSS whole."""
+        n = len(value)
+        if not n:
+            return 0, 0
+        addr = np.frombuffer(value, np.uint8).ctypes.data
+        off = self._file_offset(value)
+        _drop_pages(addr, n)
+        return off, n
+
+    def pread_into(self, off: int, buf: memoryview) -> None:
+        """Fill ``buf`` with bytes ``[off, off + len(buf))`` of data.mdb,
+        read with ``preadv`` rather than through a map: what is read costs
+        the page cache, not pages mapped into this process (call inside the
+        read txn whose value it is)."""
+        with self._fmap_lock:
+            if self._fd is None:
+                self._fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDONLY)
+            fd = self._fd
+        got = 0
+        while got < len(buf):
+            n = os.preadv(fd, [buf[got:]], off + got)
+            if n <= 0:
+                raise StoreError(f"{self.path}: data.mdb ends inside a value at "
+                                 f"{off + got} (job {self.job})")
+            got += n
 
     def write(self, fn: Callable[[lmdb.Transaction], T], size_hint: int) -> T:
         """Run ``fn(txn)`` in one write txn and commit it, growing the map and
@@ -388,3 +440,6 @@ class LmdbEnv:
                 self.env.close()
             with self._fmap_lock:
                 self._fmap = None   # unmapped when the last view of it goes
+                if self._fd is not None:
+                    os.close(self._fd)
+                    self._fd = None

@@ -23,10 +23,12 @@ Bounds, all refused with a :class:`~harmony.store.transfer.TransferError`
   (64 MiB: some 250,000 payloads; one checkpoint part has at most 2 x
   65,536 blocks). No payload byte is held between messages.
 * disk: all spool files together at most ``share`` (half) of what the disk
-  would have free without them. Half, because a replica takes its size
-  twice until its end is written (the spool and the part); a cap per
-  transfer would bound nothing more, since any key holder may open as many
-  transfers as it likes.
+  would have free without them: what is spooled becomes a part or staged
+  chunks of the same size at its end, which need that room. (Each range
+  of the file is punched out, ``FALLOC_FL_PUNCH_HOLE``, once the store has
+  committed it: a transfer takes its size on disk once, plus one write
+  batch, while it is copied.) A cap per transfer would bound nothing more,
+  since any key holder may open as many transfers as it likes.
 * time: a transfer with no chunk for ``idle_s`` is dropped by
   :meth:`Spool.expire` and its file deleted.
 
@@ -35,6 +37,7 @@ A spool directory is this process's alone: what a previous run left there
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import shutil
@@ -56,6 +59,25 @@ ENTRY_COST = 256
 #: the share of the disk's free space (spool files included) they may take
 SPOOL_SHARE = 0.5
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
+_libc = ctypes.CDLL(None, use_errno=True)
+_fallocate = getattr(_libc, "fallocate64", None) or getattr(_libc, "fallocate", None)
+if _fallocate is not None:
+    _fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    _fallocate.restype = ctypes.c_int
+
+
+def punch_hole(fd: int, off: int, n: int) -> bool:
+    """Free the disk blocks of ``[off, off + n)`` of a file (its size stays;
+    the range reads as zeros). False where the file system cannot."""
+    if _fallocate is None or n <= 0:
+        return False
+    if _fallocate(fd, _FALLOC_FL_KEEP_SIZE | _FALLOC_FL_PUNCH_HOLE, off, n) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        return False
+    raise OSError(err, os.strerror(err))
 
 
 @dataclass
@@ -76,26 +98,59 @@ class _Transfer:
     open: dict[tuple[str, int], _Open] = field(default_factory=dict)
 
 
+class SpoolRange:
+    """One payload in a spool file, as a :class:`~harmony.store.pieces.Source`:
+    read a range at a time; a range released (stored for good elsewhere)
+    is punched out of the file."""
+
+    def __init__(self, spooled: "Spooled", key: tuple[str, int]) -> None:
+        self.spooled, self.key = spooled, key
+        self.start, self.size = spooled.index[key]
+
+    def read(self, off: int, n: int) -> bytearray:
+        if off < 0 or n < 0 or off + n > self.size:
+            raise ValueError(f"{self.key}: read of {n} at {off} outside its {self.size} bytes")
+        return self.spooled.read(self.key, self.start + off, n)
+
+    def release(self, off: int, n: int) -> None:
+        self.spooled.punch(self.start + off, n)
+
+
 class Spooled(Mapping):
     """A closed transfer's payloads, ``(sec, bid) -> bytes``, each read
-    from the spool file when it is asked for. Use as a context manager (or
-    call :meth:`close`): the file is deleted on exit."""
+    from the spool file when it is asked for (:meth:`source`: as ranges).
+    Use as a context manager (or call :meth:`close`): the file is deleted
+    on exit."""
 
     def __init__(self, path: str | None, index: dict[tuple[str, int], tuple[int, int]]) -> None:
         self.path, self.index = path, index
-        self._fd = os.open(path, os.O_RDONLY) if path else None
+        self._fd = os.open(path, os.O_RDWR) if path else None
+        self._punch = True
+        self.punched = 0            # bytes punched out of the file
+
+    def read(self, key: tuple[str, int], at: int, n: int) -> bytearray:
+        out = bytearray(n)
+        mv, got = memoryview(out), 0
+        while got < n:              # one read returns at most ~2 GiB
+            k = os.preadv(self._fd, [mv[got:]], at + got)
+            if k <= 0:
+                raise TransferError(f"spool file {self.path}: {key[0]} block {key[1]} cut "
+                                    f"short")
+            got += k
+        return out
+
+    def punch(self, at: int, n: int) -> None:
+        if self._punch and self._fd is not None:
+            self._punch = punch_hole(self._fd, at, n)
+            self.punched += n if self._punch else 0
+
+    def source(self, key: tuple[str, int]) -> SpoolRange:
+        """Payload ``key`` as a source read range by range."""
+        return SpoolRange(self, key)
 
     def __getitem__(self, key: tuple[str, int]) -> bytes:
         start, size = self.index[key]
-        pieces, got = [], 0
-        while got < size:           # one read returns at most ~2 GiB
-            piece = os.pread(self._fd, size - got, start + got)
-            if not piece:
-                raise TransferError(f"spool file {self.path}: {key[0]} block {key[1]} cut "
-                                    f"short at {got} of {size} bytes")
-            pieces.append(piece)
-            got += len(piece)
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return bytes(self.read(key, start, size))
 
     def __iter__(self) -> Iterator[tuple[str, int]]:
         return iter(self.index)
@@ -104,7 +159,7 @@ class Spooled(Mapping):
         return len(self.index)
 
     def section(self, sec: str) -> "_Section":
-        """The payloads of one section, ``bid -> bytes``, read lazily."""
+        """The payloads of one section, ``bid -> SpoolRange``."""
         return _Section(self, sec)
 
     def close(self) -> None:
@@ -129,8 +184,8 @@ class _Section(Mapping):
         self.spooled, self.sec = spooled, sec
         self.bids = sorted(b for s, b in spooled.index if s == sec)
 
-    def __getitem__(self, bid: int) -> bytes:
-        return self.spooled[(self.sec, bid)]
+    def __getitem__(self, bid: int) -> SpoolRange:
+        return self.spooled.source((self.sec, bid))
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.bids)

@@ -14,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import struct
 import uuid
+from contextlib import contextmanager
 from typing import Iterator
 
 import zmq
@@ -24,7 +26,9 @@ from harmony.comm.zmqutil import NoHandshake, make_socket, send
 from harmony.store import lmdbcheck
 from harmony.store.datanames import URL, StagingError, check_name, refs  # noqa: F401
 from harmony.store.errors import DamagedStoreError
-from harmony.store.lmdb_env import LmdbEnv
+from harmony.store.lmdb_env import LmdbEnv, MiB
+from harmony.store.pieces import (PIECE_BYTES, FileRanges, PieceWriter, Source, as_source,
+                                  piece_count, piece_key)
 from harmony.store.transfer import Payload, TransferError, receive, send_payloads, wait_acks
 from harmony.util import names
 
@@ -32,6 +36,10 @@ log = logging.getLogger("harmony.store.staging")
 
 CHUNK_BYTES = 4 << 20
 TIMEOUT_S = 120.0
+#: a staged chunk is written in transactions of this many bytes (and one
+#: piece): what its writer holds, whatever the chunk's size
+WRITE_BATCH_BYTES = 16 * MiB
+_REC = struct.Struct(">QQ")          # a chunk's record: its size, its piece size
 
 
 def split_lines(path: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, int, bytes]]:
@@ -62,6 +70,11 @@ def split_lines(path: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int
 class ChunkStore:
     """A worker's staged chunks, in one LMDB env on its own disk.
 
+    A chunk is stored as pieces (:mod:`harmony.store.pieces`, db
+    ``chunk_pieces``) and then its record (db ``chunk_index``: size and
+    piece size), the commit point; chunks stored before pieces (db
+    ``chunks``, one value each) are read as they are.
+
     A damaged env (its file fails :func:`harmony.store.lmdbcheck.check_lmdb_file`)
     is renamed ``staged.damaged`` (kept, never deleted) and the store starts
     empty, with an error logged: every chunk has a replica on another holder,
@@ -82,32 +95,86 @@ class ChunkStore:
                             f"holders)")
             log.error("%s", self.damaged)
             self.env = LmdbEnv(path, job="staged", sync=True, map_size=1 << 30)
-        self.db = self.env.db("chunks")
+        self.db = self.env.db("chunks")              # before pieces: whole values
+        self.index = self.env.db("chunk_index")
+        self.pieces = self.env.db("chunk_pieces")
 
     @staticmethod
     def _key(name: str, i: int) -> bytes:
         return f"{name}\0{int(i):08d}".encode()
 
-    def put(self, name: str, i: int, data: bytes) -> None:
-        self.env.write(lambda txn: txn.put(self._key(name, i), data, db=self.db), len(data))
+    @staticmethod
+    def _drop_prefix(txn, db, prefix: bytes) -> int:
+        n, cur = 0, txn.cursor(db=db)
+        if cur.set_range(prefix):
+            while cur.key().startswith(prefix):
+                if not cur.delete():
+                    break
+                n += 1
+        return n
+
+    def put(self, name: str, i: int, data: bytes | Source,
+            batch_bytes: int = WRITE_BATCH_BYTES) -> None:
+        """Store chunk ``i`` (bytes, or a source read a piece at a time and
+        released as its pieces are committed), replacing any before it."""
+        key, src = self._key(name, i), as_source(data)
+
+        def clear(txn):
+            txn.delete(key, db=self.db)
+            txn.delete(key, db=self.index)
+            self._drop_prefix(txn, self.pieces, key + b"\0")
+        self.env.write(clear, 0)
+        w = PieceWriter(self.env, self.pieces, batch_bytes)
+        w.put(key + b"\0", src)
+        w.flush()
+        rec = _REC.pack(src.size, PIECE_BYTES)
+        self.env.write(lambda txn: txn.put(key, rec, db=self.index), len(rec))
+
+    def _ranges(self, txn, name: str, i: int) -> list[tuple[int, int]]:
+        key = self._key(name, i)
+        rec = txn.get(key, db=self.index)
+        if rec is None:
+            data = txn.get(key, db=self.db)
+            if data is None:
+                raise StagingError(f"chunk {i} of data set {name!r} is not on this machine")
+            return [self.env.extent(data)]
+        size, piece = _REC.unpack(bytes(rec))
+        out = []
+        for p in range(piece_count(size, piece)):
+            data = txn.get(piece_key(key + b"\0", p), db=self.pieces)
+            if data is None or len(data) != min(piece, size - p * piece):
+                raise StagingError(f"chunk {i} of data set {name!r}: piece {p} missing or "
+                                   f"resized on this machine")
+            out.append(self.env.extent(data))
+        return out
 
     def get(self, name: str, i: int) -> bytes:
-        data = self.env.read(lambda txn: txn.get(self._key(name, i), db=self.db))
-        if data is None:
-            raise StagingError(f"chunk {i} of data set {name!r} is not on this machine")
-        return bytes(data)
+        """Chunk ``i``, whole."""
+        def read(txn):
+            src = FileRanges(self.env, self._ranges(txn, name, i))
+            buf = bytearray(src.size)
+            src.readinto_all(memoryview(buf))
+            return bytes(buf)
+        return self.env.read(read)
+
+    @contextmanager
+    def sources(self, name: str, chunks: list[int]) -> Iterator[list[tuple[int, FileRanges]]]:
+        """Chunks of ``name`` as sources read range by range, valid inside
+        the ``with`` (a read transaction holds their pages)."""
+        lease = self.env.lease()
+        try:
+            yield [(int(i), FileRanges(self.env, self._ranges(lease.txn, name, int(i))))
+                   for i in chunks]
+        finally:
+            lease.close()
 
     def remove(self, name: str) -> int:
         prefix = f"{name}\0".encode()
 
         def drop(txn):
-            n, cur = 0, txn.cursor(db=self.db)
-            if cur.set_range(prefix):
-                while cur.key().startswith(prefix):
-                    if not cur.delete():
-                        break
-                    n += 1
-            return n
+            self._drop_prefix(txn, self.pieces, prefix)
+            return self._drop_prefix(txn, self.db, prefix) + \
+                self._drop_prefix(txn, self.index, prefix)
         return self.env.write(drop, 0)
 
     def close(self) -> None:

@@ -5,8 +5,9 @@ Every byte that moves between machines (live block migration, checkpoint
 replicas, checkpoint fetches on resume, staged input) moves as *payloads*
 named ``(sec, bid)`` within one transfer ``mid``. A payload is either a
 :class:`~harmony.store.blocks.Block` (its arrays travel as they lie in
-memory: no export, no join) or opaque bytes (an exported block read from a
-checkpoint, a chunk of a staged file).
+memory: no export, no join), opaque bytes, or an opaque *source* read one
+chunk at a time as it is sent (an exported block streamed from a
+checkpoint on disk, a chunk of a staged file: never held whole).
 
 On the wire a payload is a run of ``blk`` messages, one per *chunk* of at
 most ``CHUNK_BYTES`` of one array, each with the CRC-32 of its bytes (by
@@ -35,6 +36,10 @@ from harmony.store.framing import crc32
 
 CHUNK_BYTES = 8 << 20
 MAX_OPEN = 4
+#: chunks read from a source (and so held by nothing but ZeroMQ's queue)
+#: that one transfer lets ZeroMQ hold at once: a send waits for the oldest
+#: to leave it (a tracked zero-copy frame) before the next is read
+MAX_QUEUED = 4
 SEND_TIMEOUT_MS = 60_000
 
 
@@ -51,18 +56,23 @@ class Payload:
     sec: str                      # "model", "input", "data", ...
     bid: int
     data: bytes | memoryview | None = None    # opaque bytes, or
-    block: Block | None = None                # a block, sent array by array
+    block: Block | None = None                # a block, sent array by array, or
+    source: object = None         # opaque bytes read by range (harmony.store.pieces.Source)
     dest: int = 0                 # index of the destination socket (sender side)
 
     def __post_init__(self) -> None:
-        if (self.data is None) == (self.block is None):
-            raise ValueError("a payload is either bytes or a block")
+        if sum(x is not None for x in (self.data, self.block, self.source)) != 1:
+            raise ValueError("a payload is bytes, a block or a source")
 
     @property
     def size(self) -> int:
+        if self.source is not None:
+            return self.source.size
         return len(self.data) if self.block is None else self.block.nbytes
 
-    def parts(self) -> tuple[dict, list[memoryview]]:
+    def parts(self) -> tuple[dict, list]:
+        if self.source is not None:
+            return {"raw": True}, [self.source]
         if self.block is None:
             return {"raw": True}, [memoryview(self.data).cast("B")]
         arrays = [(n, np.ascontiguousarray(a)) for n, a in self.block.arrays.items()]
@@ -80,9 +90,11 @@ def chunk_messages(mid: str, p: Payload, chunk: int = CHUNK_BYTES, tag: str | No
     packed = msgpack.packb(head, use_bin_type=True)
     first = True
     for ai, buf in enumerate(bufs):
-        size, off = len(buf), 0
+        src = buf if hasattr(buf, "read") else None
+        size, off = (src.size if src is not None else len(buf)), 0
         while True:
-            piece = buf[off:off + chunk]
+            piece = (src.read(off, min(chunk, size - off)) if src is not None
+                     else buf[off:off + chunk])
             yield M.encode("blk", mid=mid, sec=p.sec, bid=int(p.bid), arr=ai, narr=len(bufs),
                            off=off, size=size, h=chunk_digest(piece),
                            head=packed if first else None, tag=tag), piece
@@ -108,6 +120,7 @@ def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload]
     open_: list[tuple[Payload, Iterator]] = []
     sent = done = 0
     pre = list(prefix or [])
+    queued: list[zmq.MessageTracker] = []     # read chunks ZeroMQ still holds
     while todo or open_:
         while todo and len(open_) < max_open:
             p = todo.pop(0)
@@ -124,12 +137,17 @@ def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload]
                 throttle(p.dest, len(data))
             sock = socks[p.dest]
             deadline = time.monotonic() + SEND_TIMEOUT_MS / 1000
+            track = p.source is not None and len(data) >= 65536
             while True:
                 try:
                     if not sock.poll(SEND_TIMEOUT_MS, zmq.POLLOUT):
                         raise TransferError(f"transfer {mid}: peer not reading for "
                                             f"{SEND_TIMEOUT_MS / 1000:.0f}s")
-                    sock.send_multipart([*pre, head, data], copy=len(data) < 65536)
+                    tracker = sock.send_multipart([*pre, head, data], copy=len(data) < 65536,
+                                                  track=track)
+                    if track:
+                        queued.append(tracker)
+                        _drain(queued, MAX_QUEUED - 1, mid)
                     break
                 except zmq.Again:
                     # a ROUTER (always writable) whose peer's queue is full gives
@@ -144,6 +162,18 @@ def send_payloads(socks: list[zmq.Socket], mid: str, payloads: Iterable[Payload]
             if progress is not None:
                 progress(sent, done)
     return sent
+
+
+def _drain(queued: list, keep: int, mid: str) -> None:
+    """Wait until at most ``keep`` of the tracked frames are still in
+    ZeroMQ's hands (the oldest leave first)."""
+    while len(queued) > keep:
+        try:
+            queued[0].wait(SEND_TIMEOUT_MS / 1000)
+        except zmq.NotDone:
+            raise TransferError(f"transfer {mid}: peer not reading for "
+                                f"{SEND_TIMEOUT_MS / 1000:.0f}s") from None
+        queued.pop(0)
 
 
 #: what one payload header may hold: at most this many arrays, of at most

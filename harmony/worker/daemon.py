@@ -40,6 +40,7 @@ from harmony.worker import jobckpt
 from harmony.worker.dataservice import DataService
 from harmony.worker.netem import NetEm, job_token
 from harmony.worker.syncservice import SyncService
+from harmony.util.malloc import return_large_buffers
 from harmony.worker.nicstats import NicMeter
 from harmony.worker.daemon_core import (DaemonCore, Deliver, Demote, Done, Grant, OomKill,
                                         Promote, QueueError, Resume, Stop, Sub)
@@ -216,6 +217,9 @@ class Daemon:
             log.warning("master unreachable; %s not sent", mtype)
 
     def serve_forever(self) -> None:
+        # a block's chunks and pieces (8 and 4 MiB) go back to the system
+        # when freed, not to a heap that stays at the largest burst's size
+        return_large_buffers()
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         log.info("worker %s (%d cpus, %.1f GiB) -> master %s", self.name, self.cpus,

@@ -17,10 +17,18 @@ spool file per transfer under ``STATE/spool`` (:mod:`harmony.store.spool`:
 its bounds on memory, disk and idle time), and at its end its blocks are
 read back from there one at a time: a peer that never closes what it sent
 leaves files, not memory, and those go after ``IDLE_S``.
+
+No block costs this process its size, however large: a replica's blocks
+and a staged chunk are copied from the spool into LMDB a piece at a time,
+each spool range punched out once it is committed
+(:mod:`harmony.store.pieces`), and a fetched block or chunk is read from
+LMDB's file and sent one chunk at a time, its SHA-256 checked as it goes
+(at most ``transfer.MAX_QUEUED`` chunks read for it wait in ZeroMQ's
+queue for a slow reader: the ROUTER's high-water mark stays at its
+default, since replies to a peer that left block on a full one).
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -36,6 +44,7 @@ from harmony.store.checkpoint import CheckpointError, CheckpointStore
 from harmony.store.errors import StoreError
 from harmony.store import staging
 from harmony.store.staging import ChunkStore, StagingError
+from harmony.store.pieces import Hashed
 from harmony.store.spool import Spool, Spooled
 from harmony.store.transfer import (CHUNK_BYTES, HEAD_BYTES, Payload, TransferError,
                                     send_payloads)
@@ -52,8 +61,8 @@ log = logging.getLogger("harmony.data")
 RCV_HWM = 4
 #: a transfer that sends nothing for IDLE_S is dropped, its spool file deleted
 IDLE_S = 60.0
-#: a replica's blocks are written to its part in transactions of this many
-#: bytes (and one block): what is held while they commit
+#: a replica's blocks are written to its part, as pieces, in transactions of
+#: this many bytes (and one piece): what is held while they commit
 REPLICA_BATCH_BYTES = 16 << 20
 #: the largest frame the service reads (ZMQ_MAXMSGSIZE: a larger one
 #: disconnects its sender before it is buffered): a block chunk is at most
@@ -178,14 +187,12 @@ class DataService:
             want = {(str(s), int(b)) for s, b in msg["want"]}
             store = self._part(msg["job"], msg["epoch"], msg["index"])
             try:
-                ck = store.restore(decode=False, want=lambda s, b: (s, b) in want)
+                with store.stream(want=lambda s, b: (s, b) in want) as (_, blocks):
+                    payloads = [Payload(sec, bid, source=src) for sec, bid, src in blocks]
+                    self.served_bytes += send_payloads([self.sock], msg["mid"], payloads,
+                                                       prefix=[ident])
             finally:
                 store.close()
-            payloads = [Payload(sec, bid, data) for sec, blocks in
-                        (("model", ck.blocks), ("input", ck.input_blocks))
-                        for bid, data in blocks.items()]
-            self.served_bytes += send_payloads([self.sock], msg["mid"], payloads,
-                                               prefix=[ident])
             self._reply(ident, M.encode("blk_end", mid=msg["mid"], count=len(payloads),
                                         meta={}))
         elif msg.type == "blk":
@@ -201,10 +208,10 @@ class DataService:
                 self.received_bytes += size
                 self._reply(ident, M.encode("blk_ack", mid=mid, sec=sec, bid=bid, ok=True))
         elif msg.type == "data_fetch":
-            payloads = [Payload("data", int(i), self.chunks.get(msg["name"], int(i)))
-                        for i in msg["chunks"]]
-            self.served_bytes += send_payloads([self.sock], msg["mid"], payloads,
-                                               prefix=[ident])
+            with self.chunks.sources(msg["name"], list(msg["chunks"])) as chunks:
+                payloads = [Payload("data", i, source=src) for i, src in chunks]
+                self.served_bytes += send_payloads([self.sock], msg["mid"], payloads,
+                                                   prefix=[ident])
             self._reply(ident, M.encode("blk_end", mid=msg["mid"], count=len(payloads),
                                         meta={}))
         elif msg.type == "blk_end":
@@ -229,9 +236,9 @@ class DataService:
             name = staging.check_name(str(meta["dataset"]))
             shas = []
             for s, i in sorted(got):
-                data = got[(s, i)]
-                self.chunks.put(name, i, data)
-                shas.append((s, i, hashlib.sha256(data).digest()))
+                src = Hashed(got.source((s, i)))
+                self.chunks.put(name, i, src)
+                shas.append((s, i, src.digest()))
             log.info("stored %d chunk(s) of data set %s", len(got), name)
             return self._reply(ident, M.encode("blk_done", mid=mid, ok=True,
                                                digest=jobckpt.entries_digest(shas)))

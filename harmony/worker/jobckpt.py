@@ -39,6 +39,7 @@ from harmony.comm.zmqutil import make_socket, send
 from harmony.ps.keymap import block_of
 from harmony.store.blocks import Block, BlockFormatError, export_block, import_block
 from harmony.store.checkpoint import CheckpointError, CheckpointStore
+from harmony.store.pieces import Source
 from harmony.store.transfer import Payload, TransferError, receive, send_payloads, wait_acks
 from harmony.util import names
 
@@ -127,14 +128,16 @@ def write_payloads(path: str, job: str, payloads: list[Payload], *, epoch: int,
                       iteration=iteration, meta=meta)
 
 
-def write_part(path: str, job: str, model: Mapping[int, bytes], inputs: Mapping[int, bytes],
+def write_part(path: str, job: str, model: Mapping[int, "bytes | Source"],
+               inputs: Mapping[int, "bytes | Source"],
                *, epoch: int, iteration: int, meta: dict | None = None,
                batch_bytes: int = 64 << 20) -> tuple[int, bytes]:
-    """Write a part from exported blocks, ``bid -> bytes`` per section;
-    returns (version, digest). Each block is read from its mapping once,
-    when it is written (a mapping may read it from disk then: a replica
-    from its spool file), and at most ``batch_bytes`` and one block are held
-    until their transaction commits."""
+    """Write a part from exported blocks, ``bid -> bytes`` (or a
+    :class:`~harmony.store.pieces.Source`, as a replica's spool file gives)
+    per section; returns (version, digest). A block is stored as pieces,
+    read from its source one at a time when it is written, and at most
+    ``batch_bytes`` and one piece are held until their transaction commits,
+    whatever the block's size."""
     store = CheckpointStore.open(path, job, keep=1, chunk_bytes=batch_bytes)
     try:
         info = store.write(model, input_blocks=inputs, epoch=epoch, iteration=iteration,
