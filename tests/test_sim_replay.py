@@ -203,3 +203,29 @@ def test_each_job_starts_up_at_its_own_measured_cost():
     busy = first_epoch_start(4.0, 3.0, beside=True)
     busy_common = first_epoch_start(None, None, beside=True)
     assert busy["w"]["ended"] - busy_common["w"]["ended"] >= 2.0
+
+
+def test_a_measured_comm_cpu_slows_the_partner_and_reaches_the_scheduler():
+    """Issue #34 item 2 in the simulator: a job whose trace measured its
+    COMM's CPU (comm_cpu_s, imported from the executors' train_cpu less
+    comp_cpu) runs that much of each COMM as CPU work on its machine, beside
+    the partner's COMP, and reports it as the runtime's executors do, so the
+    master's profile (and Eq 4.1) counts it. Alone its iteration time is its
+    COMM either way."""
+    def run(comm_cpu_s):
+        trace = [TraceJob(id="c", arrival=0.0, app="nmf", iterations=40, cpu_s=1.0, bytes=0.0,
+                          ref_dop=2, machines=2, iters_per_epoch=4),
+                 TraceJob(id="n", arrival=0.0, app="nmf", iterations=40, cpu_s=0.05,
+                          bytes=5e6, ref_dop=2, machines=2, iters_per_epoch=4, net_s=0.5,
+                          link=10e6, comm_cpu_s=comm_cpu_s)]
+        res = simulate(trace, 2, "naive", contention=Contention(startup=0.0), bandwidth=10e6,
+                       grain=10 ** 6, cpus=1, statuses=True)
+        return {s["name"]: s for s in res.meta["statuses"]}
+    light, heavy = run(0.0), run(0.4)
+    jct = lambda s: s["ended"] - s["started"]           # noqa: E731
+    assert jct(heavy["c"]) > 1.1 * jct(light["c"])     # its COMPs shared the core
+    assert heavy["n"]["profile"]["comm_cpu"] == pytest.approx(0.4, rel=0.05)
+    assert light["n"]["profile"]["comm_cpu"] == pytest.approx(0.0, abs=1e-9)
+    (imp,), _ = importer.jobs_from_status([heavy["n"]])
+    assert imp.comm_cpu_s == pytest.approx(0.4, rel=0.05)
+    assert parse_trace(dumps_trace([imp])) == [imp]

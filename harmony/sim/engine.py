@@ -71,6 +71,9 @@ class SimJob:
     # a join (an executor added to a running job) costs the machines' figures
     startup: float | None = None
     startup_cpu: float | None = None
+    # m -> CPU seconds per iteration its COMM costs each machine, where
+    # measured (None: net_local); run before the transfer, beside the COMPs
+    comm_cpu: Callable[[int], float] | None = None
 
     def __post_init__(self) -> None:
         if not self.plan:

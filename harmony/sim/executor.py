@@ -195,7 +195,9 @@ class _Exec:
         k = self.job.plan[self.epoch][1]
         local = 0.0
         if self.step == 0 or self.step == 2:
-            work, local = k * t_net / 2, k * self.job.net_local / 2
+            c = self.job.comm_cpu
+            work, local = k * t_net / 2, k * (self.job.net_local if c is None
+                                               else c(self.count)) / 2
         elif self.step == 1:
             work = k * t_cpu
         elif self.step == 3:            # the evaluation pulls the model once
@@ -284,6 +286,12 @@ class _Exec:
                    "train": (self.t_train - self.t_epoch) * e, "iters": iters,
                    "eval": tm["eval"], "bytes": self.job.bytes * iters * e,
                    "link": self.job.link * self.machine.net_speed, "sync": 0.0}
+        if self.job.comm_cpu is not None:
+            # the CPU its COMM cost, as the runtime's executors report it (the
+            # process's CPU while training less its COMP thread's); only for
+            # jobs whose trace measured it, so other traces decide as before
+            timings["comp_cpu"] = timings["comp"]
+            timings["train_cpu"] = timings["comp"] + iters * self.job.comm_cpu(self.count) * e
         if self.sim.block_work:         # what Cruise's estimates read (d_i, block size)
             timings["blocks"] = float(len(self.inputs))
             timings["input_bytes"] = float(sum(s for _, s in self.inputs))

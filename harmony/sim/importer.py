@@ -109,9 +109,12 @@ def _app(name: str) -> str:
 
 def _per_iter(tm: Mapping[str, float]) -> dict[str, float]:
     it = max(1.0, float(tm.get("iters", 1.0)))
-    return {"t_cpu": tm.get("comp", 0.0) / it,
-            "t_net": (tm.get("pull", 0.0) + tm.get("push", 0.0)) / it,
-            "bytes": tm.get("bytes", 0.0) / it}
+    out = {"t_cpu": tm.get("comp", 0.0) / it,
+           "t_net": (tm.get("pull", 0.0) + tm.get("push", 0.0)) / it,
+           "bytes": tm.get("bytes", 0.0) / it}
+    if "train_cpu" in tm and "comp_cpu" in tm:    # the CPU its COMM cost (Profile.comm_cpu)
+        out["comm_cpu"] = max(0.0, tm["train_cpu"] - tm["comp_cpu"]) / it
+    return out
 
 
 def _median_profile(rows: Sequence[Mapping[str, Any]], machines: int) -> dict[str, float] | None:
@@ -124,7 +127,10 @@ def _median_profile(rows: Sequence[Mapping[str, Any]], machines: int) -> dict[st
     if not same:
         return None
     per = [_per_iter(r.get("timings", {})) for r in same]
-    return {k: statistics.median(p[k] for p in per) for k in ("t_cpu", "t_net", "bytes")}
+    out = {k: statistics.median(p[k] for p in per) for k in ("t_cpu", "t_net", "bytes")}
+    if all("comm_cpu" in p for p in per):
+        out["comm_cpu"] = statistics.median(p["comm_cpu"] for p in per)
+    return out
 
 
 def checkpoint_hold(rec: Mapping[str, Any], every: int = CKPT_EVERY) -> float | None:
@@ -219,7 +225,8 @@ def job_from_status(rec: Mapping[str, Any], t0: float,
         eval_s=statistics.median(evals) if evals else 0.0, input_bytes=input_mb * MIB,
         model_bytes=shard_mb * MIB, final_bytes=final, ckpt_bytes=periodic,
         machines=max(1, int(rec.get("machines") or ref)), startup_s=startup,
-        startup_cpu_s=startup_cpu)
+        startup_cpu_s=startup_cpu,
+        comm_cpu_s=float(p["comm_cpu"]) if isinstance(p.get("comm_cpu"), (int, float)) else None)
 
 
 def job_startup(rec: Mapping[str, Any]) -> tuple[float | None, float | None]:

@@ -21,7 +21,8 @@ from harmony.policies.view import PROFILE_SAMPLES
 from harmony.sim.engine import Contention, Outcome, SimJob, Simulator
 from harmony.sim.report import JobResult, SimDecision, SimResult, UtilSample
 from harmony.policies.curves import Utility
-from harmony.sim.trace import TraceJob, iteration_profile
+from harmony.sched.model import Profile, comm_cpu_at
+from harmony.sim.trace import TraceJob, iteration_profile, sched_profile
 
 #: at most this many simulated epochs per job after its profiling epochs: a
 #: simulated epoch is one simulated iteration of k real ones (k x the COMP
@@ -85,8 +86,15 @@ def sim_jobs(trace: list[TraceJob], bandwidth: float, grain: int = GRAIN,
                 p = memo[m] = iteration_profile(tj, m, bandwidth)
             return p
         # COMM's local part (traffic to the machine's own shard: CPU work,
-        # the same at any DoP) is all of it at DoP 1
+        # the same at any DoP) is all of it at DoP 1; where its COMM's CPU
+        # was measured (comm_cpu_s), that instead, at each DoP
         local = iteration_profile(tj, 1, bandwidth)[1] if tj.net_s else 0.0
+        comm_cpu = None
+        if tj.comm_cpu_s is not None:
+            sp = sched_profile(tj, bandwidth)
+
+            def comm_cpu(m: int, sp: Profile = sp) -> float:
+                return comm_cpu_at(sp, m)
         e = error * (1 if rng.random() < 0.5 else -1) if error else 0.0
         out.append(SimJob(id=tj.id, app=tj.app, arrival=tj.arrival, epochs=len(plan),
                           machines=tj.machines, iters=ipe, profile=profile,
@@ -97,7 +105,8 @@ def sim_jobs(trace: list[TraceJob], bandwidth: float, grain: int = GRAIN,
                           plan=plan, loss=tj.curve.loss if tj.curve is not None else None,
                           deadline=tj.deadline,
                           utility=tj.utility.spec() if tj.utility is not None else "",
-                          startup=tj.startup_s, startup_cpu=tj.startup_cpu_s))
+                          startup=tj.startup_s, startup_cpu=tj.startup_cpu_s,
+                          comm_cpu=comm_cpu))
     return out
 
 

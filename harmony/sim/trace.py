@@ -51,6 +51,12 @@ startup_s           no        seconds from launch to a ready executor on each
 startup_cpu_s       no        the CPU seconds of that start-up (imports,
                               parsing the input), which compete with the
                               COMPs beside it; empty: the machines'
+comm_cpu_s          no        CPU seconds per iteration its COMM costs each
+                              machine at ``ref_dop`` (framing, encryption,
+                              I/O threads, serving the other machines),
+                              measured; it runs beside the COMPs there.
+                              Empty: only the traffic to the machine's own
+                              shard (COMM at DoP 1) is CPU work
 utility             no        a number (a constant utility / weight) or
                               ``sigmoid:g1,g2,g3`` (OASiS: g1/(1+exp(g2(t-g3)))
                               of the JCT t)
@@ -100,7 +106,7 @@ APPS = ("nmf", "lda", "mlr", "lasso", "torch_mlp", "minimal", "synthetic")
 COLUMNS = ("id", "arrival", "app", "dataset", "iterations", "iters_per_epoch", "curve",
            "target", "cpu_s", "bytes", "ref_dop", "net_s", "link", "eval_s", "input_bytes",
            "model_bytes", "final_bytes", "ckpt_bytes", "machines", "deadline", "utility",
-           "startup_s", "startup_cpu_s")
+           "startup_s", "startup_cpu_s", "comm_cpu_s")
 REQUIRED = ("id", "arrival", "app", "cpu_s", "bytes", "ref_dop", "machines")
 HEADER_COMMENT = "# harmony trace v1"
 
@@ -139,6 +145,7 @@ class TraceJob:
     utility: Utility | None = None
     startup_s: float | None = None
     startup_cpu_s: float | None = None
+    comm_cpu_s: float | None = None
 
     def __post_init__(self) -> None:
         bad = [f.name for f in fields(self) if f.name != "target"
@@ -182,7 +189,8 @@ def sched_profile(job: TraceJob, bandwidth: float | None) -> Profile:
         measured_remote = job.bytes / link if link else 0.0
         base = max(0.0, job.net_s - measured_remote * (job.ref_dop - 1) / job.ref_dop)
     t_net = base + remote * (job.ref_dop - 1) / job.ref_dop
-    return Profile(job.id, job.cpu_s, t_net, job.ref_dop, remote)
+    return Profile(job.id, job.cpu_s, t_net, job.ref_dop, remote,
+                   comm_cpu=job.comm_cpu_s or 0.0)
 
 
 def iteration_profile(job: TraceJob, m: float, bandwidth: float | None) -> tuple[float, float]:
@@ -239,7 +247,8 @@ def ceiling(trace: Sequence[TraceJob], machines: int, bandwidth: float | None) -
 
 _INT = {"iterations", "iters_per_epoch", "ref_dop", "machines"}
 _FLOAT = {"arrival", "target", "cpu_s", "bytes", "net_s", "link", "eval_s", "input_bytes",
-          "model_bytes", "final_bytes", "ckpt_bytes", "deadline", "startup_s", "startup_cpu_s"}
+          "model_bytes", "final_bytes", "ckpt_bytes", "deadline", "startup_s", "startup_cpu_s",
+          "comm_cpu_s"}
 
 
 def load_trace(path: str | os.PathLike) -> list[TraceJob]:
