@@ -331,3 +331,31 @@ def test_a_live_move_over_the_sealed_plane(mode):
     finally:
         sa.stop(), sb.stop()
         ctx.term()
+
+
+def test_a_job_on_a_signed_data_plane_matches_the_sealed_default(cluster, client, ratings,
+                                                                  tmp_path):
+    """The same 2-machine NMF job on the default (sealed) data plane and on
+    a cluster started with --data-plane signed: both finish, epoch by epoch
+    the same objective."""
+    from harmony.client import Client
+    from harmony.cluster import LocalCluster
+    from conftest import ISOLATE, NMF_APP, wait_state
+    app = NMF_APP.read_text()
+    args = ["--input", ratings, "--max-epochs", "3"]
+    runs = {}
+    signed = LocalCluster(2, str(tmp_path / "signed"), port=0, heartbeat_timeout=3.0,
+                          isolate=ISOLATE, data_plane="signed")
+    signed.start()
+    try:
+        assert all("signed" in p.args for p in signed.procs[1:])
+        with Client(signed.endpoint, timeout_s=10) as c:
+            for name, cl in (("sealed", client), ("signed", c)):
+                job = cl.submit("nmf.py", app, args, machines=2)
+                st = wait_state(cl, job, ("finished", "failed"))
+                assert st["state"] == "finished", st["error"]
+                runs[name] = [e["metrics"]["objective"] for e in st["epochs"]]
+    finally:
+        signed.stop()
+    assert len(runs["sealed"]) == 3
+    assert runs["signed"] == pytest.approx(runs["sealed"], rel=1e-5)
