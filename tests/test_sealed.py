@@ -114,6 +114,8 @@ def test_altered_reordered_truncated_and_misdirected_messages_are_refused(mode):
     refused([recs[0], recs[2], recs[1]] + recs[3:], "out of place")       # reordered
     refused(recs[:-1], "ends before its last chunk")                     # truncated
     refused(a.seal(c.id, frames), "another party")                       # for c, not b
+    if mode == "sealed":            # a header alone is not authenticated: not kept
+        refused([[recs[0][0]]], "without a chunk")
     # the untouched original still opens: none of the above marked it seen
     _same(b.open(recs)[1], frames)
     # a later message then an earlier one of the same sender: the earlier is refused

@@ -63,8 +63,9 @@ DEFAULT_MODE = "sealed"
 #: the largest piece sealed under one tag, and about the size of a record
 #: (one ZeroMQ message); a larger frame is sealed in chunks. A frame of one
 #: chunk is opened in place in the received buffer (no copy), one of
-#: several into one new buffer.
-CHUNK_BYTES = 1 << 20
+#: several into one new buffer. 4 MiB: of 1, 4, 16 and 64 MiB the best or
+#: as good as the best at 16 and 64 MB in bench/ps_throughput.py (README)
+CHUNK_BYTES = 4 << 20
 MAX_INNER_FRAMES = 8
 ID_BYTES = 16
 TAG_BYTES = 16
@@ -325,6 +326,8 @@ class Party:
                 raise self._refuse("failed authentication (not signed under this job "
                                    "attempt's key, or altered on the way)") from None
             return part, self.feed(part, frames, 2)
+        if len(frames) < 2:         # its first chunk authenticates the header
+            raise self._refuse("a first record without a chunk")
         return part, self.feed(part, frames, 1)
 
     def next_record(self, part: _Partial, frames: list) -> bool:
