@@ -361,3 +361,33 @@ def test_a_job_on_a_signed_data_plane_matches_the_sealed_default(cluster, client
         signed.stop()
     assert len(runs["sealed"]) == 3
     assert runs["signed"] == pytest.approx(runs["sealed"], rel=1e-5)
+
+
+def test_pooled_buffers_are_not_reused_while_in_flight():
+    """Sealed chunks' buffers come from a pool: three 12 MiB messages (3
+    chunks each) queued unread in ZeroMQ, then read: each opens and is
+    what was sent (a buffer reused in flight would fail authentication)."""
+    ctx = zmq.Context()
+    key = _key()
+    router = sealed_socket(ctx, zmq.ROUTER, key)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealer = sealed_socket(ctx, zmq.DEALER, key, peer=router.party.id, timeout_s=10)
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        sent = [np.full(3 << 20, i, np.float32) for i in range(3)]
+        for a in sent:
+            dealer.send_multipart([b"h", a])
+        got = []
+        while len(got) < 3:
+            assert router.poll(10000)
+            try:
+                got.append(router.recv_multipart())
+            except zmq.Again:           # the rest of a message still coming
+                continue
+        for a, frames in zip(sent, got):
+            assert np.array_equal(np.frombuffer(frames[2], np.float32), a)
+        assert router.party.refused == 0 and sealed._POOL._held > 0
+    finally:
+        router.close(0)
+        dealer.close(0)
+        ctx.term()
