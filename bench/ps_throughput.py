@@ -8,12 +8,27 @@ with the server in its own process:
   raw push : DEALER sends keys + payload, ROUTER answers a small ack
   PS  push : PSClient.push(keys, deltas); the shard applies ``rows += deltas``
 
-and prints MB/s and the ratio PS/raw (goal: >= 0.8 from 16 MB up). With
-``--curve`` it also runs the PS with CurveZMQ (authenticated, encrypted, as
-every cluster runs by default) against the same PS in plain text, and prints
-what encryption costs.
+and prints MB/s and the ratio PS/raw (goal: >= 0.8 from 16 MB up).
 
-    python bench/ps_throughput.py [--sizes 1,16,64] [--dim 256] [--reps 20] [--curve]
+With ``--designs`` it compares ways to run the PS data plane instead, each
+shard in its own process, pulls and pushes interleaved design by design
+(the first design is the baseline of the ratios), and prints MB/s, the
+ratio and the CPU seconds per GB moved of the client's and the shard's
+processes (all threads):
+
+  plain     : no encryption, no authentication (the baseline)
+  sealed    : AES-256-GCM sealed messages (harmony.comm.sealed, the default)
+  signed    : the same, authenticated but not encrypted (--data-plane signed)
+  curve     : CurveZMQ on the PS sockets (how the data plane ran before)
+  curve-xN  : CurveZMQ, the rows in N shards over N connections, N I/O
+              threads a side (encryption on more than one core)
+  plain-xN  : the same split without encryption
+  sealed-cK : sealed in chunks of K MiB
+
+``--curve`` is ``--designs plain,curve``.
+
+    python bench/ps_throughput.py [--sizes 1,16,64] [--dim 256] [--reps 20]
+    python bench/ps_throughput.py --designs plain,sealed,signed,curve,curve-x2,curve-x4,plain-x2
 """
 from __future__ import annotations
 
