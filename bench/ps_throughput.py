@@ -66,7 +66,7 @@ def raw_server(port_q, n_bytes_list):
 
 
 def ps_server(port_q, rows_total, dim, keys_dir=None, shards=1, io_threads=1,
-              data_key=None, chunk=None):
+              data_key=None, chunk=None, reply_q=None):
     """One process serving ``rows_total`` rows in ``shards`` shards (keys by
     block, owner map ``arange(shards)``), on a context of ``io_threads`` I/O
     threads; with ``keys_dir`` CurveZMQ, with ``data_key`` (key, mode) sealed."""
@@ -91,7 +91,11 @@ def ps_server(port_q, rows_total, dim, keys_dir=None, shards=1, io_threads=1,
         srv.start()
         servers.append(srv)
     port_q.put([s.endpoint for s in servers])
-    port_q.get()  # wait for stop
+    # until "stop": "reset" drops the blocks moved in (and answers on reply_q)
+    while port_q.get() == "reset":
+        for srv in servers:
+            srv.end_arrivals()
+        reply_q.put("done")
     for srv in servers:
         srv.stop()
     from harmony.comm import security
@@ -222,6 +226,65 @@ def compare(designs, sizes, dim, reps, keys_dir, curve_keys):
     return rows
 
 
+def moves(designs, mb, reps, keys_dir, curve_keys):
+    """Blocks moved into a shard (send_payloads, then every acknowledgement)
+    by each design, interleaved move by move: ``mb`` MiB as 4 MiB blocks."""
+    from harmony.comm import sealed, security
+    from harmony.comm.zmqutil import make_socket
+    from harmony.store.blocks import Block
+    from harmony.store.transfer import Payload, send_payloads, wait_acks
+    ctx = mp.get_context("spawn")
+    n = max(1, mb // 4)
+    blocks = [Block(i, {"rows": np.full((4096, 256), i, np.float32)}) for i in range(n)]
+    zctx = zmq.Context()
+    ds = []
+    for name in designs:
+        kw = design_args(name, keys_dir, curve_keys)
+        q, rq = ctx.Queue(), ctx.Queue()
+        proc = ctx.Process(target=ps_server, daemon=True, args=(
+            q, 0, 256, kw.get("keys_dir"), 1, 1, kw.get("data_key"), kw.get("chunk"), rq))
+        proc.start()
+        ep = q.get(timeout=60)[0]
+        if kw.get("data_key"):
+            bound, party = sealed.split_address(ep)
+            sock = sealed_socket_for(zctx, kw, party)
+            sock.connect(bound)
+        else:
+            sock = make_socket(zctx, zmq.DEALER, keys=kw.get("client_keys"), curve="keys_dir" in kw)
+            sock.connect(ep)
+        ds.append({"name": name, "q": q, "rq": rq, "proc": proc, "sock": sock, "wall": [], "c": 0.0,
+                   "s": 0.0})
+    for r in range(reps + 1):
+        for d in ds:
+            s0, c0, t = cpu_ns(d["proc"].pid), time.process_time(), time.perf_counter()
+            mid = f"mv:bench:{r}"
+            send_payloads([d["sock"]], mid, [Payload("input", b.id, block=b) for b in blocks])
+            wait_acks(lambda _: d["sock"], {(0, "input", b.id) for b in blocks}, mid, 120)
+            if r:                   # the first is a warm-up
+                d["wall"].append(time.perf_counter() - t)
+                d["c"] += time.process_time() - c0
+                d["s"] += (cpu_ns(d["proc"].pid) - s0) / 1e9
+            d["q"].put("reset")
+            assert d["rq"].get(timeout=60) == "done"
+    gb = reps * n * (4 << 20) / 1e9
+    base = statistics.median(ds[0]["wall"])
+    out = []
+    for d in ds:
+        med = statistics.median(d["wall"])
+        out.append((d["name"], n * 4 / med, base / med, d["c"] / gb, d["s"] / gb))
+        d["sock"].close(0)
+        d["q"].put("stop")
+        d["proc"].join(timeout=10)
+    zctx.term()
+    return out
+
+
+def sealed_socket_for(zctx, kw, party):
+    from harmony.comm import sealed
+    return sealed.sealed_socket(zctx, zmq.DEALER, sealed.DataKey(*kw["data_key"]), peer=party,
+                                timeout_s=60, chunk=kw.get("chunk"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1,16,64", help="payload sizes in MB")
@@ -233,6 +296,9 @@ def main() -> None:
                     help="compare data plane designs side by side instead of raw vs PS, "
                          "e.g. plain,curve,curve-x2,plain-x2,sealed,signed,sealed-c4 "
                          "(the first is the baseline)")
+    ap.add_argument("--moves", type=int, default=0, metavar="MB",
+                    help="with --designs: measure block moves of MB MiB into a shard "
+                         "(4 MiB blocks) instead of pulls and pushes")
     a = ap.parse_args()
     sizes = [int(float(x) * 2**20) for x in a.sizes.split(",")]
     designs = [d for d in a.designs.split(",") if d] or (["plain", "curve"] if a.curve else [])
@@ -242,6 +308,17 @@ def main() -> None:
         keys_dir = security.init_keys(tempfile.mkdtemp(), workers=["w0"])
         curve_keys = security.Keys.load(keys_dir, "worker", "w0")
         load0, t0 = os.getloadavg()[0], time.time()
+        if a.moves:
+            out = moves(designs, a.moves, a.reps, keys_dir, curve_keys)
+            print(f"Block moves of {a.moves} MiB (4 MiB blocks) into a shard over loopback "
+                  f"(median of {a.reps}, interleaved; ratio = design / {designs[0]}; CPU s "
+                  f"per GB moved, sender and shard process, all threads)")
+            print(f"load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end, "
+                  f"{time.time() - t0:.0f} s")
+            print(f"{'design':>10} | {'MB/s':>9} {'ratio':>5} {'cpu c':>5} {'cpu s':>5}")
+            for name, mbs, ratio, cc, cs in out:
+                print(f"{name:>10} | {mbs:5.0f}MB/s {ratio:5.2f} {cc:5.2f} {cs:5.2f}")
+            return
         rows = compare(designs, sizes, a.dim, a.reps, keys_dir, curve_keys)
         print(f"PS data plane designs over loopback (dim {a.dim}, median of {a.reps}, "
               f"interleaved; ratio = design / {designs[0]}; CPU s per GB moved, client "
