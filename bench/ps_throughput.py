@@ -8,17 +8,33 @@ with the server in its own process:
   raw push : DEALER sends keys + payload, ROUTER answers a small ack
   PS  push : PSClient.push(keys, deltas); the shard applies ``rows += deltas``
 
-and prints MB/s and the ratio PS/raw (goal: >= 0.8 from 16 MB up). With
-``--curve`` it also runs the PS with CurveZMQ (authenticated, encrypted, as
-every cluster runs by default) against the same PS in plain text, and prints
-what encryption costs.
+and prints MB/s and the ratio PS/raw (goal: >= 0.8 from 16 MB up).
 
-    python bench/ps_throughput.py [--sizes 1,16,64] [--dim 256] [--reps 20] [--curve]
+With ``--designs`` it compares ways to run the PS data plane instead, each
+shard in its own process, pulls and pushes interleaved design by design
+(the first design is the baseline of the ratios), and prints MB/s, the
+ratio and the CPU seconds per GB moved of the client's and the shard's
+processes (all threads):
+
+  plain     : no encryption, no authentication (the baseline)
+  sealed    : AES-256-GCM sealed messages (harmony.comm.sealed, the default)
+  signed    : the same, authenticated but not encrypted (--data-plane signed)
+  curve     : CurveZMQ on the PS sockets (how the data plane ran before)
+  curve-xN  : CurveZMQ, the rows in N shards over N connections, N I/O
+              threads a side (encryption on more than one core)
+  plain-xN  : the same split without encryption
+  sealed-cK : sealed in chunks of K MiB
+
+``--curve`` is ``--designs plain,curve``.
+
+    python bench/ps_throughput.py [--sizes 1,16,64] [--dim 256] [--reps 20]
+    python bench/ps_throughput.py --designs plain,sealed,signed,curve,curve-x2,curve-x4,plain-x2
 """
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import statistics
 import time
 
@@ -49,20 +65,39 @@ def raw_server(port_q, n_bytes_list):
     ctx.term()
 
 
-def ps_server(port_q, rows_total, dim, keys_dir=None):
+def ps_server(port_q, rows_total, dim, keys_dir=None, shards=1, io_threads=1,
+              data_key=None, chunk=None, reply_q=None):
+    """One process serving ``rows_total`` rows in ``shards`` shards (keys by
+    block, owner map ``arange(shards)``), on a context of ``io_threads`` I/O
+    threads; with ``keys_dir`` CurveZMQ, with ``data_key`` (key, mode) sealed."""
+    from harmony.comm import sealed
+    from harmony.ps.keymap import block_of
     from harmony.ps.server import ShardServer, ShardTable
     if keys_dir:
         from harmony.comm import security
         security.use(security.Keys.load(keys_dir, "worker", "w0"))
-    ctx = zmq.Context()
-    table = ShardTable(dim, "float32", None)  # None: the default add, in place
+    if chunk:
+        sealed.CHUNK_BYTES = chunk
+    key = sealed.DataKey(*data_key) if data_key else None
+    ctx = zmq.Context(io_threads=io_threads)
     keys = np.arange(rows_total, dtype=np.int64)
-    table.load(keys, np.ones((rows_total, dim), dtype=np.float32))
-    srv = ShardServer(ctx, "127.0.0.1", table)
-    srv.start()
-    port_q.put(srv.endpoint)
-    port_q.get()  # wait for stop
-    srv.stop()
+    blocks = block_of(keys, shards)
+    servers = []
+    for i in range(shards):
+        table = ShardTable(dim, "float32", None)  # None: the default add, in place
+        mine = keys[blocks == i]
+        table.load(mine, np.ones((len(mine), dim), dtype=np.float32))
+        srv = ShardServer(ctx, "127.0.0.1", table, key=key)
+        srv.start()
+        servers.append(srv)
+    port_q.put([s.endpoint for s in servers])
+    # until "stop": "reset" drops the blocks moved in (and answers on reply_q)
+    while port_q.get() == "reset":
+        for srv in servers:
+            srv.end_arrivals()
+        reply_q.put("done")
+    for srv in servers:
+        srv.stop()
     from harmony.comm import security
     security.stop_authenticator(ctx)
     ctx.term()
@@ -81,20 +116,221 @@ def timed_pair(fa, fb, reps):
     return statistics.median(ta), statistics.median(tb)
 
 
+def cpu_ns(pid: int) -> int:
+    """CPU nanoseconds of all threads of process ``pid`` so far (the
+    scheduler's own count, /proc/PID/task/*/schedstat: ns, not ticks)."""
+    total = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/schedstat") as fh:
+                total += int(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass            # a thread that ended: its time is in no task any more
+    return total
+
+
+class Design:
+    """One way to run the PS data plane: a server process and a client."""
+
+    def __init__(self, name, ctx, nrows, dim, zctx_threads=1, keys_dir=None, client_keys=None,
+                 shards=1, data_key=None, chunk=None):
+        from harmony.comm import sealed, security
+        from harmony.ps.client import PSClient
+        self.name = name
+        self.q = ctx.Queue()
+        self.proc = ctx.Process(target=ps_server, daemon=True,
+                                args=(self.q, nrows, dim, keys_dir, shards, zctx_threads,
+                                      data_key, chunk))
+        self.proc.start()
+        eps = self.q.get(timeout=60)
+        self.zctx = zmq.Context(io_threads=zctx_threads)
+        security.use(client_keys)
+        old_chunk = sealed.CHUNK_BYTES
+        if chunk:
+            sealed.CHUNK_BYTES = chunk
+        self.client = PSClient(self.zctx, eps, np.arange(shards, dtype=np.int64), dim,
+                               key=sealed.DataKey(*data_key) if data_key else None)
+        sealed.CHUNK_BYTES = old_chunk
+        security.use(None)
+        self.server = self.proc.pid
+        self.wall = {"pull": [], "push": []}
+        self.cpu_c = {"pull": 0.0, "push": 0.0}
+        self.cpu_s = {"pull": 0.0, "push": 0.0}
+
+    def run(self, op, keys, deltas, nbytes):
+        s0, c0 = cpu_ns(self.server), time.process_time()
+        t = time.perf_counter()
+        if op == "pull":
+            assert self.client.pull(keys).nbytes == nbytes
+        else:
+            self.client.push(keys, deltas)
+        self.wall[op].append(time.perf_counter() - t)
+        self.cpu_c[op] += time.process_time() - c0
+        self.cpu_s[op] += (cpu_ns(self.server) - s0) / 1e9
+
+    def close(self):
+        self.client.close()
+        self.zctx.term()
+        self.q.put("stop")
+        self.proc.join(timeout=10)
+
+
+def design_args(name, keys_dir, curve_keys):
+    """Server and client settings of a design's name: plain, curve, sealed,
+    signed, curve-xN / plain-xN (N shards, N I/O threads a side), sealed-cK
+    (chunks of K MiB)."""
+    import secrets
+    from harmony.comm import sealed
+    base, _, arg = name.partition("-")
+    kw = {}
+    if arg.startswith("x"):
+        kw.update(shards=int(arg[1:]), zctx_threads=int(arg[1:]))
+    elif arg.startswith("c"):
+        kw.update(chunk=int(float(arg[1:]) * 2**20))
+    if base == "curve":
+        kw.update(keys_dir=keys_dir, client_keys=curve_keys)
+    elif base in ("sealed", "signed"):
+        kw.update(data_key=(sealed.attempt_key(secrets.token_hex(16), "bench", 1), base))
+    elif base != "plain":
+        raise SystemExit(f"unknown design {name!r}")
+    return kw
+
+
+def compare(designs, sizes, dim, reps, keys_dir, curve_keys):
+    """Every design's pull and push at every size, interleaved rep by rep
+    (the first design is the baseline of the ratios)."""
+    ctx = mp.get_context("spawn")
+    rows = []
+    for nbytes in sizes:
+        nrows = nbytes // (4 * dim)
+        keys = np.arange(nrows, dtype=np.int64)
+        deltas = np.full((nrows, dim), 0.5, dtype=np.float32)
+        ds = [Design(n, ctx, nrows, dim, **design_args(n, keys_dir, curve_keys)) for n in designs]
+        for op in ("pull", "push"):
+            for d in ds:
+                d.run(op, keys, deltas, nbytes)         # warm-up
+                d.wall[op].clear()
+                d.cpu_c[op] = d.cpu_s[op] = 0.0
+            for _ in range(reps):
+                for d in ds:
+                    d.run(op, keys, deltas, nbytes)
+        gb = reps * nbytes / 1e9
+        for d in ds:
+            r = [d.name, nbytes / 2**20]
+            for op in ("pull", "push"):
+                med, base = statistics.median(d.wall[op]), statistics.median(ds[0].wall[op])
+                r += [nbytes / 2**20 / med, base / med, d.cpu_c[op] / gb, d.cpu_s[op] / gb]
+            rows.append(r)
+        for d in ds:
+            d.close()
+    return rows
+
+
+def moves(designs, mb, reps, keys_dir, curve_keys):
+    """Blocks moved into a shard (send_payloads, then every acknowledgement)
+    by each design, interleaved move by move: ``mb`` MiB as 4 MiB blocks."""
+    from harmony.comm import sealed, security
+    from harmony.comm.zmqutil import make_socket
+    from harmony.store.blocks import Block
+    from harmony.store.transfer import Payload, send_payloads, wait_acks
+    ctx = mp.get_context("spawn")
+    n = max(1, mb // 4)
+    blocks = [Block(i, {"rows": np.full((4096, 256), i, np.float32)}) for i in range(n)]
+    zctx = zmq.Context()
+    ds = []
+    for name in designs:
+        kw = design_args(name, keys_dir, curve_keys)
+        q, rq = ctx.Queue(), ctx.Queue()
+        proc = ctx.Process(target=ps_server, daemon=True, args=(
+            q, 0, 256, kw.get("keys_dir"), 1, 1, kw.get("data_key"), kw.get("chunk"), rq))
+        proc.start()
+        ep = q.get(timeout=60)[0]
+        if kw.get("data_key"):
+            bound, party = sealed.split_address(ep)
+            sock = sealed_socket_for(zctx, kw, party)
+            sock.connect(bound)
+        else:
+            sock = make_socket(zctx, zmq.DEALER, keys=kw.get("client_keys"), curve="keys_dir" in kw)
+            sock.connect(ep)
+        ds.append({"name": name, "q": q, "rq": rq, "proc": proc, "sock": sock, "wall": [], "c": 0.0,
+                   "s": 0.0})
+    for r in range(reps + 1):
+        for d in ds:
+            s0, c0, t = cpu_ns(d["proc"].pid), time.process_time(), time.perf_counter()
+            mid = f"mv:bench:{r}"
+            send_payloads([d["sock"]], mid, [Payload("input", b.id, block=b) for b in blocks])
+            wait_acks(lambda _: d["sock"], {(0, "input", b.id) for b in blocks}, mid, 120)
+            if r:                   # the first is a warm-up
+                d["wall"].append(time.perf_counter() - t)
+                d["c"] += time.process_time() - c0
+                d["s"] += (cpu_ns(d["proc"].pid) - s0) / 1e9
+            d["q"].put("reset")
+            assert d["rq"].get(timeout=60) == "done"
+    gb = reps * n * (4 << 20) / 1e9
+    base = statistics.median(ds[0]["wall"])
+    out = []
+    for d in ds:
+        med = statistics.median(d["wall"])
+        out.append((d["name"], n * 4 / med, base / med, d["c"] / gb, d["s"] / gb))
+        d["sock"].close(0)
+        d["q"].put("stop")
+        d["proc"].join(timeout=10)
+    zctx.term()
+    return out
+
+
+def sealed_socket_for(zctx, kw, party):
+    from harmony.comm import sealed
+    return sealed.sealed_socket(zctx, zmq.DEALER, sealed.DataKey(*kw["data_key"]), peer=party,
+                                timeout_s=60, chunk=kw.get("chunk"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1,16,64", help="payload sizes in MB")
     ap.add_argument("--dim", type=int, default=DIM)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--curve", action="store_true", help="also measure the PS with CurveZMQ")
+    ap.add_argument("--curve", action="store_true",
+                    help="also compare the PS with CurveZMQ (= --designs plain,curve)")
+    ap.add_argument("--designs", default="",
+                    help="compare data plane designs side by side instead of raw vs PS, "
+                         "e.g. plain,curve,curve-x2,plain-x2,sealed,signed,sealed-c4 "
+                         "(the first is the baseline)")
+    ap.add_argument("--moves", type=int, default=0, metavar="MB",
+                    help="with --designs: measure block moves of MB MiB into a shard "
+                         "(4 MiB blocks) instead of pulls and pushes")
     a = ap.parse_args()
-    keys_dir = None
-    if a.curve:
+    sizes = [int(float(x) * 2**20) for x in a.sizes.split(",")]
+    designs = [d for d in a.designs.split(",") if d] or (["plain", "curve"] if a.curve else [])
+    if designs:
         import tempfile
         from harmony.comm import security
         keys_dir = security.init_keys(tempfile.mkdtemp(), workers=["w0"])
         curve_keys = security.Keys.load(keys_dir, "worker", "w0")
-    sizes = [int(float(x) * 2**20) for x in a.sizes.split(",")]
+        load0, t0 = os.getloadavg()[0], time.time()
+        if a.moves:
+            out = moves(designs, a.moves, a.reps, keys_dir, curve_keys)
+            print(f"Block moves of {a.moves} MiB (4 MiB blocks) into a shard over loopback "
+                  f"(median of {a.reps}, interleaved; ratio = design / {designs[0]}; CPU s "
+                  f"per GB moved, sender and shard process, all threads)")
+            print(f"load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end, "
+                  f"{time.time() - t0:.0f} s")
+            print(f"{'design':>10} | {'MB/s':>9} {'ratio':>5} {'cpu c':>5} {'cpu s':>5}")
+            for name, mbs, ratio, cc, cs in out:
+                print(f"{name:>10} | {mbs:5.0f}MB/s {ratio:5.2f} {cc:5.2f} {cs:5.2f}")
+            return
+        rows = compare(designs, sizes, a.dim, a.reps, keys_dir, curve_keys)
+        print(f"PS data plane designs over loopback (dim {a.dim}, median of {a.reps}, "
+              f"interleaved; ratio = design / {designs[0]}; CPU s per GB moved, client "
+              f"and server process, all threads)")
+        print(f"load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end, "
+              f"{time.time() - t0:.0f} s")
+        print(f"{'design':>10} {'size':>5} | {'pull':>9} {'ratio':>5} {'cpu c':>5} "
+              f"{'cpu s':>5} | {'push':>9} {'ratio':>5} {'cpu c':>5} {'cpu s':>5}")
+        for name, mb, *v in rows:
+            print(f"{name:>10} {mb:4.0f}M | {v[0]:5.0f}MB/s {v[1]:5.2f} {v[2]:5.2f} "
+                  f"{v[3]:5.2f} | {v[4]:5.0f}MB/s {v[5]:5.2f} {v[6]:5.2f} {v[7]:5.2f}")
+        return
     ctx = mp.get_context("spawn")
 
     q = ctx.Queue()
@@ -108,7 +344,7 @@ def main() -> None:
     raw.setsockopt(zmq.LINGER, 0)
     raw.connect(f"tcp://127.0.0.1:{raw_port}")
 
-    results, curve_rows = [], []
+    results = []
     for nbytes in sizes:
         nrows = nbytes // (4 * a.dim)
         keys = np.arange(nrows, dtype=np.int64)
@@ -117,15 +353,7 @@ def main() -> None:
         pp = ctx.Process(target=ps_server, args=(pq, nrows, a.dim), daemon=True)
         pp.start()
         ep = pq.get(timeout=60)
-        client = PSClient(zctx, [ep], np.zeros(1, dtype=np.int64), a.dim)
-        if a.curve:
-            cq = ctx.Queue()
-            cp = ctx.Process(target=ps_server, args=(cq, nrows, a.dim, keys_dir), daemon=True)
-            cp.start()
-            cep = cq.get(timeout=60)
-            security.use(curve_keys)
-            cclient = PSClient(zctx, [cep], np.zeros(1, dtype=np.int64), a.dim)
-            security.use(None)
+        client = PSClient(zctx, ep, np.zeros(1, dtype=np.int64), a.dim)
 
         def raw_pull():
             raw.send_multipart([b"pull%d" % nbytes, keys], copy=False)
@@ -147,16 +375,6 @@ def main() -> None:
         rs_, ps_ = timed_pair(raw_push, ps_push, a.reps)
         mb = nbytes / 2**20
         results.append((mb, mb / rp_, mb / pp_, rp_ / pp_, mb / rs_, mb / ps_, rs_ / ps_))
-        if a.curve:
-            def c_pull():
-                assert cclient.pull(keys).nbytes == nbytes
-            t_plain, t_curve = timed_pair(ps_pull, c_pull, a.reps)
-            u_plain, u_curve = timed_pair(ps_push, lambda: cclient.push(keys, deltas), a.reps)
-            curve_rows.append((mb, mb / t_plain, mb / t_curve, t_plain / t_curve,
-                               mb / u_plain, mb / u_curve, u_plain / u_curve))
-            cclient.close()
-            cq.put("stop")
-            cp.join(timeout=10)
         client.close()
         pq.put("stop")
         pp.join(timeout=10)
@@ -172,13 +390,6 @@ def main() -> None:
     for mb, rpl, ppl, r1, rps, pps, r2 in results:
         print(f"{mb:5.0f}M | {rpl:7.0f}MB/s {ppl:7.0f}MB/s {r1:6.2f} | "
               f"{rps:7.0f}MB/s {pps:7.0f}MB/s {r2:6.2f}")
-    if curve_rows:
-        print("\nPS with CurveZMQ vs the same PS in plain text (ratio = CURVE / plain)")
-        print(f"{'size':>6} | {'pull':>9} {'CURVE':>9} {'ratio':>6} | "
-              f"{'push':>9} {'CURVE':>9} {'ratio':>6}")
-        for mb, a1, b1, r1, a2, b2, r2 in curve_rows:
-            print(f"{mb:5.0f}M | {a1:7.0f}MB/s {b1:7.0f}MB/s {r1:6.2f} | "
-                  f"{a2:7.0f}MB/s {b2:7.0f}MB/s {r2:6.2f}")
 
 
 if __name__ == "__main__":

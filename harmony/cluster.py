@@ -125,8 +125,10 @@ class LocalCluster:
                  port_fallback: bool = False, dashboard: bool = True,
                  dashboard_port: int = 0, cpu_speed: str | list[float] | None = None,
                  cruise: bool = False, max_moves: int = MAX_MOVES,
-                 dilation: float = 1.0, sync: str = "leader") -> None:
+                 dilation: float = 1.0, sync: str = "leader",
+                 data_plane: str = "sealed") -> None:
         self.cruise = cruise
+        self.data_plane = data_plane     # the workers' --data-plane
         self.sync = sync             # --sync: leader daemons or the master
         # time dilation: every machine D times slower, times reported undilated
         try:
@@ -294,6 +296,8 @@ class LocalCluster:
                 extra += ["--netem", netem]
             if self.cpu_speed[i] != 1.0:
                 extra += ["--cpu-speed", str(self.cpu_speed[i])]
+            if self.data_plane != "sealed":
+                extra += ["--data-plane", self.data_plane]
             if self.memory_per_machine:
                 extra += ["--memory", str(int(self.memory_per_machine)), "--oom-kill"]
             if self.store_max:

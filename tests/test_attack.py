@@ -199,10 +199,13 @@ def probe_every_listening_socket(cl):
     """Every socket any cluster process listens on (master, daemons' executor
     and data sockets, the executors' PS shards, the dashboard): raw bytes, a
     plain-text ZMTP peer and a peer with another cluster's keys sending the
-    messages that socket serves (hello, pull with a guessed tag, push)."""
+    messages that socket serves (hello, pull with a guessed tag, push). A
+    CurveZMQ socket answers neither; a PS shard (its data plane sealed, no
+    CurveZMQ) answers the plain-text peer with a refusal only."""
     job, k = cl.attack["job"], cl.attack["stranger"]
     eps = _listening(cl)
     assert len(eps) >= 1 + 2 + 2, eps        # master, 2 daemons, 2 shards at least
+    shards = {ep for _, ep in _executors(cl)}
     guesses = [M.encode("hello", job=job, attempt=1, index=0),
                [M.encode("pull", rid=1, tag=f"{job}:1", n=1), np.zeros(1, np.int64).tobytes()],
                [M.encode("push", rid=2, tag=f"{job}:1", n=1, dim=2),
@@ -218,28 +221,48 @@ def probe_every_listening_socket(cl):
             except (socket.timeout, ConnectionError):
                 pass
         for frames in guesses[:2]:
-            assert _send(ep, frames, None, 300) is None, ep
+            r = _send(ep, frames, None, 300)
+            if ep in shards:
+                _sealed_refusal(r, job)
+            else:
+                assert r is None, ep
         for frames in guesses:
             assert _send(ep, frames, k, 300) is None, ep
 
 
+def _sealed_refusal(r, job: str, why: str = "") -> None:
+    """A sealed shard's answer to what it refused: a plain-text ps_error
+    that names neither the job nor its secret."""
+    assert r is not None and r.type == "ps_error", r
+    assert r["message"].startswith("refused: ") and why in r["message"], r.fields
+    assert job not in r["message"], r.fields
+
+
 def probe_wrong_shard_tag_from_a_cluster_key(cl):
-    """Even with the cluster's own worker key, a pull or a NaN push with a
-    guessed tag is refused by both shards and the real tag (the attempt's
-    secret) is never echoed."""
+    """The shards' data plane is sealed under the job attempt's key: the
+    cluster's own worker key does not even complete a handshake there (no
+    CurveZMQ); a pull or a NaN push with a guessed tag in plain text, or
+    sealed under a key from a guessed secret, is refused by both shards,
+    and no secret is ever echoed."""
+    from harmony.comm import sealed
     job = cl.attack["job"]
     m1 = _keys(cl, "worker", "m1")
+    guessed = sealed.DataKey.for_attempt(f"{job}:1", job, 1)
     refused = []
-    for _, ep in _listening(cl):
+    for _, ep in _executors(cl):
         for frames in ([M.encode("pull", rid=1, tag=f"{job}:1", n=1),
                         np.zeros(1, np.int64).tobytes()],
                        [M.encode("push", rid=2, tag=f"{job}:1", n=1, dim=2),
                         np.zeros(1, np.int64).tobytes(),
                         np.full(2, np.nan, np.float32).tobytes()]):
-            r = _send(ep, frames, m1, 300)
-            if r is not None and "another job attempt" in str(r.fields.get("message")):
-                refused.append(ep)
-                assert job not in r["message"], r.fields
+            assert _send(ep, frames, m1, 300) is None, ep
+            _sealed_refusal(_send(ep, frames, None, 3000), job, "not a sealed")
+            # the shard's party id is not known here either (only its job's
+            # executors get its address, from the master)
+            recs = sealed.Party(guessed).seal(os.urandom(16), frames)
+            r = _send(ep, [bytes(memoryview(f).cast("B")) for f in recs[0]], None, 3000)
+            _sealed_refusal(r, job, "another party")
+            refused.append(ep)
     assert len(set(refused)) >= 2 and len(refused) % 2 == 0, refused   # both shards, both ops
 
 
@@ -319,23 +342,26 @@ def _blk(mid: str, bid: int, block: np.ndarray, **extra) -> list[bytes]:
 
 def probe_moved_blocks_from_any_key(cl):
     """A block named as the job's own move (mv:JOB:...), for keys the shard
-    holds, from a reader, a client and a worker key (and with a guessed
-    tag): refused by every shard; ten 8 MiB chunks from each grow no
-    executor by 100 MiB; the job goes on (the snapshot checks its failures)."""
+    holds, from a reader, a client and a worker key and in plain text (and
+    with a guessed tag): refused by every shard (the keys' CurveZMQ peers do
+    not complete a handshake with a sealed shard, plain text is answered
+    with a refusal); ten 8 MiB chunks from each grow no executor by
+    100 MiB; the job goes on (the snapshot checks its failures)."""
     job = cl.attack["job"]
     shards = _executors(cl)
     assert len(shards) >= 2, shards
     rss0 = {pid: _rss(pid) for pid, _ in shards}
     big = np.zeros(MiB, np.int64)                 # 8 MiB: the first of two arrays
     for keys in (_keys(cl, "reader", "reader"), _keys(cl, "client", "admin"),
-                 _keys(cl, "worker", "m1")):
+                 _keys(cl, "worker", "m1"), None):
         for _, ep in shards:
-            r = _send(ep, _blk(f"mv:{job}:1:0", 0, np.arange(4)), keys, 3000)
-            assert r is not None and r.type == "blk_ack" and not r["ok"], (ep, r)
-            assert "another job attempt" in r["error"] and job not in r["error"], r.fields
-            r = _send(ep, _blk(f"mv:{job}:1:0", 0, np.arange(4), tag=f"{job}:1:"), keys,
-                      3000)
-            assert r is not None and not r["ok"], (ep, r)
+            for blk in (_blk(f"mv:{job}:1:0", 0, np.arange(4)),
+                        _blk(f"mv:{job}:1:0", 0, np.arange(4), tag=f"{job}:1:")):
+                r = _send(ep, blk, keys, 3000)
+                if keys is None:
+                    _sealed_refusal(r, job, "not a sealed")
+                else:
+                    assert r is None, (ep, r)
             for i in range(10):
                 _send(ep, _blk(f"mv:{job}:2:{i}", i, big), keys, 200)
     for pid, _ in shards:
@@ -409,7 +435,9 @@ _CTX = zmq.Context.instance()
 #: Who may send each message type to each socket: (master, a daemon's executor
 #: socket, a daemon's data service, a PS shard). C client, R reader, W worker
 #: keys; O only the executors of the daemon's own machine (its worker key); T
-#: nobody without the job attempt's secret (the shard's tag); - nobody. A
+#: nobody without the job attempt's secret (a shard's data plane is sealed
+#: under a key derived from it: no CurveZMQ key completes a handshake there,
+#: tests/test_sealed.py has the rest); - nobody. A
 #: message type without a row fails ``test_every_message_type_has_a_rule``.
 RULES = {
     'abort': ('-', '-', '-', '-'),

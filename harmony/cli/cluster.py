@@ -47,6 +47,7 @@ def cmd_cluster(a: argparse.Namespace) -> int:
                           cruise=getattr(a, "cruise", False),
                           max_moves=getattr(a, "max_moves", MAX_MOVES),
                           sync=getattr(a, "sync", "leader"),
+                          data_plane=getattr(a, "data_plane", "sealed"),
                           dilation=a.dilation)
     except (ClusterError, ValueError) as exc:
         return _die(str(exc), 2)

@@ -148,6 +148,11 @@ def worker_main(argv: list[str] | None = None) -> int:
                    help="a file where the master writes its endpoint (harmony-master start "
                         "--master-file): read again when the master stops answering, so a "
                         "master restarted on another port is found")
+    s.add_argument("--data-plane", choices=("sealed", "signed"), default="sealed",
+                   help="PS and block traffic between executors: sealed (AES-256-GCM, "
+                        "the default) or signed (authenticated but in plain text: "
+                        "anyone on the network reads the model; every worker of a "
+                        "cluster must use the same)")
     s.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     _setup_logging(a.log_level)
@@ -169,7 +174,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         d = Daemon(master_address(master), name, a.host, a.cpus, a.memory, a.state_dir,
                    cpu_set=cpu_set, netem=a.netem, oom_kill=a.oom_kill, store_max=a.store_max,
                    preempt=a.preempt, keys=keys, master_file=a.master_file,
-                   cpu_speed=a.cpu_speed, dilation=a.dilation)
+                   cpu_speed=a.cpu_speed, dilation=a.dilation, data_plane=a.data_plane)
     except (ValueError, security.SecurityError) as exc:
         return _die(str(exc))
     d.serve_forever()

@@ -179,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="emulate slower machines: one factor or one per machine, e.g. "
                         "1,1,0.5 (a COMP on a 0.5 machine takes twice as long)")
     dil.add_argument(s)
+    s.add_argument("--data-plane", choices=("sealed", "signed"), default="sealed",
+                   help="the workers' PS and block traffic: sealed (AES-256-GCM, the "
+                        "default) or signed (authenticated, in plain text)")
     s.add_argument("--net-bandwidth", default=None,
                    help="emulate a NIC of this rate per machine, e.g. 50MB/s or 400Mbit; "
                         "a comma list gives each machine its own (12M,12M,4M)")

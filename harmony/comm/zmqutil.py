@@ -32,14 +32,19 @@ ROUTER_SEND_S = 1.0
 
 def make_socket(ctx: zmq.Context, kind: int, identity: bytes | None = None,
                 keys: "security.Keys | None" = None,
-                timeout_s: float | None = SOCKET_TIMEOUT_S) -> zmq.Socket:
+                timeout_s: float | None = SOCKET_TIMEOUT_S, curve: bool = True,
+                socket_class: type | None = None) -> zmq.Socket:
     """A socket with Harmony's options; with keys (``keys``, or the
     process's, :func:`harmony.comm.security.use`) a ROUTER is a CURVE server
     behind the ZAP handler and any other kind a CURVE client. Any kind but a
     ROUTER gets send and receive timeouts of ``timeout_s`` (None: none); a
-    ROUTER a send timeout of ``ROUTER_SEND_S`` (servers poll to receive)."""
-    sock = ctx.socket(kind)
-    security.secure_socket(ctx, sock, kind, keys)
+    ROUTER a send timeout of ``ROUTER_SEND_S`` (servers poll to receive).
+    ``curve=False``: no CurveZMQ whatever the keys (the data plane's sealed
+    sockets, :mod:`harmony.comm.sealed`, authenticate each message instead);
+    ``socket_class``: a subclass of zmq.Socket to make."""
+    sock = ctx.socket(kind) if socket_class is None else ctx.socket(kind, socket_class=socket_class)
+    if curve:
+        security.secure_socket(ctx, sock, kind, keys)
     sock.setsockopt(zmq.LINGER, 0)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)

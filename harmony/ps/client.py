@@ -13,6 +13,7 @@ import numpy as np
 import zmq
 
 from harmony.comm import messages as M
+from harmony.comm.sealed import DataKey, SealError, sealed_socket, split_address
 from harmony.comm.zmqutil import make_socket
 from harmony.ps.keymap import block_of
 from harmony.ps.server import MAX_FRAME_BYTES, PS_LIMITS, LocalRequestError, _frame_array
@@ -33,24 +34,24 @@ class PSClient:
     def __init__(self, ctx: zmq.Context, peers: list[str], owner: np.ndarray, dim: int,
                  dtype: str = "float32", timeout_s: float = 120.0,
                  throttle: Callable[[list[list[tuple[int, int, str]]]], object] | None = None,
-                 tag: str = "") -> None:
+                 tag: str = "", key: DataKey | None = None) -> None:
         """``throttle(flows)`` is called once per pull or push with one flow
         per peer, each a list of (peer, nbytes, "out"|"in") legs in order
         (network emulation of local clusters: the flows run in parallel, as
-        on a NIC); None for a real network."""
+        on a NIC); None for a real network.
+        ``key``: the job attempt's data key: requests are sealed for each
+        shard (``peers`` are shard addresses with their party ids) and no
+        ``tag`` is sent; None: CurveZMQ sockets, ``tag`` in every request."""
         self.throttle = throttle
-        self.tag = tag
+        self.key = key
+        self.tag = "" if key is not None else tag
         self.peers = list(peers)
         self.owner = np.asarray(owner, dtype=np.int64)
         self.nblocks = len(self.owner)
         self.dim = dim
         self.dtype = np.dtype(dtype)
         self.timeout_ms = int(timeout_s * 1000)
-        self.socks = []
-        for ep in self.peers:
-            s = make_socket(ctx, zmq.DEALER)
-            s.connect(ep)
-            self.socks.append(s)
+        self.socks = [self._connect(ctx, ep) for ep in self.peers]
         self._rid = itertools.count(1)
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -65,6 +66,20 @@ class PSClient:
         # this process's own shard, served in this thread (ShardServer.serve_local)
         self.local = None
         self.local_requests = 0
+
+    def _connect(self, ctx: zmq.Context, address: str) -> zmq.Socket:
+        if self.key is None:
+            s = make_socket(ctx, zmq.DEALER)
+            s.connect(address)
+            return s
+        ep, party = split_address(address)
+        if party is None:
+            raise PSError(f"shard address {address!r} names no party id: a sealed data "
+                          f"plane needs one (is that shard's data plane sealed?)")
+        s = sealed_socket(ctx, zmq.DEALER, self.key, peer=party)
+        s.max_bytes = PS_LIMITS.max_bytes
+        s.connect(ep)
+        return s
 
     def set_local(self, server) -> None:
         """Serve requests for ``server`` (a ShardServer of this process,
@@ -101,8 +116,7 @@ class PSClient:
         for i, ep in enumerate(peers):
             if i < len(self.peers) and self.peers[i] == ep:
                 continue
-            s = make_socket(ctx, zmq.DEALER)
-            s.connect(ep)
+            s = self._connect(ctx, ep)
             if i < len(self.socks):
                 self.socks[i].close(linger=0)
                 self.socks[i] = s
@@ -132,7 +146,10 @@ class PSClient:
             for p in pending:
                 if p in got or p in moved or self.socks[p] not in events:
                     continue
-                msg = M.decode(self.socks[p].recv_multipart(copy=False), PS_LIMITS)
+                try:
+                    msg = M.decode(self.socks[p].recv_multipart(copy=False), PS_LIMITS)
+                except SealError as exc:      # nothing of the reply is used
+                    raise PSError(f"shard {self.peers[p]}: {exc}") from None
                 if msg.get("rid") != pending[p][0]:
                     continue  # a stale reply from an earlier timed-out request
                 if msg.type == "ps_error":

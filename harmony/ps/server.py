@@ -19,6 +19,7 @@ import numpy as np
 import zmq
 
 from harmony.comm import messages as M
+from harmony.comm.sealed import DataKey, SealError, join_address, sealed_socket
 from harmony.comm.zmqutil import bind_random, make_socket
 from harmony.ps.keymap import block_of
 # the table is the shard's; its names stay importable from here
@@ -74,14 +75,28 @@ class ShardServer:
     thread merges the moved blocks into the sorted table in steps while no
     request waits (:meth:`ShardTable.merge_step`)."""
 
-    def __init__(self, ctx: zmq.Context, host: str, table: ShardTable, tag: str = "") -> None:
+    def __init__(self, ctx: zmq.Context, host: str, table: ShardTable, tag: str = "",
+                 key: DataKey | None = None) -> None:
+        """``key``: the job attempt's data key: requests and block chunks are
+        sealed (:mod:`harmony.comm.sealed`), the socket runs no CurveZMQ, and
+        ``endpoint`` is the shard's address (its party id after a '#').
+        None: CurveZMQ (with the process's keys) and ``tag`` checked per
+        request ("" accepts any)."""
         self.table = table
-        self.tag = tag          # the job attempt it serves; "" accepts any
-        self.sock = make_socket(ctx, zmq.ROUTER)
+        self.key = key
+        self.tag = "" if key is not None else tag   # the job attempt it serves
+        if key is None:
+            self.sock = make_socket(ctx, zmq.ROUTER)
+        else:
+            self.sock = sealed_socket(ctx, zmq.ROUTER, key)
+            self.sock.max_bytes = PS_LIMITS.max_bytes
         # a frame larger than any legitimate request is dropped by ZeroMQ
         # (its sender disconnected) before it takes memory here
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + MiB)
-        self.endpoint = bind_random(self.sock, host)
+        self.bound = bind_random(self.sock, host)
+        self.endpoint = self.bound if key is None else join_address(self.bound,
+                                                                    self.sock.party.id)
+        self.refused = 0        # sealed messages refused (replayed, forged, altered)
         # the layout (for redirects) and the blocks on their way here
         self.owner: np.ndarray | None = None
         self.me = -1
@@ -180,7 +195,8 @@ class ShardServer:
 
     def _on_block(self, ident: bytes, msg: M.Message) -> None:
         # only the job attempt's own executors move blocks here: every chunk
-        # carries the attempt's secret, as pulls and pushes do. A chunk
+        # is sealed under the attempt's key (a sealed shard: the socket
+        # opened it) or carries the attempt's secret, as pulls and pushes do. A chunk
         # without it is refused and changes nothing (no transfer error: a
         # stranger cannot fail the move). Blocks of a move may arrive
         # before this executor has read the master's plan (the senders read
@@ -227,7 +243,7 @@ class ShardServer:
 
     def _send(self, ident: bytes, reply: list, live: bool = False) -> None:
         try:
-            if live:
+            if live and self.key is None:   # sealing copies: nothing stays in flight
                 self._inflight.append(
                     self.sock.send_multipart([ident, *reply], copy=False, track=True))
             else:
@@ -273,11 +289,31 @@ class ShardServer:
                 continue
             try:
                 frames = self.sock.recv_multipart(copy=False)
+            except SealError as exc:    # nothing of it is read, nothing answered sealed
+                self._refuse(exc)
+                continue
+            except zmq.Again:           # a sealed message still arriving
+                continue
             except zmq.ZMQError:
                 if self._stop.is_set():
                     return
                 raise
-            self._serve(frames[0].bytes, frames[1:])
+            self._serve(frames[0] if self.key is not None else frames[0].bytes, frames[1:])
+
+    def _refuse(self, exc: SealError) -> None:
+        """A message that is not sealed for this shard by its job attempt:
+        counted, logged, answered in plain text with why (no secret in it)."""
+        self.refused += 1
+        if self.refused <= 10 or self.refused % 1000 == 0:      # a flood logs little
+            log.warning("PS shard %s refused a message (%d so far): %s", self.bound,
+                        self.refused, exc)
+        ident = getattr(exc, "ident", None)
+        if ident is not None and getattr(exc, "answer", False):    # once a message
+            try:
+                self.sock.send_plain([ident, M.encode("ps_error", rid=0,
+                                                      message=f"refused: {exc}")])
+            except zmq.ZMQError:
+                pass
 
     def _merge_step(self) -> None:
         t = self.table

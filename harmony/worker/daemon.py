@@ -30,6 +30,7 @@ import zmq
 
 from harmony.comm import messages as M
 from harmony.comm import security
+from harmony.comm.sealed import DEFAULT_MODE, MODES
 from harmony import dilation as dil
 from harmony.comm.zmqutil import bind_random, check_endpoint, make_socket
 from harmony.obs import logs as obs_logs
@@ -116,13 +117,20 @@ class Daemon:
                  netem: str | None = None, oom_kill: bool = False,
                  store_max: int | None = None, preempt: bool = True,
                  keys: security.Keys | None = None, master_file: str | None = None,
-                 cpu_speed: float = 1.0, dilation: float = 1.0) -> None:
+                 cpu_speed: float = 1.0, dilation: float = 1.0,
+                 data_plane: str = DEFAULT_MODE) -> None:
         # time dilation (harmony.dilation): the master's D, checked when it
         # registers; the queues' clock runs in undilated seconds
         self.dilation = dil.check(dilation)
         if not 0 < cpu_speed <= 1:
             raise ValueError(f"--cpu-speed must be in (0, 1], not {cpu_speed}")
         self.cpu_speed = cpu_speed      # emulated: COMPs here take 1/cpu_speed as long
+        if data_plane not in MODES:
+            raise ValueError(f"--data-plane must be one of {', '.join(MODES)}, "
+                             f"not {data_plane!r}")
+        # its executors' PS and block traffic: sealed (AES-GCM, the default)
+        # or signed (authenticated, plain text: an explicit choice)
+        self.data_plane = data_plane
         self.master = master
         self.keys = keys            # this worker's keys (CURVE); its executors use them too
         if keys is not None:
@@ -449,7 +457,7 @@ class Daemon:
                 "resume": msg.get("resume"), "join": bool(msg.get("join")),
                 "datasets": msg.get("datasets"),
                 "keys": self.keys.directory if self.keys is not None else None,
-                "ps_secret": msg.get("secret"),
+                "ps_secret": msg.get("secret"), "data_plane": self.data_plane,
                 # the block store: job stores under STATE/store, the budget
                 "state_dir": self.state_dir, "memory": int(self.memory),
                 "memory_set": self.memory_set, "daemon_pid": os.getpid(),

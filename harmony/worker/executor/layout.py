@@ -17,12 +17,13 @@ import zmq
 from harmony.app import App, ModelSpec
 from harmony import dilation as dil
 from harmony.comm import messages as M
+from harmony.comm.sealed import sealed_socket, split_address
 from harmony.comm.zmqutil import make_socket
 from harmony.ps.client import PSClient
 from harmony.ps.keymap import block_of
 from harmony.ps.server import ShardTable
 from harmony.store.local import LocalInput
-from harmony.store.transfer import Payload, send_payloads, wait_acks
+from harmony.store.transfer import Payload, TransferError, send_payloads, wait_acks
 from harmony.worker import jobckpt
 from harmony.worker.executor.memory import Memory
 from harmony.worker.netem import job_token
@@ -71,7 +72,7 @@ class Layout(Memory):
         self.server.set_layout(owner, self.index, start["peers"])
         self.client = PSClient(self.ctx, start["peers"], owner, spec.dim, spec.dtype,
                                throttle=self._throttle_fn(self.machines), tag=self.tag,
-                               timeout_s=dil.wall(120.0, self.dil))
+                               timeout_s=dil.wall(120.0, self.dil), key=self.data_key)
         self.client.set_local(self.server)      # this machine's shard: no ZeroMQ round trip
         return restored.epoch if restored else 0
 
@@ -108,7 +109,7 @@ class Layout(Memory):
         if self.client is None:
             self.client = PSClient(self.ctx, m["peers"], owner, dim, dtype,
                                    throttle=self._throttle_fn(self.machines), tag=self.tag,
-                               timeout_s=dil.wall(120.0, self.dil))
+                                   timeout_s=dil.wall(120.0, self.dil), key=self.data_key)
             self.client.set_local(self.server)
         else:
             self.client.set_layout(m["peers"], owner)
@@ -199,8 +200,16 @@ class Layout(Memory):
         socks = {}
         try:
             for d in sorted({p.dest for p in payloads}):
-                sk = make_socket(self.ctx, zmq.DEALER, timeout_s=self.MOVE_TIMEOUT_S)
-                sk.connect(peers[d])
+                if self.data_key is None:
+                    sk = make_socket(self.ctx, zmq.DEALER, timeout_s=self.MOVE_TIMEOUT_S)
+                    sk.connect(peers[d])
+                else:       # sealed for the new owner's shard, as pulls and pushes
+                    ep, party = split_address(peers[d])
+                    if party is None:
+                        raise TransferError(f"shard address {peers[d]!r} names no party id")
+                    sk = sealed_socket(self.ctx, zmq.DEALER, self.data_key, peer=party,
+                                       timeout_s=self.MOVE_TIMEOUT_S)
+                    sk.connect(ep)
                 socks[d] = sk
             throttle = None
             if self.netem is not None:
@@ -217,7 +226,7 @@ class Layout(Memory):
                     self.send("migrating", bytes_out=int(base[0] + nbytes),
                               blocks_out=int(base[1] + blocks))
             out = send_payloads(ordered, mid, payloads, throttle=throttle, progress=progress,
-                                tag=self.tag)
+                                tag=self.tag if self.data_key is None else None)
             wait_acks(lambda d: socks[d], {(p.dest, p.sec, p.bid) for p in payloads}, mid,
                       self.MOVE_TIMEOUT_S)
         finally:

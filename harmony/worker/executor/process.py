@@ -25,6 +25,7 @@ from harmony.app import (App, AppError, InputPart, disk_ratio, load_app, mutable
 from harmony import dilation as dil
 from harmony.comm import messages as M
 from harmony.comm import security
+from harmony.comm.sealed import DEFAULT_MODE, DataKey
 from harmony.comm.zmqutil import make_socket
 from harmony.ps.client import PSClient, PSError
 from harmony.ps.server import ShardServer, ShardTable
@@ -100,6 +101,7 @@ class Executor(Training):
         self.replicas: list | None = None      # per index: [machine, data endpoint]
         self.replica_alts: list | None = None  # per index: more holders to try, in order
         self.tag = ""
+        self.data_key: DataKey | None = None    # the sealed data plane's (None: CurveZMQ)
         self.stood = 0.0      # seconds its COMPs stood stopped (CPU preemption)
         self._held: list[M.Message] = []   # daemon messages read early
         # the block store
@@ -138,10 +140,16 @@ class Executor(Training):
                                             nblocks=int(opts.model_blocks))
             table.attach_spill(self.storage.model)
             # the PS tag names the job attempt and carries the master's secret
-            # for this launch: a shard serves only requests that know it
+            # for this launch: a shard serves only requests that know it. With
+            # a secret (every master hands one) the data plane is sealed under
+            # the key derived from it instead (harmony.comm.sealed): the tag is
+            # never sent, the shard's socket runs no CurveZMQ
             tag = f"{self.job}:{self.attempt}:{s.get('ps_secret') or ''}"
             self.tag = tag
-            self.server = ShardServer(self.ctx, s["host"], table, tag=tag)
+            if s.get("ps_secret"):
+                self.data_key = DataKey.for_attempt(s["ps_secret"], self.job, self.attempt,
+                                                    s.get("data_plane") or DEFAULT_MODE)
+            self.server = ShardServer(self.ctx, s["host"], table, tag=tag, key=self.data_key)
             self.server.start()
             me = psutil.Process()
             self.ctl.send(M.encode("exec_ready", job=self.job, index=self.index,
