@@ -94,6 +94,7 @@ def run_mode(spec: str, jobs, times, tmp: str, a, setup: dict | None = None,
     with LocalCluster(a.machines, sd, port=0, mode=mode, cpus_per_machine=1, policy=policy,
                       net_bandwidth=a.bandwidth, dilation=a.dilation,
                       memory_per_machine=getattr(a, "memory_per_machine", None),
+                      data_plane=getattr(a, "data_plane", "sealed"),
                       **setup.get("cluster", {})) as cl, \
             Client(cl.endpoint, keys=cl.keys) as c:
         done = watch(cl) if watch else None
@@ -365,6 +366,8 @@ def main() -> None:
     ap.add_argument("--memory-per-machine", type=parse_size, default=None,
                     help="emulated memory budget per machine (e.g. 200M): with inputs "
                          "larger than that, DoP 1 spills to disk (the 'large' workload)")
+    ap.add_argument("--data-plane", default="sealed", choices=("sealed", "signed"),
+                    help="the PS traffic's protection (harmony-worker --data-plane)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds of every mode, in a rotated order each round; medians")
     ap.add_argument("--timeout", type=float, default=1200, help="undilated seconds per run")
