@@ -373,9 +373,9 @@ def main() -> None:
         if "nmf" in only:
             bench_nmf(tmp, a.scale, 10, 30, a.rank)
         if "lda" in only:
-            bench_lda(tmp, a.scale, 20, a.topics)
+            bench_lda(tmp, a.scale, 40, a.topics)
         if "mlr" in only:
-            bench_mlr(tmp, a.scale, 10, 1e-4)
+            bench_mlr(tmp, a.scale, 20, 1e-4)
         if "lasso" in only:
             bench_lasso(tmp, a.scale, 60, 0.01)
         if "compile" in only:
