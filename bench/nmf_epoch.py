@@ -85,10 +85,10 @@ def main() -> None:
               f"s CPU of the executor ({items / runtime_cpu / 1e6:.2f} M ratings per CPU second)")
         print(f"  ratio runtime/reference   : wall {runtime / reference:.3f}, CPU "
               f"{runtime_cpu / reference_cpu:.3f}  (issue #36: <= 1.05)")
-        print(f"  rounds, wall (ref, runtime): "
+        print("  rounds, wall (ref, runtime): "
               + ", ".join(f"({x:.3f}, {y:.3f})" for x, y in zip(ref_wall, run_wall))
               + "; CPU: " + ", ".join(f"({x:.3f}, {y:.3f})" for x, y in zip(ref_cpu, run_cpu)))
-        print(f"  job's training CPU / its COMP CPU, per round (PULL, PUSH, barriers, keys): "
+        print("  job's training CPU / its COMP CPU, per round (PULL, PUSH, barriers, keys): "
               + ", ".join(f"{x:.3f}" for x in own))
         print(f"  final objective rel. diff : {same:.2e}")
 

@@ -11,6 +11,8 @@ float rounding (the summation order of a few reductions differs).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numba
 
 #: numba.njit options of every kernel: compiled once per machine and kept
@@ -18,6 +20,6 @@ import numba
 JIT = dict(nogil=True, cache=True)
 
 
-def njit(fn):
+def njit(fn: Callable) -> Callable:
     """``numba.njit`` with :data:`JIT` (type signatures inferred on first call)."""
     return numba.njit(**JIT)(fn)

@@ -18,7 +18,9 @@ from harmony.kernels import njit
 
 
 @njit
-def gibbs_sweep(td, tw, z, ndka, bw, inv, bounds, u_all, learn, tiny, new):
+def gibbs_sweep(td: np.ndarray, tw: np.ndarray, z: np.ndarray, ndka: np.ndarray, bw: np.ndarray,
+                inv: np.ndarray, bounds: np.ndarray,
+                u_all: np.ndarray, learn: bool, tiny: np.float32, new: np.ndarray) -> None:
     """One sweep over the tokens (document ``td``, word ``tw``, topic ``z``;
     -1 = unassigned) batch by batch (``bounds``), updating ``z``, ``ndka``
     ((docs, K) float32, n_dk + alpha) and, when ``learn``, ``bw`` ((words,

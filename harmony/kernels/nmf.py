@@ -54,7 +54,9 @@ def _chol_solve_sub(M, idx, n, v, C, y, out):
 
 
 @njit
-def nn_solve_one(M, v, x, C, y, s, w, idx, passive):
+def nn_solve_one(M: np.ndarray, v: np.ndarray, x: np.ndarray, C: np.ndarray, y: np.ndarray,
+                 s: np.ndarray, w: np.ndarray, idx: np.ndarray,
+                 passive: np.ndarray) -> None:
     """``x = argmin_{x >= 0} x'Mx - 2v'x`` for one ``k x k`` positive definite
     ``M`` (float64); the other arguments are work arrays of size ``k`` (``C``:
     ``k x k``). The unconstrained solution where it is >= 0, else Lawson-Hanson
@@ -148,7 +150,7 @@ def nn_solve_one(M, v, x, C, y, s, w, idx, passive):
 
 
 @njit
-def nn_solve_many(M, v, x):
+def nn_solve_many(M: np.ndarray, v: np.ndarray, x: np.ndarray) -> None:
     """:func:`nn_solve_one` for every row: ``M`` (n, k, k), ``v``, ``x`` (n, k)."""
     k = v.shape[1]
     C = np.empty((k, k))
@@ -160,7 +162,7 @@ def nn_solve_many(M, v, x):
 
 
 @njit
-def group_by(a, n):
+def group_by(a: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Counting sort of ``a`` (values in ``0..n-1``): ``(start, order)`` with
     ``order[start[j]:start[j + 1]]`` the positions of value ``j``, ascending."""
     start = np.zeros(n + 1, np.int64)
@@ -197,7 +199,8 @@ def _gram(order, lo, hi, b_idx, r, F, M, v):
 
 
 @njit
-def als_users(u, ii, r, R, lam, L):
+def als_users(u: np.ndarray, ii: np.ndarray, r: np.ndarray, R: np.ndarray, lam: float,
+              L: np.ndarray) -> None:
     """Solve every user with ratings: ``L[u] = argmin_{x >= 0} sum_t (x . R[ii_t]
     - r_t)^2 + lam n_u |x|^2`` over the user's ratings ``t``. ``u`` indexes
     the rows of ``L`` (float32, written in place), ``ii`` those of ``R``
@@ -224,7 +227,8 @@ def als_users(u, ii, r, R, lam, L):
 
 
 @njit
-def als_item_sums(ii, u, r, L, A, b, c):
+def als_item_sums(ii: np.ndarray, u: np.ndarray, r: np.ndarray, L: np.ndarray, A: np.ndarray,
+                  b: np.ndarray, c: np.ndarray) -> None:
     """Add each item's normal equations over the given ratings: ``A[i] +=``
     the packed upper triangle of ``sum L_u L_u'`` (row-major, as
     ``np.triu_indices``), ``b[i] += sum r L_u``, ``c[i] +=`` the count."""
@@ -248,7 +252,7 @@ def als_item_sums(ii, u, r, L, A, b, c):
 
 
 @njit
-def solve_packed(rows, has, k, lam, R):
+def solve_packed(rows: np.ndarray, has: np.ndarray, k: int, lam: float, R: np.ndarray) -> None:
     """Item factors from server rows ``[R0, S (packed upper), s, q]``: for each
     row index in ``has``, ``R[h] = argmin_{x >= 0} x'(S + lam q I)x - 2 s'x``."""
     P = k * (k + 1) // 2
@@ -274,7 +278,10 @@ def solve_packed(rows, has, k, lam, R):
 
 
 @njit
-def sgd_sweep(u_all, i_all, r_all, L, GL, R, GR, bs, lr, lam, eps, inv_k, scale_r, m):
+def sgd_sweep(u_all: np.ndarray, i_all: np.ndarray, r_all: np.ndarray, L: np.ndarray,
+              GL: np.ndarray, R: np.ndarray, GR: np.ndarray,
+              bs: int, lr: np.float32, lam: np.float32, eps: np.float32,
+              inv_k: np.float32, scale_r: np.float32, m: np.float32) -> None:
     """Mini-batch SGD with per-row AdaGrad steps over ratings in the given
     order, ``bs`` at a time, all float32. Within a batch every gradient is
     taken at the batch's starting point (a Jacobi step, as the vectorized
@@ -323,7 +330,8 @@ def sgd_sweep(u_all, i_all, r_all, L, GL, R, GR, bs, lr, lam, eps, inv_k, scale_
 
 
 @njit
-def squared_error(L, R, u, ii, r):
+def squared_error(L: np.ndarray, R: np.ndarray, u: np.ndarray, ii: np.ndarray,
+                  r: np.ndarray) -> float:
     """``sum_t (L[u_t] . R[ii_t] - r_t)^2``: predictions in float32 (the
     factors' type), the sum in float64."""
     k = L.shape[1]
