@@ -1,6 +1,7 @@
 """Compile the kernels into numba's on-disk cache ahead of the first job:
-``python -m harmony.kernels.warm`` (``make venv`` runs it after installing,
-so the compile counts in the install time, not in a job's first epoch).
+``python -m harmony.kernels.warm [APPS_DIR]`` (``make venv`` runs it after
+installing, so the compile counts in the install time, not in a job's
+first epoch).
 
 It runs one tiny epoch of each NMF solver and of LDA through ``run_local``,
 so every kernel is compiled for the argument types the apps really pass (a
@@ -38,6 +39,10 @@ def warm(apps: Path = APPS) -> float:
 
 
 if __name__ == "__main__":
-    if not (APPS / "nmf.py").exists():      # an install without the repository's apps/
+    # python -m harmony.kernels.warm [APPS_DIR]: the repository's apps/ by
+    # default (an installed, non-editable package has none: give the source's)
+    apps = Path(sys.argv[1]) if len(sys.argv) > 1 else APPS
+    if not (apps / "nmf.py").exists():
+        print(f"harmony.kernels: no apps in {apps}: nothing compiled")
         sys.exit(0)
-    print(f"harmony.kernels: compiled (or loaded) in {warm():.1f} s CPU")
+    print(f"harmony.kernels: compiled (or loaded) in {warm(apps):.1f} s CPU")
