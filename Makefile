@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,torch,deploy]'
+	$(PY) -m harmony.kernels.warm    # numba: compile the apps' kernels into its cache now
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -34,21 +34,25 @@ The conditional for token i of document d and word w is
 
     p(z_i = k) ∝ (n_dk^-i + alpha) (n_wk^-i + beta) / (n_k^-i + W beta).
 
-It is evaluated *vectorized over a batch of tokens* (a few thousand, see
-below): gather the batch's document rows ``n_d + alpha`` and word rows
-``(n_w + beta) / (n + W beta)`` (row-major ``np.take``), subtract each
-token's own assignment, multiply into a topics x batch matrix, prefix-sum it
-over topics (one vectorized add per topic row; numpy's ``cumsum(axis=1)``
-is 10-20x slower) and draw each token's topic by inverse CDF: one uniform
-per token and a vectorized binary search over the topic rows. That is
-O(K) work per token, done by numpy at a few ns per token-topic.
+It is evaluated for a batch of tokens (a few thousand, see below) at a
+time, every token of the batch against the counts as they were at the
+batch's start (its own assignment taken out): the float32 products
+``(n_dk + alpha) (n_wk + beta) / (n_k + W beta)`` summed over topics in
+order, one uniform per token scaled by the total, the first topic whose
+prefix sum reaches it (inverse CDF); then the batch's count changes are
+applied. O(K) work per token, in one compiled loop
+(``harmony.kernels.lda``, numba). Until issue #36 the same arithmetic ran
+as numpy over a topics x batch matrix (gathers, a cache-blocked transpose,
+one vectorized add per topic row, a vectorized binary search); the kernel
+gives bit-identical topics and counts. COMP per core, 450k training
+tokens, 5,000 documents (``bench/apps_kernels.py`` data): 5.5-6.5 M ->
+10-11 M tokens/s at K = 20, 2.6-2.8 M -> 5.1 M at K = 100; the held-out
+fold-in 3x faster.
 
 Why not SparseLDA or alias sampling: both are O(nonzeros) or O(1) per token
-but sequential per token, i.e. Python loops here. Measured on this machine
-(one core; K = 100 topics, 500 documents, Zipf vocabulary of 50,000 words,
-10^5 tokens; the Python samplers are faithful per-token implementations,
-timed over 5*10^4 tokens; "sparse state" = 90% of tokens on a few topics per
-document and word, as after convergence):
+but sequential per token, which in plain Python was far slower than the
+vectorized dense sampler. Measured before the kernel (one core; K = 100,
+500 documents, Zipf vocabulary of 50,000 words, 10^5 tokens):
 
     ==============================================  ===========================
     sampler                                         tokens/s (one core)
@@ -56,20 +60,14 @@ document and word, as after convergence):
     SparseLDA buckets s/r/q, Python per token       110 k (random state),
                                                     230 k (sparse state)
     alias tables + MH (LightLDA cycle), Python      40 k - 60 k
-    this vectorized dense inverse-CDF sampler       13.7 M (K=20), 2.5-3.3 M
+    the vectorized dense inverse-CDF sampler        13.7 M (K=20), 2.5-3.3 M
                                                     (K=100), 0.6 M (K=500),
                                                     0.16-0.18 M (K=1000)
     ==============================================  ===========================
 
-so the vectorized sampler is 10-30x faster than the best Python-loop
-sampler at K = 100 and ~60x at K = 20. Inside the app, count updates
-included, COMP samples 3.25 M tokens/s per core at K = 100
-(``bench/apps_epoch_lda.py``). Per token-topic it costs about
-3 ns, most of it the two row gathers (memory bound) and the transpose into
-topics x batch layout; the per-token Python samplers cost ~5-25 us per token
-whatever K. Only at K of about 1000 and more, with converged (sparse)
-counts, would a sparse sampler win; a vectorized Metropolis-Hastings sampler
-(WarpLDA/LightLDA proposals, O(1) per token) would be the next step there.
+Compiled, a sparse sampler is no longer held back by Python: at K of a few
+hundred and more, with converged (sparse) counts, SparseLDA's buckets in a
+kernel would be the next step.
 
 Relaxation of sequential dependence: tokens of one batch are sampled
 simultaneously from the same counts (the counts are then updated before
@@ -126,6 +124,7 @@ from scipy.special import gammaln
 
 from harmony.app import App, AppError, InputError, InputPart, ModelSpec, Option, Step
 from harmony.formats.uci_bow import CHUNK_BYTES, DocwordReader, read_vocab
+from harmony.kernels import lda as klda
 from harmony.ps.keymap import mix64
 from harmony.store.blocks import Block
 
@@ -137,7 +136,6 @@ MAX_BATCH = 16384       # tokens per sampling batch (upper bound)
 MIN_BATCHES = 8         # batches per block (keeps the within-block relaxation mild)
 _TINY = np.float32(1e-30)
 _ONE = np.float32(1.0)
-_TBLK = 256             # tokens per block of the transpose (measured best of 64..1024)
 # RNG stream salts
 _S_ORDER, _S_SPLIT, _S_TRAIN, _S_FOLD = 1, 2, 3, 4
 
@@ -194,45 +192,19 @@ def topic_counts(rows_of_token: np.ndarray, z: np.ndarray, nrows: int, k: int) -
 
 
 class Workspace:
-    """Reused buffers of the batch sampler (fresh large arrays per batch cost
-    page faults)."""
+    """Reused buffers of the batch sampler: the new topics of a batch."""
 
     def __init__(self, topics: int, batch: int) -> None:
-        k = topics
-        self.K, self.B = k, batch
-        self.Kp = 1 << max(0, (k - 1).bit_length())
-        self.A = np.empty((batch, k), np.float32)
-        self.Q = np.empty((batch, k), np.float32)
-        self.P = np.empty((self.Kp, batch), np.float32)
-        self.P[k:] = np.inf                       # padding rows: never below u
-        self.idx = np.empty(batch, np.intp)
-        self.cnt = np.empty(batch, np.intp)
-        self.m = np.empty(batch, bool)
-        self.v = np.empty(batch, np.float32)
-        self.ar = np.arange(batch, dtype=np.intp)
-
-    def search(self, n: int, u: np.ndarray) -> np.ndarray:
-        """Per column j < n of the prefix sums in P: the first topic whose
-        prefix sum is >= u[j] (vectorized binary search over topic rows)."""
-        pf = self.P.reshape(-1)
-        idx, c, m, v = self.idx[:n], self.cnt[:n], self.m[:n], self.v[:n]
-        idx[:] = self.ar[:n]
-        c[:] = 0
-        step = self.Kp // 2
-        while step:
-            np.take(pf, idx + (step - 1) * self.B, out=v)
-            np.less(v, u, out=m)
-            idx += m * (step * self.B)
-            c += m * step
-            step //= 2
-        return c
+        self.K, self.B = topics, batch
+        self.new = np.empty(batch, np.int64)
 
 
 def gibbs_sweep(td: np.ndarray, tw: np.ndarray, z: np.ndarray, ndka: np.ndarray,
                 bw: np.ndarray, inv: np.ndarray, bounds: np.ndarray,
                 rng: np.random.Generator, ws: Workspace, learn: bool) -> None:
     """One sweep over tokens (doc ``td``, word ``tw``, topic ``z``; -1 =
-    unassigned), batch by batch, updating ``z`` and the counts in place.
+    unassigned), batch by batch, updating ``z`` and the counts in place
+    (compiled: ``harmony.kernels.lda.gibbs_sweep``).
 
     ``ndka``: (docs, K) n_dk + alpha. ``bw``: (words, K) word factor
     (n_wk + beta) * inv when ``learn`` (the tokens are in those counts and
@@ -240,50 +212,9 @@ def gibbs_sweep(td: np.ndarray, tw: np.ndarray, z: np.ndarray, ndka: np.ndarray,
     1 / (n_k + W beta), fixed during the sweep (a token's own assignment is
     still taken out of its n_k exactly).
     """
-    k = ndka.shape[1]
-    ndf = ndka.reshape(-1)
-    bwf = bw.reshape(-1)
     u_all = rng.random(len(z), dtype=np.float32)
-    b = bounds.tolist()
-    for s, e in zip(b[:-1], b[1:]):
-        n = e - s
-        d = td[s:e]
-        w = tw[s:e]
-        old = z[s:e].astype(np.intp)
-        A, Q = ws.A[:n], ws.Q[:n]
-        np.take(ndka, d, axis=0, out=A)
-        np.take(bw, w, axis=0, out=Q)
-        rows = np.flatnonzero(old >= 0)
-        if len(rows):                              # take each token out of its counts
-            ko = old[rows]
-            fi = rows * k + ko
-            af = A.reshape(-1)
-            af[fi] = np.maximum(af[fi] - _ONE, _TINY)
-            if learn:                              # (n_wk - 1 + beta) / (n_k - 1 + W beta)
-                qf = Q.reshape(-1)
-                iv = inv[ko]
-                qf[fi] = np.maximum((qf[fi] - iv) / (_ONE - iv), _TINY)
-        P = ws.P
-        np.multiply(A, Q, out=A)
-        for j in range(0, n, _TBLK):               # cache-blocked transpose into topics x batch
-            np.copyto(P[:k, j:min(j + _TBLK, n)], A[j:j + _TBLK].T)
-        for t in range(1, k):
-            np.add(P[t, :n], P[t - 1, :n], out=P[t, :n])
-        u = u_all[s:e] * P[k - 1, :n]
-        new = ws.search(n, u)
-        ch = np.flatnonzero(new != old)
-        if not len(ch):
-            continue
-        nn, oo = new[ch], old[ch]
-        dd = d[ch].astype(np.intp) * k
-        was = oo >= 0
-        np.add.at(ndf, dd + nn, _ONE)          # float32 values: numpy's fast ufunc.at path
-        np.add.at(ndf, dd[was] + oo[was], -_ONE)
-        if learn:
-            ww = w[ch].astype(np.intp) * k
-            np.add.at(bwf, ww + nn, inv[nn])
-            np.add.at(bwf, ww[was] + oo[was], -inv[oo[was]])
-        z[s + ch] = nn
+    klda.gibbs_sweep(td, tw, z, ndka, bw, np.ascontiguousarray(inv, dtype=np.float32),
+                     bounds, u_all, learn, _TINY, ws.new)
 
 
 class _LogGammaSum:

@@ -12,8 +12,9 @@ per-rating L2 of ``--lam`` (weighted-lambda regularization):
     L_u = argmin_{x >= 0} sum_i (x . R_i - r_ui)^2 + lam n_u |x|^2
 
 and the same for every item with the user rows fixed. The row solve is the
-unconstrained solution where that is already >= 0, else ``scipy.optimize.nnls``
-on its Cholesky form (``nn_solve``). A user's solve needs only its own
+unconstrained solution where that is already >= 0, else the exact active-set
+NNLS on the normal equations (``nn_solve``; the compiled row loops are in
+``harmony.kernels.nmf``). A user's solve needs only its own
 ratings and the item rows, so it runs where the user lives. An item's solve
 needs the normal equations ``S_i = sum_u L_u L_u'``, ``s_i = sum_u r_ui L_u``
 over all its ratings, which the machines hold in parts: the servers keep
@@ -39,9 +40,10 @@ float32 rounding of the stored sums. With ``--iters-per-epoch k > 1`` an
 iteration replaces its blocks' share of the sums (proportionally: exact
 when the sums are proportional to the counts) and converges alike. The
 model is larger than SGD's (rank 16: 169 values per item against 17) and a
-COMP builds a Gram matrix and solves a small system per row: an epoch took
-1.1x SGD's wall time at rank 8 on 363k ratings, 2-2.5x on 30k, about 1.5x
-at rank 16 and 4x at rank 32 (README, "NMF"), in far fewer epochs.
+COMP builds a Gram matrix and solves a small system per row: rank^2 work
+per rating against SGD's rank. With the compiled kernels a COMP took 2.6x
+SGD's CPU time at rank 16 on 900k ratings (0.19 against 0.072 s; README,
+"Kernels against compiled libraries"), in far fewer epochs.
 
 SGD (``--solver sgd``). Each COMP runs mini-batch SGD over the iteration's
 blocks against a local copy of the pulled item rows ``[R_i, G_i]`` and
@@ -114,19 +116,15 @@ import hashlib
 import math
 
 import numpy as np
-from scipy.optimize import nnls
-
 from harmony.app import App, InputError, InputPart, ModelSpec, Option, Step
+from harmony.kernels import nmf as knmf
 from harmony.ps.keymap import keyed_uniform, mix64
 from harmony.store.blocks import Block
 
 CHUNK_LINES = 200_000
-EVAL_CHUNK = 65_536      # ratings per step of the objective (temporaries ~ 150 B each)
 EPS = 1e-8               # AdaGrad's floor under the accumulated squared gradients
 RIDGE_FLOOR = 1e-6       # ALS: L2 per rating always added (a row with fewer ratings than
 #                          the rank stays solvable at --lam 0)
-GRAM_FLOATS = 1 << 21    # ALS: float64 factor values gathered at a time for Gram matrices
-GRAM_ROWS = 4096         # ALS: rows whose Gram matrices are built and solved at a time
 FACTOR_CACHE = 4         # ALS: item-factor solves kept by their rows' digest
 
 
@@ -213,50 +211,24 @@ def holdout_mask(users: np.ndarray, items: np.ndarray, frac: float, seed: int) -
 def nn_solve(M: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Per row ``j``: ``argmin_{x >= 0} x' M_j x - 2 v_j' x`` (``M_j`` positive
     definite), i.e. the non-negative least squares of a row given its Gram
-    matrix. The unconstrained solution where it is already >= 0; elsewhere
-    ``scipy.optimize.nnls`` on the Cholesky form ``|C' x - C^-1 v|^2``
-    (``M = C C'``)."""
-    x = np.linalg.solve(M, v[..., None])[..., 0]
-    neg = np.flatnonzero((x < 0).any(axis=1))
-    if len(neg):
-        C = np.linalg.cholesky(M[neg])
-        y = np.linalg.solve(C, v[neg][..., None])[..., 0]
-        for j, row in enumerate(neg):
-            try:
-                x[row] = nnls(C[j].T, y[j])[0]
-            except RuntimeError:          # no convergence (not seen): the clipped solution
-                pass
-    return np.maximum(x, 0.0)
+    matrix: the unconstrained solution where it is already >= 0, elsewhere
+    the active-set NNLS on the normal equations (compiled:
+    ``harmony.kernels.nmf``)."""
+    x = np.empty(v.shape)
+    knmf.nn_solve_many(np.ascontiguousarray(M, dtype=np.float64),
+                       np.ascontiguousarray(v, dtype=np.float64), x)
+    return x
 
 
-def row_grams(a: np.ndarray, b: np.ndarray, r: np.ndarray, F: np.ndarray, n: int):
-    """The normal equations of every row ``x`` of index ``a`` (in ``0..n-1``)
-    for ``F[b] . x ~ r`` over its ratings: yields ``(rows, M, v, count)``,
-    ``M = sum F_b F_b'``, ``v = sum r F_b``, for the rows with ratings, up to
-    GRAM_ROWS rows and about GRAM_FLOATS gathered values at a time. One
-    ``f' f`` product per row: measured 6x faster than summing per-rating
-    outer products (which also take rank^2 temporaries per rating)."""
-    k = F.shape[1]
-    order = np.argsort(a, kind="stable")
-    cnt = np.bincount(a, minlength=n)
-    ids = np.flatnonzero(cnt)
-    bounds = np.concatenate([[0], np.cumsum(cnt[ids])])
-    most = max(1, GRAM_FLOATS // k)               # ratings gathered at a time
-    j = 0
-    while j < len(ids):
-        e = min(len(ids), j + GRAM_ROWS,
-                max(j + 1, int(np.searchsorted(bounds, bounds[j] + most, "right")) - 1))
-        lo, hi = bounds[j], bounds[e]
-        sel = order[lo:hi]
-        Fs = F[b[sel]]
-        seg = bounds[j:e + 1] - lo
-        M = np.empty((e - j, k, k))
-        for t in range(e - j):
-            f = Fs[seg[t]:seg[t + 1]]
-            np.dot(f.T, f, out=M[t])
-        v = np.add.reduceat(Fs * r[sel, None], seg[:-1], axis=0)
-        yield ids[j:e], M, v, cnt[ids[j:e]]
-        j = e
+def positions(keys: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """Row of each item in the sorted ``keys`` (every item is one of them):
+    a lookup table over the item ids (1.5 ms against
+    ``np.searchsorted``'s 57 ms on 900k ratings of 5,000 items)."""
+    if len(items) == 0:
+        return np.zeros(0, dtype=np.int64)
+    table = np.zeros(int(keys[-1]) + 1, dtype=np.int64)
+    table[keys] = np.arange(len(keys))
+    return table[items]
 
 
 class NMF(App):
@@ -387,18 +359,8 @@ class NMF(App):
         if digest in cache:
             return cache[digest].copy()
         P = k * (k + 1) // 2
-        iu = np.triu_indices(k)
-        q = rows[:, k + P + k]
-        has = np.flatnonzero(q >= 0.5)
-        lam = self.opts.lam + RIDGE_FLOOR
-        for s in range(0, len(has), 4096):
-            h = has[s:s + 4096]
-            M = np.zeros((len(h), k, k))
-            Sp = rows[h, k:k + P].astype(np.float64)
-            M[:, iu[0], iu[1]] = Sp
-            M[:, iu[1], iu[0]] = Sp
-            M += (lam * q[h].astype(np.float64))[:, None, None] * np.eye(k)
-            R[h] = nn_solve(M, rows[h, k + P:k + P + k].astype(np.float64))
+        has = np.flatnonzero(rows[:, k + P + k] >= 0.5)
+        knmf.solve_packed(rows, has, k, self.opts.lam + RIDGE_FLOOR, R)
         while len(cache) >= FACTOR_CACHE:
             del cache[next(iter(cache))]
         cache[digest] = R.copy()
@@ -431,24 +393,14 @@ class NMF(App):
         o = self.opts
         k = o.rank
         P = k * (k + 1) // 2
-        iu = np.triu_indices(k)
-        lam = o.lam + RIDGE_FLOOR
         R = self.item_factors(rows)
         A = np.zeros((len(keys), P))
         b = np.zeros((len(keys), k))
         c = np.zeros(len(keys))
         for blk in blocks:
-            L = blk["L"]
-            ii = np.searchsorted(keys, blk["i"])
-            r = blk["r"].astype(np.float64)
-            for ids, M, v, n in row_grams(blk["u"], ii, r, R, len(L)):
-                M += (lam * n)[:, None, None] * np.eye(k)
-                L[ids] = nn_solve(M, v)
-            L64 = L.astype(np.float64)
-            for ids, M, v, n in row_grams(ii, blk["u"], r, L64, len(keys)):
-                A[ids] += M[:, iu[0], iu[1]]
-                b[ids] += v
-                c[ids] += n
+            ii = positions(keys, blk["i"])
+            knmf.als_users(blk["u"], ii, blk["r"], R, o.lam + RIDGE_FLOOR, blk["L"])
+            knmf.als_item_sums(ii, blk["u"], blk["r"], blk["L"], A, b, c)
         total = self.item_count[keys]
         w = np.divide(c, total, out=np.zeros(len(keys)), where=total > 0)[:, None]
         out = np.zeros_like(rows)
@@ -475,22 +427,8 @@ class NMF(App):
             L, GL = blk["L"], blk["gL"]
             n = len(blk["r"])
             perm = np.random.default_rng([o.seed % 2**63, step.epoch, blk.id, 41]).permutation(n)
-            u_all, r_all = blk["u"][perm], blk["r"][perm]
-            i_all = np.searchsorted(keys, blk["i"])[perm]
-            for s in range(0, n, bs):
-                u, i, r = u_all[s:s + bs], i_all[s:s + bs], r_all[s:s + bs]
-                Lu, Ri = L[u], R[i]
-                err = np.einsum("ij,ij->i", Lu, Ri) - r
-                gL = err[:, None] * Ri + lam * Lu
-                gR = err[:, None] * Lu + lam * Ri
-                np.add.at(GL, u, np.einsum("ij,ij->i", gL, gL) * inv_k)
-                np.add.at(GR, i, np.einsum("ij,ij->i", gR, gR) * scale_r)
-                gL *= (lr / np.sqrt(GL[u] + eps))[:, None]
-                gR *= (m * lr / np.sqrt(GR[i] + eps))[:, None]
-                np.subtract.at(L, u, gL)
-                np.subtract.at(R, i, gR)
-                L[u] = np.maximum(L[u], 0.0)
-                R[i] = np.maximum(R[i], 0.0)
+            knmf.sgd_sweep(blk["u"][perm], positions(keys, blk["i"])[perm], blk["r"][perm],
+                           L, GL, R, GR, bs, lr, lam, eps, inv_k, scale_r, m)
         out = np.empty_like(rows)
         np.subtract(R, rows[:, :k], out=out[:, :k])
         np.subtract(GR, G0, out=out[:, k])
@@ -513,12 +451,7 @@ class NMF(App):
             L = blk["L"]
             for u, i, r, test in ((blk["u"], blk["i"], blk["r"], False),
                                   (blk["tu"], blk["ti"], blk["tr"], True)):
-                e = 0.0
-                for s in range(0, len(r), EVAL_CHUNK):   # bounded temporaries
-                    sl = slice(s, s + EVAL_CHUNK)
-                    pred = np.einsum("ij,ij->i", L[u[sl]], rows[np.searchsorted(keys, i[sl])])
-                    d = pred - r[sl]
-                    e += float(np.dot(d, d))
+                e = knmf.squared_error(L, rows, u, positions(keys, i), r)
                 if test:
                     tsse, tn = tsse + e, tn + len(r)
                 else:

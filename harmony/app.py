@@ -511,6 +511,7 @@ def should_stop(opts: argparse.Namespace, epoch: int, metrics: dict[str, float])
 class LocalResult:
     history: list[dict[str, float]] = field(default_factory=list)
     epoch_times: list[float] = field(default_factory=list)   # seconds, wall
+    epoch_cpu: list[float] = field(default_factory=list)     # seconds, this process's CPU
     model: np.ndarray | None = None
 
 
@@ -547,7 +548,7 @@ def run_local(cls: type[App], args: list[str], machines: int = 1) -> LocalResult
     groups = [block_groups(blocks, opts.iters_per_epoch) for blocks in parts]
     res = LocalResult()
     for epoch in range(opts.max_epochs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for it in range(opts.iters_per_epoch):
             pushes = []
             for a, g in zip(apps, groups):
@@ -569,6 +570,7 @@ def run_local(cls: type[App], args: list[str], machines: int = 1) -> LocalResult
         metrics = app.metrics(sums)
         res.history.append(metrics)
         res.epoch_times.append(time.perf_counter() - t0)
+        res.epoch_cpu.append(time.process_time() - c0)
         if should_stop(opts, epoch, metrics):
             break
     res.model = model

@@ -319,15 +319,18 @@ def test_nmf_resized_mid_run_matches_the_run_that_stayed(fleet, ratings):
     """A real app across a live resize: with its mean reducer, NMF's math does
     not depend on the machine count, so widening it from 1 to 2 machines in
     the middle of a run gives the quality of the run that stayed on 1.
-    100 epochs: the resize lands once the joining executor has started, and
-    with ALS's short epochs 30 were sometimes over by then on a loaded
-    machine (2 failures in 5 runs: the job finished on 1 machine)."""
-    args = ["--input", ratings, "--rank", "6", "--blocks", "8", "--max-epochs", "100"]
+
+    The run is long (300 epochs, ~10 s) so that the move ends inside it:
+    with the compiled kernels an epoch of this data takes ~13-30 ms, 30
+    epochs ended 0.4 s after the resize, and the move took ~2 s. The move
+    is awaited while the job runs (the test fails if the job ended first)."""
+    args = ["--input", ratings, "--rank", "6", "--blocks", "8", "--max-epochs", "300"]
     with Client(fleet.endpoint) as c:
         stay = c.submit("nmf.py", NMF_APP.read_text(), args, machines=1)
         moved = c.submit("nmf.py", NMF_APP.read_text(), args, machines=1)
         _wait(c, moved, lambda st: st["epochs_total"] >= 5)
-        c.resize(moved, 2)
+        assert c.resize(moved, 2)["state"] == "resizing"
+        _wait(c, moved, lambda st: st["move"] is None and len(st["workers"]) == 2)
         a = wait_state(c, stay, ("finished", "failed"), timeout=180)
         b = wait_state(c, moved, ("finished", "failed"), timeout=180)
     assert a["state"] == b["state"] == "finished", (a["error"], b["error"])

@@ -48,12 +48,15 @@ def _call(view, fn):
         return fn(view)
     try:
         out = fn(view)
-    except ValueError as exc:
+    except Exception as exc:
         _close_quietly(view)
-        if "read-only" in str(exc) and view.owner.zero_copy:
+        # numpy: ValueError "... is read-only"; a numba kernel refuses to
+        # compile a write to one (TypingError "Cannot modify readonly array")
+        msg = str(exc)
+        if ("read-only" in msg or "readonly array" in msg) and view.owner.zero_copy:
             raise AppError(f"the app changed an input array it did not declare in "
                            f"mutable_input {tuple(sorted(view.owner.pinned))} (spilled "
-                           f"input blocks are read-only views): {exc}") from exc
+                           f"input blocks are read-only views): {msg[:2000]}") from exc
         raise
     except BaseException:
         _close_quietly(view)
