@@ -23,7 +23,8 @@ from harmony.store.pieces import BytesSource, piece_key
 from harmony.store.spool import Spooled, punch_hole
 from harmony.store.staging import StagingError
 from harmony.store.transfer import TransferError
-from harmony.worker import dataservice, jobckpt
+from harmony.worker import jobckpt
+from test_spool import service  # noqa: F401  (the fixture: a real data service)
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -70,18 +71,6 @@ def flip(st: CheckpointStore, key: bytes, at: int) -> None:
         v[at] ^= 0x40
         txn.put(key, bytes(v), db=st._data)
     st.env.write(fn, 1 << 20)
-
-
-@pytest.fixture
-def service(tmp_path):
-    ctx = zmq.Context()
-    svc = dataservice.DataService(ctx, "127.0.0.1", str(tmp_path / "state"), "m0")
-    svc.start()
-    try:
-        yield ctx, svc
-    finally:
-        svc.stop()
-        ctx.term()
 
 
 def test_a_block_of_many_pieces_round_trips_and_each_piece_is_checked(tmp_path):

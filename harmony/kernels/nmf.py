@@ -54,6 +54,20 @@ def _chol_solve_sub(M, idx, n, v, C, y, out):
 
 
 @njit
+def _passive_solve(M, passive, idx, v, C, y, s):
+    """``s`` = the solve on the passive unknowns (0 elsewhere), their
+    indices in ``idx``; False when none is passive or it is not positive
+    definite."""
+    n = 0
+    for a in range(len(passive)):
+        s[a] = 0.0
+        if passive[a]:
+            idx[n] = a
+            n += 1
+    return n > 0 and _chol_solve_sub(M, idx, n, v, C, y, s)
+
+
+@njit
 def nn_solve_one(M: np.ndarray, v: np.ndarray, x: np.ndarray, C: np.ndarray, y: np.ndarray,
                  s: np.ndarray, w: np.ndarray, idx: np.ndarray,
                  passive: np.ndarray) -> None:
@@ -82,13 +96,7 @@ def nn_solve_one(M: np.ndarray, v: np.ndarray, x: np.ndarray, C: np.ndarray, y: 
     for a in range(k):
         x[a] = 0.0
     for _drop in range(k):
-        n = 0
-        for a in range(k):
-            s[a] = 0.0
-            if passive[a]:
-                idx[n] = a
-                n += 1
-        if n == 0 or not _chol_solve_sub(M, idx, n, v, C, y, s):
+        if not _passive_solve(M, passive, idx, v, C, y, s):
             for a in range(k):
                 passive[a] = False
             break
@@ -116,13 +124,7 @@ def nn_solve_one(M: np.ndarray, v: np.ndarray, x: np.ndarray, C: np.ndarray, y: 
             break
         passive[j] = True
         for _inner in range(NNLS_ITERS_PER_UNKNOWN * k):
-            n = 0
-            for a in range(k):
-                s[a] = 0.0
-                if passive[a]:
-                    idx[n] = a
-                    n += 1
-            if not _chol_solve_sub(M, idx, n, v, C, y, s):
+            if not _passive_solve(M, passive, idx, v, C, y, s):
                 break
             alpha = 2.0
             for a in range(k):
