@@ -1,11 +1,17 @@
 """The compiled kernels (harmony.kernels) against plain numpy/scipy
 computations of the same math, written here independently."""
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from scipy.optimize import nnls
 
 from harmony.kernels import lda as klda
 from harmony.kernels import nmf as knmf
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _problems(rng, n, k, ridge):
@@ -184,3 +190,32 @@ def test_gibbs_sweep_is_the_batched_sampler_bit_for_bit(learn):
     assert (got[0] != z0).mean() > 0.3                    # it moved tokens
     for g, w in zip(got, want):
         assert np.array_equal(g, w)
+
+
+def test_an_executor_loads_its_apps_kernels_before_the_first_epoch():
+    """preload (called in an executor's start-up) loads the kernels the app
+    uses, so the first COMP does not: numba loads a kernel from its cache at
+    the first call (0.5-0.7 s of CPU), and in the first COMP that made the
+    master's first profile sample 90x an SGD COMP (273 against 3 ms an
+    iteration). Run in a fresh process: nothing is loaded there yet. An app
+    that uses no kernel costs nothing."""
+    code = """
+import sys
+from pathlib import Path
+from harmony.app import load_app
+from harmony.kernels.warm import preload
+toy = load_app(Path(sys.argv[1], "minimal.py").read_text(), "minimal.py")
+assert preload(toy, "minimal.py") == 0.0
+nmf = load_app(Path(sys.argv[1], "nmf.py").read_text(), "nmf.py")
+from harmony.kernels import nmf as k
+assert not k.sgd_sweep.signatures and not k.als_users.signatures
+assert preload(nmf, "nmf.py") > 0
+assert k.sgd_sweep.signatures and k.als_users.signatures and k.squared_error.signatures
+lda = load_app(Path(sys.argv[1], "lda.py").read_text(), "lda.py")
+from harmony.kernels import lda as kl
+preload(lda, "lda.py")
+assert kl.gibbs_sweep.signatures
+"""
+    r = subprocess.run([sys.executable, "-c", code, str(ROOT / "apps")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
