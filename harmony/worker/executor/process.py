@@ -27,7 +27,6 @@ from harmony.comm import messages as M
 from harmony.comm import security
 from harmony.comm.sealed import DEFAULT_MODE, DataKey
 from harmony.comm.zmqutil import make_socket
-from harmony.kernels.warm import preload
 from harmony.ps.client import PSClient, PSError
 from harmony.ps.server import ShardServer, ShardTable
 from harmony.store import staging
@@ -208,8 +207,12 @@ class Executor(Training):
         """Parse the app's options, read this machine's input and place it:
         the start-up's CPU work, at the lowest priority (:func:`run_low`)."""
         s = self.spec
-        # the compiled kernels the app uses, loaded now rather than in its first COMP
-        preload(cls, s["app_name"])
+        # the compiled kernels the app uses, loaded now rather than in its
+        # first COMP (numba itself only where the app imported a kernel: it
+        # costs an executor ~20 MiB)
+        if any(m.startswith("harmony.kernels.") for m in sys.modules):
+            from harmony.kernels.warm import preload
+            preload(cls, s["app_name"])
         opts = parse_app_args(cls, self._local_inputs(list(s["args"])))
         app: App = cls(opts)
         fixed = disk_ratio(opts)
