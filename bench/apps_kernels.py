@@ -223,19 +223,14 @@ def bench_lda(tmp, scale, epochs, topics):
     from scipy.sparse import csr_matrix
     from sklearn.decomposition import LatentDirichletAllocation
 
-    from harmony.formats.uci_bow import DocwordReader
+    from harmony.formats.uci_bow import read_docword
     path = os.path.join(tmp, "docword.txt")
     docs = max(200, round(5000 * scale))
     shape = gen_lda(path, docs=docs, vocab=5000, topics=topics, doc_len=100, alpha=0.1,
                     beta=0.05, seed=7)
     print(f"\nLDA data: {shape}; {topics} topics, alpha 0.1, beta 0.05")
     lda = _module("lda")
-    with DocwordReader(path) as rd:
-        h = rd.header
-        chunks = list(rd)
-    doc = np.concatenate([c.doc for c in chunks])
-    word = np.concatenate([c.word for c in chunks])
-    cnt = np.concatenate([c.count for c in chunks])
+    h, doc, word, cnt = read_docword(path)
     held = lda.heldout_docs(doc, 0.1, 3)
 
     def perplexity(phi):

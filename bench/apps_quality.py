@@ -100,14 +100,9 @@ def ref_lasso(path, lam):
 def ref_lda(path, k, alpha, beta, seed):
     from sklearn.decomposition import LatentDirichletAllocation
 
-    from harmony.formats.uci_bow import DocwordReader
+    from harmony.formats.uci_bow import read_docword
     lda = _module("lda")
-    with DocwordReader(path) as rd:
-        h = rd.header
-        chunks = list(rd)
-    doc = np.concatenate([c.doc for c in chunks])
-    word = np.concatenate([c.word for c in chunks])
-    cnt = np.concatenate([c.count for c in chunks])
+    h, doc, word, cnt = read_docword(path)
     held = lda.heldout_docs(doc, 0.1, seed)
     X = csr_matrix((cnt[~held], (doc[~held], word[~held])), shape=(h.docs, h.words))
     X = X[np.unique(doc[~held])]
