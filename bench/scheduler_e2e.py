@@ -33,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,21 +140,58 @@ def run_mode(spec: str, jobs, times, tmp: str, a, setup: dict | None = None,
     return res
 
 
+def job_ends(metrics: str) -> dict[str, float]:
+    """Each job's last epoch report (its end, for a job that finished)."""
+    ends: dict[str, float] = {}
+    for ep in map(json.loads, open(os.path.join(metrics, "jobs.jsonl"))):
+        ends[ep["job"]] = max(ends.get(ep["job"], 0.0), ep["t"])
+    return ends
+
+
+def mates_at(decisions: list[dict], t: float, job: str) -> frozenset:
+    """The jobs sharing ``job``'s group by the last decision at or before ``t``."""
+    assign: dict = {}
+    for d in decisions:
+        if d["t"] > t:
+            break
+        assign = d["assign"]
+    g = assign.get(job)
+    return frozenset(j for j, x in assign.items() if x == g) if g else frozenset()
+
+
+def changed_during(decisions: list[dict], ends: dict[str, float], mates: Iterable[str],
+                   job: str, start: float | None, end: float) -> bool:
+    """Whether the jobs beside ``job`` changed while its epoch (``start`` to
+    ``end``) ran: a partner ended before the epoch's report, or a decision in
+    the epoch moved a job into or out of its group. Such an epoch ran partly
+    beside other jobs than the prediction's, which no model of the group
+    can predict (the partner's end or the newcomer is not known then)."""
+    if any(ends.get(j, end) < end for j in mates if j != job):
+        return True
+    return start is not None and mates_at(decisions, start, job) != mates_at(decisions, end, job)
+
+
 def prediction_samples(metrics: str) -> list[tuple[int, float, bool, float]]:
     """Per job epoch: (group size, |predicted iteration time (the job's own
-    where the decision has one, else its group's) - measured| / measured, steady), with the prediction and the group of the
-    last decision before that epoch. Steady leaves out epochs during which
-    another job was being profiled on the group's machines (the prediction
-    cannot include a job without a profile)."""
+    where the decision has one, else its group's) - measured| / measured,
+    steady, the same for the group's prediction), with the prediction and
+    the group of the last decision before that epoch. Steady leaves out
+    epochs during which another job was being profiled on the group's
+    machines (the prediction cannot include a job without a profile).
+    Epochs during which the jobs beside it changed (``changed_during``) are
+    left out."""
     path = os.path.join(metrics, "decisions.jsonl")
     if not os.path.exists(path):
         return []
     decisions = [json.loads(line) for line in open(path)]
     epochs = [json.loads(line) for line in open(os.path.join(metrics, "jobs.jsonl"))]
+    ends = job_ends(metrics)
+    last: dict[str, float] = {}
     out = []
     for ep in epochs:
         group = pred = gpred = None
         size = 0
+        mates: list[str] = []
         profiling: dict[str, str] = {}      # profiling job -> its group
         for d in decisions:
             if d["t"] > ep["t"]:
@@ -167,9 +205,12 @@ def prediction_samples(metrics: str) -> list[tuple[int, float, bool, float]]:
                 # the job's own prediction where the policy makes one
                 gpred = d["predicted"][group]
                 pred = d.get("predicted_jobs", {}).get(ep["job"], gpred)
-                size = sum(1 for g in d["assign"].values() if g == group)
+                mates = [j for j, g in d["assign"].items() if g == group]
+                size = len(mates)
+        start, last[ep["job"]] = last.get(ep["job"]), ep["t"]
         tm = ep["timings"]
-        if pred is None or not tm.get("iters") or ep["epoch"] == 0 or ep["job"] in profiling:
+        if pred is None or not tm.get("iters") or ep["epoch"] == 0 or ep["job"] in profiling \
+                or changed_during(decisions, ends, mates, ep["job"], start, ep["t"]):
             continue
         measured = tm["train"] / tm["iters"]
         out.append((size, abs(pred - measured) / measured, group not in profiling.values(),
@@ -197,13 +238,18 @@ def fresh_samples(metrics: str) -> list[tuple[int, float, float | None]]:
     if not os.path.exists(path):
         return []
     preds = {(r["job"], r["epoch"]): r for r in map(json.loads, open(path))}
+    dpath = os.path.join(metrics, "decisions.jsonl")
+    decisions = [json.loads(line) for line in open(dpath)] if os.path.exists(dpath) else []
+    ends = job_ends(metrics)
     out = []
     last: dict[str, dict] = {}
     for ep in map(json.loads, open(os.path.join(metrics, "jobs.jsonl"))):
         r = preds.get((ep["job"], ep["epoch"]))
         prev, last[ep["job"]] = last.get(ep["job"]), ep
         tm = ep["timings"]
-        if r is None or r["t"] > ep["t"] or not tm.get("iters") or ep["epoch"] == 0:
+        if r is None or r["t"] > ep["t"] or not tm.get("iters") or ep["epoch"] == 0 \
+                or changed_during(decisions, ends, r["jobs"], ep["job"],
+                                  prev["t"] if prev else None, ep["t"]):
             continue
         measured = tm["train"] / tm["iters"]
         wall = epoch_wall(prev, ep) if "predicted_epoch" in r else None

@@ -169,6 +169,37 @@ def test_e2e_workload_is_the_bench_job_set():
     assert c.cpu_s > n.cpu_s and n.bytes > 10 * c.bytes
 
 
+def test_e2e_predictions_leave_out_epochs_whose_partner_changed(tmp_path):
+    """An epoch during which its partner ended (or a job joined) ran partly
+    alone: the bench leaves it out of the prediction error, not counts the
+    pair's prediction against the lone job's time."""
+    import json
+    spec = importlib.util.spec_from_file_location("scheduler_e2e",
+                                                  ROOT / "bench" / "scheduler_e2e.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tm = {"train": 0.2, "iters": 2.0}
+    pair = {"t": 0.0, "assign": {"a": "g", "b": "g"}, "predicted": {"g": 0.1},
+            "predicted_jobs": {"a": 0.1, "b": 0.1}, "profile": [], "promote": [], "pause": []}
+    alone = dict(pair, t=5.5, assign={"b": "g"}, predicted={"g": 0.05}, predicted_jobs={})
+    (tmp_path / "decisions.jsonl").write_text("\n".join(map(json.dumps, [pair, alone])))
+    eps = [{"job": j, "epoch": e, "t": t, "workers": ["m0"], "timings": tm}
+           for j, e, t in (("a", 0, 1.0), ("b", 0, 1.1), ("a", 1, 3.0), ("b", 1, 3.1),
+                           ("a", 2, 5.0), ("b", 2, 5.2), ("b", 3, 6.0))]
+    (tmp_path / "jobs.jsonl").write_text("\n".join(map(json.dumps, eps)))
+    preds = [{"t": e["t"], "job": e["job"], "epoch": e["epoch"] + 1,
+              "jobs": ["a", "b"] if e["t"] < 5.1 else ["b"], "predicted": 0.1,
+              "predicted_epoch": 0.1} for e in eps]
+    (tmp_path / "predictions.jsonl").write_text("\n".join(map(json.dumps, preds)))
+    # a's epochs 1-2 and b's epoch 1 ran beside each other; b's epoch 2 ends
+    # at 5.2 after a's end at 5.0, and the decision at 5.5 changed b's mates
+    # during its epoch 3: both left out
+    assert [(s[0], round(s[1], 3)) for s in bench.prediction_samples(str(tmp_path))] == \
+        [(2, 0.0), (2, 0.0), (2, 0.0)]
+    assert [(s[0], round(s[1], 3)) for s in bench.fresh_samples(str(tmp_path))] == \
+        [(2, 0.0), (2, 0.0), (2, 0.0)]
+
+
 # ---------------------------------------------------------------- importer
 
 def _real_record(jid: str, submitted: float, machines: int = 2) -> dict:
