@@ -210,6 +210,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="CPU weight of a start-up against a COMP thread (default: the "
                          "file's 'startup_weight', else the simulator's, 15/1024: start-ups "
                          "at nice 19; 1 for runs made before they were, session 17's)")
+    ap.add_argument("--eq42", action="store_true",
+                    help="COMP splits as 1/m from the isolated run's DoP (Eq 4.2) for every "
+                         "job, not as measured where the file's runs ran it at other DoPs")
     a = ap.parse_args(argv)
     logging.getLogger("harmony.master").setLevel(logging.WARNING)
     data = json.load(open(a.file))
@@ -227,7 +230,9 @@ def main(argv: list[str] | None = None) -> None:
         if not iso_src:
             raise SystemExit(f"no isolated run in {a.calibrate_from or a.file} to calibrate "
                              f"from: pass --calibrate-from FILE")
-        cal = calibrate(iso_src[0]["statuses"])
+        others = None if a.eq42 else [
+            s for rs in ok_runs(data, load).values() for r in rs for s in r["statuses"]]
+        cal = calibrate(iso_src[0]["statuses"], others=others)
         w = a.startup_weight if a.startup_weight is not None else data.get("startup_weight")
         if w is not None:
             cal.contention = dataclasses.replace(cal.contention, startup_weight=float(w))

@@ -41,7 +41,8 @@ import scheduler_e2e as E2E  # noqa: E402
 
 from harmony.sim import contention as CM  # noqa: E402
 from harmony.sim.engine import Contention  # noqa: E402
-from harmony.sim.importer import jobs_from_status, load_jobs_log, run_dilation  # noqa: E402
+from harmony.sim.importer import jobs_from_status, load_jobs_log, run_dilation, \
+    with_dop_table  # noqa: E402
 from harmony.sim.report import SimResult  # noqa: E402
 from harmony.sim.run import simulate  # noqa: E402
 from harmony.sim.trace import TraceJob  # noqa: E402
@@ -72,10 +73,16 @@ class Calibration:
     link: float
 
 
-def calibrate(statuses: list[dict], jobs_log: list[dict] | None = None) -> Calibration:
+def calibrate(statuses: list[dict], jobs_log: list[dict] | None = None,
+              others: list[dict] | None = None) -> Calibration:
     """The calibration from an isolated run's status records (and the
-    master's jobs.jsonl rows, where kept): see the module docstring."""
+    master's jobs.jsonl rows, where kept): see the module docstring. With
+    ``others`` (status records of other runs of the same jobs), each job's
+    COMP gets its fixed part where one of them ran it at another DoP
+    (``importer.with_dop_table``)."""
     trace, _ = jobs_from_status(statuses, jobs_log)
+    if others:
+        trace = with_dop_table(trace, others)
     startup, boundary = overheads(statuses)
     setups = [c for st in statuses for _, c in st.get("setups") or ()]
     # the CPU part of a start-up (its executors' CPU seconds at ready): real
@@ -97,8 +104,11 @@ def print_calibration(cal: Calibration, source: str = "isolated run") -> None:
           f"{cal.link / 1e6:.1f} MB/s, contention "
           f"{cont.model.cpu_k}/{cont.model.net_k} ({cont.model.source})")
     for t in cal.by_name.values():
-        print(f"  {t.dataset:20s} COMP {t.cpu_s:.3f}s COMM {t.net_s or 0:.3f}s per iteration "
-              f"at DoP {t.ref_dop}, {t.iterations} iterations, eval {t.eval_s:.3f}s/epoch")
+        fixed = f" ({', '.join(f'{c:.3f}s at DoP {m}' for m, c in t.cpu_at)})" \
+            if t.cpu_at else ""
+        print(f"  {t.dataset:20s} COMP {t.cpu_s:.3f}s{fixed} COMM {t.net_s or 0:.3f}s per "
+              f"iteration at DoP {t.ref_dop}, {t.iterations} iterations, eval "
+              f"{t.eval_s:.3f}s/epoch")
 
 
 @dataclass

@@ -37,7 +37,8 @@ def test_round_trip_all_columns(tmp_path):
                 deadline=3600.0, utility=Utility("sigmoid", (10.0, 0.01, 1800.0))),
             job(id="b", app="lasso", curve=LossCurve("points", (0, 1.0, 10, 0.5, 20, 0.25))),
             job(id="c", app="lda", utility=Utility("const", (2.0,)),
-                curve=LossCurve("linear", (0.9, -1.0, 0.1)), cpu_s=1 / 3)]
+                curve=LossCurve("linear", (0.9, -1.0, 0.1)), cpu_s=1 / 3,
+                cpu_at=((1, 1.25), (4, 0.3)))]
     path = tmp_path / "t.csv"
     save_trace(jobs, path)
     assert load_trace(path) == jobs
@@ -66,6 +67,10 @@ def test_iterations_from_curve_and_target():
     (f"{HEADER}\nx,0,nmf,,1,1,1,1\n", ":2:", "iterations", "no curve and target"),
     ("id,arrival,app,curve,target,cpu_s,bytes,ref_dop,machines\n"
      'x,0,nmf,"linear:0.5,0,0.2",0.1,1,0,1,1\n', ":2:", "target", "never reaches"),
+    (f"{HEADER},cpu_at\nx,0,mlr,10,1,1,2,2,1:abc\n", ":2:", "cpu_at", "could not convert"),
+    (f"{HEADER},cpu_at\nx,0,mlr,10,1,1,2,2,0:1\n", ":2:", "cpu_at", "whole number >= 1"),
+    (f"{HEADER},cpu_at\nx,0,mlr,10,1,1,2,2,\"1:1,1:2\"\n", ":2:", "cpu_at", "appears twice"),
+    (f"{HEADER},cpu_at\nx,0,mlr,10,1,1,2,2,1\n", ":2:", "cpu_at", "not DOP:SECONDS"),
 ])
 def test_bad_rows_name_line_and_column(text, where, col, what):
     with pytest.raises(TraceError) as ei:
@@ -80,6 +85,39 @@ def test_unknown_column_and_short_row():
         parse_trace("id,arrival,app,cpu\n", "w.csv")
     with pytest.raises(TraceError, match=r"w.csv:2: 3 cells, the header has 8"):
         parse_trace(f"{HEADER}\nx,0,nmf\n", "w.csv")
+
+
+def test_cpu_at_measured_dops_replace_eq42_nearest_scales():
+    """COMP measured at other DoPs is the COMP there; elsewhere the nearest
+    measurement (ref_dop included) scales as 1/m. MLR's COMP on 1 machine
+    was 1.2x its COMP on 2, where Eq 4.2 says 2x."""
+    j = job(app="mlr", cpu_s=0.2, ref_dop=2, cpu_at=((1, 0.24), (8, 0.04)))
+    assert iteration_profile(j, 1, 1e9)[0] == pytest.approx(0.24)
+    assert iteration_profile(j, 2, 1e9)[0] == pytest.approx(0.2)
+    assert iteration_profile(j, 4, 1e9)[0] == pytest.approx(0.1)          # from DoP 2
+    assert iteration_profile(j, 6, 1e9)[0] == pytest.approx(0.04 * 8 / 6)  # from DoP 8
+    assert iteration_profile(j, 16, 1e9)[0] == pytest.approx(0.02)
+    plain = job(app="mlr", cpu_s=0.2, ref_dop=2)
+    assert iteration_profile(plain, 1, 1e9)[0] == pytest.approx(0.4)
+    assert iteration_profile(j, 1, 1e6)[1] == iteration_profile(plain, 1, 1e6)[1]
+
+
+def test_dop_table_from_runs_at_two_dops():
+    """A replay's calibration takes each job's COMP at other DoPs from the
+    runs that ran it there: its COMP CPU per iteration relative to that at
+    ref_dop, applied to cpu_s; a job run at one DoP is kept as it is."""
+    def rec(name, machines, comp_cpu):
+        on = ", ".join(f"m{i}" for i in range(machines))
+        eps = [{"epoch": e, "time": 10.0 + e, "timings": {"iters": 2.0, "comp_cpu": comp_cpu,
+                                                          "comp": comp_cpu}}
+               for e in range(4)]
+        return {"name": name, "events": [[9.0, "running", f"attempt 1 on {on}"]],
+                "epochs": eps, "ended": 14.0}
+    a, b = job(id="a", dataset="mlr-a", cpu_s=0.25, ref_dop=2), job(id="b", dataset="b")
+    got = importer.with_dop_table([a, b], [rec("mlr-a", 2, 0.4), rec("mlr-a", 1, 0.5),
+                                           rec("mlr-a", 2, 0.4), rec("other", 1, 9.0)])
+    assert got[0].cpu_at == ((1, pytest.approx(0.25 * 0.5 / 0.4)),)
+    assert got[1] == b
 
 
 def test_curves():

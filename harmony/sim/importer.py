@@ -29,6 +29,8 @@ ref_dop         master's moving averages, where possible replaced by the
                 status's own epochs, their machines told by its events
                 (``epoch_rows``)
 eval_s          the median of ``timings["eval"]``
+cpu_at          the profile's ``cpu_prev``: the COMP at the DoP the job
+                left, where the master measured it at two; else empty
 input_bytes     the sum over its machines of ``store[m]["input_mb"]`` (MiB)
 model_bytes     the sum over its machines of ``store[m]["shard_mb"]`` (MiB; the
                 server shards' rows), 0 where not recorded
@@ -65,6 +67,7 @@ import os
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from harmony.policies.curves import LossCurve
@@ -226,7 +229,19 @@ def job_from_status(rec: Mapping[str, Any], t0: float,
         model_bytes=shard_mb * MIB, final_bytes=final, ckpt_bytes=periodic,
         machines=max(1, int(rec.get("machines") or ref)), startup_s=startup,
         startup_cpu_s=startup_cpu,
-        comm_cpu_s=float(p["comm_cpu"]) if isinstance(p.get("comm_cpu"), (int, float)) else None)
+        comm_cpu_s=float(p["comm_cpu"]) if isinstance(p.get("comm_cpu"), (int, float)) else None,
+        cpu_at=cpu_prev(p))
+
+
+def cpu_prev(p: Mapping[str, Any]) -> tuple[tuple[int, float], ...] | None:
+    """The COMP the master measured at the DoP the job left (``cpu_prev``),
+    as a ``cpu_at`` table; None where it ran at one DoP."""
+    prev = p.get("cpu_prev")
+    try:
+        m, t = int(prev[0]), float(prev[1])
+    except (TypeError, ValueError, IndexError):
+        return None
+    return ((m, t),) if m >= 1 and t >= 0 and m != p.get("machines") else None
 
 
 def job_startup(rec: Mapping[str, Any]) -> tuple[float | None, float | None]:
@@ -275,6 +290,36 @@ def jobs_from_status(records: Iterable[Mapping[str, Any]],
             out.append(j)
     out.sort(key=lambda j: (j.arrival, j.id))
     return out, skipped
+
+
+def with_dop_table(jobs: Iterable[TraceJob], records: Iterable[Mapping[str, Any]]
+                   ) -> list[TraceJob]:
+    """``jobs`` with ``cpu_at`` filled in from runs of the same jobs (status
+    records matched by ``name`` = dataset) at other DoPs than ``ref_dop``:
+    the COMP's CPU seconds per iteration (``comp_cpu``, which a partner
+    does not slow as it does the COMP's wall time) at each machine count,
+    the median over the records' epochs after each one's first, relative to
+    the same at ``ref_dop``, times ``cpu_s``. One DoP cannot tell how a
+    job's COMP scales: MLR's COMP CPU per iteration on 1 machine was 1.2x
+    its COMP on 2, where Eq 4.2 says 2x (its local passes over the model).
+    DoPs the job already has in ``cpu_at`` are kept."""
+    at: dict[str, dict[int, list[float]]] = {}
+    for r in records:
+        for row in epoch_rows(r)[1:]:
+            tm, n = row["timings"], len(row["workers"])
+            if n and tm.get("iters") and isinstance(tm.get("comp_cpu"), (int, float)):
+                at.setdefault(str(r.get("name") or ""), {}).setdefault(n, []).append(
+                    float(tm["comp_cpu"]) / float(tm["iters"]))
+    out = []
+    for j in jobs:
+        cpu = at.get(j.dataset, {})
+        ref = statistics.median(cpu[j.ref_dop]) if cpu.get(j.ref_dop) else 0.0
+        table = dict(j.cpu_at or ())
+        for m, xs in cpu.items():
+            if m != j.ref_dop and m not in table and ref > 0:
+                table[m] = j.cpu_s * statistics.median(xs) / ref
+        out.append(replace(j, cpu_at=tuple(sorted(table.items())) or None))
+    return out
 
 
 def run_dilation(records: Iterable[Mapping[str, Any]]) -> float:

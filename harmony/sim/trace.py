@@ -57,6 +57,14 @@ comm_cpu_s          no        CPU seconds per iteration its COMM costs each
                               measured; it runs beside the COMPs there.
                               Empty: only the traffic to the machine's own
                               shard (COMM at DoP 1) is CPU work
+cpu_at              no        COMP seconds per iteration measured at other
+                              DoPs, ``m:seconds,m:seconds`` (e.g. ``1:0.21``):
+                              at those DoPs the job's COMP is that, and at
+                              any other DoP it scales as 1/m from the nearest
+                              measured one. A job's COMP need not split as
+                              Eq 4.2 says: MLR's local passes over its model
+                              are done on every machine. Empty: 1/m from
+                              ``cpu_s`` at ``ref_dop``
 utility             no        a number (a constant utility / weight) or
                               ``sigmoid:g1,g2,g3`` (OASiS: g1/(1+exp(g2(t-g3)))
                               of the JCT t)
@@ -86,7 +94,8 @@ a bad curve, a duplicate id.
 Scaling with DoP (``iteration_profile``) is the scheduler's own model,
 ``harmony.sched.model`` (no second copy here): COMP splits over the m
 machines (Eq 4.2, ``t_cpu_at``) and COMM is a local part plus the remote
-share (m-1)/m of the machine's bytes over its link (``t_net_at``).
+share (m-1)/m of the machine's bytes over its link (``t_net_at``); where
+``cpu_at`` measured COMP at other DoPs, the nearest measurement scales.
 """
 from __future__ import annotations
 
@@ -106,7 +115,7 @@ APPS = ("nmf", "lda", "mlr", "lasso", "torch_mlp", "minimal", "synthetic")
 COLUMNS = ("id", "arrival", "app", "dataset", "iterations", "iters_per_epoch", "curve",
            "target", "cpu_s", "bytes", "ref_dop", "net_s", "link", "eval_s", "input_bytes",
            "model_bytes", "final_bytes", "ckpt_bytes", "machines", "deadline", "utility",
-           "startup_s", "startup_cpu_s", "comm_cpu_s")
+           "startup_s", "startup_cpu_s", "comm_cpu_s", "cpu_at")
 REQUIRED = ("id", "arrival", "app", "cpu_s", "bytes", "ref_dop", "machines")
 HEADER_COMMENT = "# harmony trace v1"
 
@@ -146,6 +155,7 @@ class TraceJob:
     startup_s: float | None = None
     startup_cpu_s: float | None = None
     comm_cpu_s: float | None = None
+    cpu_at: tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self) -> None:
         bad = [f.name for f in fields(self) if f.name != "target"
@@ -160,6 +170,10 @@ class TraceJob:
             raise ValueError(f"job {self.id}: link must be > 0")
         if self.app not in APPS:
             raise ValueError(f"job {self.id}: unknown app {self.app!r} (one of {', '.join(APPS)})")
+        if self.cpu_at is not None and not all(
+                isinstance(m, int) and m >= 1 and math.isfinite(c) and c >= 0
+                for m, c in self.cpu_at):
+            raise ValueError(f"job {self.id}: cpu_at needs DoPs >= 1 and COMP seconds >= 0")
 
     @property
     def epochs(self) -> int:
@@ -197,11 +211,16 @@ def iteration_profile(job: TraceJob, m: float, bandwidth: float | None) -> tuple
     """(COMP seconds, COMM seconds) per iteration of ``job`` on ``m``
     machines with links of ``bandwidth`` bytes/s, alone (no contention):
     ``t_cpu_at`` and ``t_net_at`` of ``harmony.sched.model`` on
-    ``sched_profile(job, bandwidth)``. COMP = cpu_s * ref_dop / m; COMM =
-    local + bytes/bandwidth * (m-1)/m."""
+    ``sched_profile(job, bandwidth)``. COMP = cpu_s * ref_dop / m, or from
+    the measured DoP (``ref_dop`` or one of ``cpu_at``) nearest m, c * m' /
+    m; COMM = local + bytes/bandwidth * (m-1)/m."""
     if m < 1:
         raise ValueError("m must be >= 1")
     p = sched_profile(job, bandwidth)
+    if job.cpu_at:
+        dop, c = min(((job.ref_dop, job.cpu_s), *job.cpu_at),
+                     key=lambda x: (abs(x[0] - m), x[0]))
+        return c * dop / m, t_net_at(p, m)
     return t_cpu_at(p, m), t_net_at(p, m)
 
 
@@ -249,6 +268,24 @@ _INT = {"iterations", "iters_per_epoch", "ref_dop", "machines"}
 _FLOAT = {"arrival", "target", "cpu_s", "bytes", "net_s", "link", "eval_s", "input_bytes",
           "model_bytes", "final_bytes", "ckpt_bytes", "deadline", "startup_s", "startup_cpu_s",
           "comm_cpu_s"}
+
+
+def _dop_table(text: str) -> tuple[tuple[int, float], ...]:
+    """``m:seconds,...`` as ((m, seconds), ...), sorted by m; ValueError
+    on a bad or repeated entry."""
+    out: dict[int, float] = {}
+    for part in text.split(","):
+        m, sep, c = part.strip().partition(":")
+        if not sep:
+            raise ValueError(f"{part.strip()!r} is not DOP:SECONDS")
+        dop, sec = float(m), float(c)
+        if not dop.is_integer() or dop < 1 or not math.isfinite(sec) or sec < 0:
+            raise ValueError(f"{part.strip()!r}: the DoP must be a whole number >= 1 and "
+                             f"the seconds finite and >= 0")
+        if int(dop) in out:
+            raise ValueError(f"DoP {int(dop)} appears twice")
+        out[int(dop)] = sec
+    return tuple(sorted(out.items()))
 
 
 def load_trace(path: str | os.PathLike) -> list[TraceJob]:
@@ -339,6 +376,11 @@ def _row(row: dict[str, str], where: str) -> TraceJob:
                 kw[col] = Utility.parse(s)
             except ValueError as exc:
                 raise err(col, str(exc)) from None
+        elif col == "cpu_at":
+            try:
+                kw[col] = _dop_table(s)
+            except ValueError as exc:
+                raise err(col, str(exc)) from None
         else:
             kw[col] = s
     if "iterations" not in kw:
@@ -370,6 +412,8 @@ def dumps_trace(jobs: Iterable[TraceJob]) -> str:
                 out.append("")
             elif isinstance(v, (LossCurve, Utility)):
                 out.append(v.spec())
+            elif col == "cpu_at":
+                out.append(",".join(f"{m}:{num_spec(c)}" for m, c in v))
             elif isinstance(v, (int, float)):
                 out.append(num_spec(v))
             else:
