@@ -129,6 +129,8 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--apps", default="mlr,lasso-tall,lasso-wide")
+    ap.add_argument("--lasso-args", default="",
+                    help="more Lasso options, e.g. '--solver fista' (default: its ws solver)")
     ap.add_argument("--samples-factor", type=float, default=1.0,
                     help="more samples per epoch on the same model (more COMP per PULL/PUSH)")
     a = ap.parse_args()
@@ -152,7 +154,8 @@ def main() -> None:
             shape = gen_lasso(data, samples=n, features=f, nonzeros=200, noise=0.5, nnz=100,
                               seed=0)
             print(f"Lasso data: {shape}; 1 iteration (full gradient) per epoch")
-            bench(name, "lasso", ["--input", data, "--lam", "0.01"] + common, n, tmp)
+            bench(name, "lasso", ["--input", data, "--lam", "0.01"] + a.lasso_args.split()
+                  + common, n, tmp)
             os.unlink(data)
 
 

@@ -110,10 +110,12 @@ def test_two_machines_reach_the_one_machine_objective(runs):
         assert b["objective"] == pytest.approx(a["objective"], rel=1e-5)
 
 
-def test_iterations_per_epoch_and_ista_converge_too(planted):
-    """Locally: 1 or 5 iterations per epoch give the same iterates; ISTA
-    (no momentum) also reaches the optimum, more slowly."""
-    base = ["--input", planted["path"], "--lam", str(LAM), "--max-epochs", "60"]
+def test_fista_iterations_per_epoch_and_ista_converge_too(planted):
+    """The old solver (--solver fista), locally: 1 or 5 iterations per epoch
+    give the same iterates; ISTA (no momentum) also reaches the optimum, more
+    slowly."""
+    base = ["--input", planted["path"], "--lam", str(LAM), "--max-epochs", "60",
+            "--solver", "fista"]
     cls = load_app(SRC, "lasso.py")
     a = run_local(cls, base)
     b = run_local(cls, base + ["--iters-per-epoch", "5"])
@@ -122,6 +124,40 @@ def test_iterations_per_epoch_and_ista_converge_too(planted):
     c = run_local(cls, base + ["--no-accel", "--max-epochs", "400"])
     assert c.history[-1]["objective"] == pytest.approx(planted["objective"], rel=1e-4)
     assert a.history[-1]["objective"] < c.history[59]["objective"]   # FISTA is faster
+
+
+def test_working_set_solver_is_exact_in_a_few_epochs(planted):
+    """The default solver (--solver ws) reaches scikit-learn's optimum to
+    1e-9 within 10 epochs, where FISTA is still 1e-3 away; 1 or 5 iterations
+    per epoch, and 1 or 3 machines (run_local's emulation), give the same
+    iterates up to the rounding of the sums."""
+    base = ["--input", planted["path"], "--lam", str(LAM), "--max-epochs", "10"]
+    cls = load_app(SRC, "lasso.py")
+    a = run_local(cls, base)
+    assert a.history[-1]["objective"] == pytest.approx(planted["objective"], rel=1e-9)
+    assert a.history[-1]["nnz"] == np.count_nonzero(planted["coef"])
+    f = run_local(cls, base + ["--solver", "fista"])
+    assert f.history[-1]["objective"] > planted["objective"] * (1 + 1e-3)
+    for extra in (["--iters-per-epoch", "5"], ["--blocks", "7"]):
+        b = run_local(cls, base + extra, machines=3 if "--blocks" in extra else 1)
+        assert np.allclose([h["objective"] for h in a.history],
+                           [h["objective"] for h in b.history], rtol=1e-9), extra
+    # the objective never rises: block minimizations from the current point
+    obj = [h["objective"] for h in a.history]
+    assert all(y <= x * (1 + 1e-12) for x, y in zip(obj, obj[1:]))
+
+
+def test_working_set_too_small_still_converges(planted):
+    """A working set smaller than the solution's support: the full set
+    alternates block solves with proximal gradient steps, and still reaches
+    the optimum; the model has only the Gram keys of that set."""
+    cls = load_app(SRC, "lasso.py")
+    args = ["--input", planted["path"], "--lam", str(LAM), "--ws-size", "6",
+            "--max-epochs", "300"]
+    res = run_local(cls, args)
+    assert np.count_nonzero(planted["coef"]) > 6
+    assert res.history[-1]["objective"] == pytest.approx(planted["objective"], rel=1e-6)
+    assert len(res.model) == FEATURES + 2 + 4    # 21 packed Gram entries, 6 per key
 
 
 def test_intercept_and_holdout(tmp_path):
@@ -135,9 +171,10 @@ def test_intercept_and_holdout(tmp_path):
     r = y - X @ sk.coef_ - sk.intercept_
     sk_obj = 0.5 * float(r @ r) / len(y) + LAM * float(np.abs(sk.coef_).sum())
     cls = load_app(SRC, "lasso.py")
-    res = run_local(cls, ["--input", str(path), "--lam", str(LAM), "--intercept",
-                          "--max-epochs", "150"])
-    assert res.history[-1]["objective"] == pytest.approx(sk_obj, rel=1e-6)
+    for solver, epochs in (("ws", 10), ("fista", 150)):
+        res = run_local(cls, ["--input", str(path), "--lam", str(LAM), "--intercept",
+                              "--max-epochs", str(epochs), "--solver", solver])
+        assert res.history[-1]["objective"] == pytest.approx(sk_obj, rel=1e-6), solver
     res = run_local(cls, ["--input", str(path), "--lam", str(LAM), "--intercept",
                           "--holdout", "0.2", "--max-epochs", "30"])
     assert 0 < res.history[-1]["test_mse"] < 1.0

@@ -3,7 +3,8 @@
 installing, so the compile counts in the install time, not in a job's
 first epoch).
 
-It runs one tiny epoch of each NMF solver and of LDA through ``run_local``,
+It runs one tiny epoch of each NMF solver and of LDA, and three of Lasso's
+working-set solver, through ``run_local``,
 so every kernel is compiled for the argument types the apps really pass (a
 read-only array is a type of its own to numba)."""
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from harmony.app import load_app, run_local
+from harmony.datagen.lasso import gen_lasso
 from harmony.datagen.lda import gen_lda
 from harmony.datagen.nmf import gen_nmf
 
@@ -29,13 +31,18 @@ def _tiny_runs(tmp: str) -> dict[str, list[list[str]]]:
     gen_nmf(nmf, users=50, items=30, rank=2, per_user=5, seed=0)
     lda = os.path.join(tmp, "docword.txt")
     gen_lda(lda, docs=40, vocab=50, topics=3, doc_len=20, seed=0)
+    lasso = os.path.join(tmp, "l.svm")
+    gen_lasso(lasso, samples=60, features=20, nonzeros=4, seed=0)
     return {"nmf.py": [["--input", nmf, "--rank", "4", "--max-epochs", "1", "--solver", s]
                        for s in ("als", "sgd")],
-            "lda.py": [["--input", lda, "--topics", "3", "--max-epochs", "1"]]}
+            "lda.py": [["--input", lda, "--topics", "3", "--max-epochs", "1"]],
+            # three epochs: the first gradient, a working set, its block solve
+            "lasso.py": [["--input", lasso, "--lam", "0.01", "--max-epochs", "3"]]}
 
 
 #: which bundled app drives which kernel module
-USES = {"harmony.kernels.nmf": "nmf.py", "harmony.kernels.lda": "lda.py"}
+USES = {"harmony.kernels.nmf": "nmf.py", "harmony.kernels.lda": "lda.py",
+        "harmony.kernels.lasso": "lasso.py"}
 
 
 def warm(apps: Path = APPS) -> float:
