@@ -117,6 +117,7 @@ def replay(shapes: Sequence[Shape], epochs: int = 4, warmup: int = 1,
     timers: list[tuple[float, int, str]] = []  # (time, tie, job): enqueue its next subtask
     now, tie, events = 0.0, 0, 0
     want = warmup + epochs
+    short = len(jobs) if want > 0 else 0     # jobs with fewer than ``want`` epochs
 
     # a COMM's CPU share of the core while it moves (0: none measured)
     share = {s.id: min(1.0, s.net_cpu / s.t_net) if s.t_net > 0 else 0.0 for s in shapes}
@@ -125,13 +126,14 @@ def replay(shapes: Sequence[Shape], epochs: int = 4, warmup: int = 1,
     def act(actions: list) -> None:
         for a in actions:
             key = (a.sub.job, a.sub.seq)
-            if isinstance(a, Grant):
+            kind = type(a)          # (the queue's actions are final classes)
+            if kind is Grant:
                 j = jobs[a.sub.job]
-                run[key] = [j.program[j.pc][1], 0.0 if a.role == "secondary" else 1.0,
-                            j.program[j.pc][0] == "cpu"]
-            elif isinstance(a, (Promote, Resume)):
+                step = j.program[j.pc]
+                run[key] = [step[1], 0.0 if a.role == "secondary" else 1.0, step[0] == "cpu"]
+            elif kind is Promote or kind is Resume:
                 run[key][1] = 1.0
-            elif isinstance(a, (Demote, Stop)):
+            elif kind is Demote or kind is Stop:
                 run[key][1] = 0.0
 
     def start(jid: str) -> None:
@@ -145,6 +147,7 @@ def replay(shapes: Sequence[Shape], epochs: int = 4, warmup: int = 1,
         act(q.enqueue(Sub(jid, j.seq, kind, prio)))
 
     def finish(jid: str) -> None:
+        nonlocal short
         j = jobs[jid]
         kind, _, _, mark = j.program[j.pc]
         if kind != "wait":
@@ -154,6 +157,8 @@ def replay(shapes: Sequence[Shape], epochs: int = 4, warmup: int = 1,
             if j.epochs >= warmup and j.epoch_start is not None:
                 j.samples.append((now - j.epoch_start) / (j.shape.iters or 1))
             j.epochs += 1
+            if j.epochs == want:
+                short -= 1
         j.pc = (j.pc + 1) % len(j.program)
         due(jid)
 
@@ -171,7 +176,7 @@ def replay(shapes: Sequence[Shape], epochs: int = 4, warmup: int = 1,
 
     for jid in jobs:
         due(jid)
-    while events < max_events and any(j.epochs < want for j in jobs.values()):
+    while events < max_events and short:
         events += 1
         # the COMP's pace beside the transfers moving now (1: none slow it)
         pace = 1.0 - min(0.5, sum(share[k[0]] for k, r in run.items() if r[1] > 0 and not r[2])) \

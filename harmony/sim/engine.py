@@ -171,6 +171,7 @@ class Simulator:
         self.block_work = block_work or cruise
         self.incoming: dict[tuple[str, int, int], list] = {}   # blocks a move sends
         self.mode, self.policy = mode, self.core.policy_name
+        self.util = Util(bucket)        # (before the machines: their resources add to it)
         queued = self.core.queued
         self.machines = {f"m{i}": _Machine(self, f"m{i}", queued) for i in range(machines)}
         for attr, speeds in (("cpu_speed", cpu_speed), ("net_speed", net_speed)):
@@ -180,7 +181,6 @@ class Simulator:
         self.cpus, self.memory = cpus, memory
         self.input_blocks, self.model_blocks = input_blocks, model_blocks
         self.execs: dict[bytes, _Exec] = {}
-        self.util = Util(bucket)
         self.now = 0.0
         self._q: list = []
         self._n = itertools.count()
@@ -196,6 +196,8 @@ class Simulator:
         self.wall_limit = wall_limit
         self._client = b"client"
         self._seq = 0
+        self._sub_fields: dict | None = None     # the last enqueue's fields, and its Sub
+        self._sub: Sub | None = None
 
     # -- the event queue ---------------------------------------------------------------
     def _at(self, t: float, fn: Callable, *args: Any) -> None:
@@ -228,12 +230,21 @@ class Simulator:
         self._deliver(ex.ident, mtype, fields)
 
     def _carry(self, commands: list) -> None:
-        Send, route = C.Send, self._route
+        Send, route, execs = C.Send, self._route, self.execs
         for cmd in commands:
             kind = type(cmd)
             if kind is Send:
-                if cmd.type != "ckpt_gc":     # (daemons only; simulated disks hold nothing)
-                    route(cmd)
+                t = cmd.type
+                if t == "enqueue":
+                    self._enqueue(cmd.to, cmd.fields)
+                elif t == "ckpt_gc":      # (daemons only; simulated disks hold nothing)
+                    continue
+                else:
+                    ex = execs.get(cmd.to)
+                    if ex is not None:
+                        ex.on(t, cmd.fields)
+                    else:
+                        route(cmd)
             elif kind is C.Admit:
                 self._seq += 1
                 cmd.job.id = f"job-{self._seq:04d}"
@@ -249,6 +260,28 @@ class Simulator:
                     done = C.Solved(cmd.key, error=f"{exc.__class__.__name__}: {exc}")
                 self._carry(self.core.handle(done, self.now))
 
+    def _enqueue(self, to: bytes, f: dict) -> None:
+        """The synchronizer's enqueue of a subtask on machine ``to``. The
+        core sends one fields dict to every machine of the job: its
+        :class:`Sub` is made once (a frozen record, shared by the machines'
+        queues as the daemons would each parse an equal one)."""
+        m = self.by_ident.get(to)
+        if m is None:
+            return
+        q = m.q
+        if q is None or f["job"] not in m.execs:
+            return
+        if f is self._sub_fields:
+            sub = self._sub
+        else:
+            sub = self._sub = Sub(f["job"], f["seq"], f["kind"], f["prio"])
+            self._sub_fields = f
+        if self.sync_s:         # k real rounds behind one simulated subtask
+            ex = m.execs[f["job"]]
+            k = ex.job.plan[min(ex.epoch, len(ex.job.plan) - 1)][1]
+            return self._later(self.sync_s * k, self._enqueue_late, m, ex, sub)
+        m.act(q.enqueue(sub, self.now))
+
     def _route(self, cmd: C.Send) -> None:
         to, f = cmd.to, cmd.fields
         ex = self.execs.get(to)
@@ -259,15 +292,7 @@ class Simulator:
             return          # a reply to the client, or to an executor that is gone
         t = cmd.type
         if t == "enqueue":
-            q = m.q
-            if q is not None and f["job"] in m.execs:
-                sub = Sub(f["job"], f["seq"], f["kind"], f["prio"])
-                if self.sync_s:         # k real rounds behind one simulated subtask
-                    ex = m.execs[f["job"]]
-                    k = ex.job.plan[min(ex.epoch, len(ex.job.plan) - 1)][1]
-                    return self._later(self.sync_s * k, self._enqueue_late, m, ex, sub)
-                m.act(q.enqueue(sub, self.now))
-            return
+            return self._enqueue(to, f)
         if t == "launch":
             job = self.by_job[f["job"]]
             if f.get("join"):

@@ -24,10 +24,15 @@ class _Res:
     """One resource of one machine (its CPU or its link): the subtasks
     using it progress at rates that depend on who else runs (processor
     sharing), recomputed on every change."""
-    __slots__ = ("sim", "kind", "machine", "running", "last", "version", "busy_since", "due")
+    __slots__ = ("sim", "kind", "machine", "running", "last", "version", "busy_since", "due",
+                 "busy", "use")
 
     def __init__(self, sim: "Simulator", kind: str, machine: "_Machine") -> None:
         self.sim, self.kind, self.machine = sim, kind, machine
+        # where its busy time goes: the engine's utilization buckets
+        # (Util.add on the CPU's or the link's list; None for "up")
+        self.busy = None if kind == "up" else sim.util.add
+        self.use = sim.util.cpu if kind == "cpu" else sim.util.net
         self.running: dict[Any, list] = {}     # key -> [remaining, rate, callback]
         self.last = 0.0
         self.version = 0
@@ -37,14 +42,16 @@ class _Res:
     def _advance(self, now: float) -> None:
         dt = now - self.last
         if dt > 0:
-            busy = False
             for r in self.running.values():
-                rate = r[1]
-                r[0] -= dt * rate
-                if rate > 0:
-                    busy = True
-            if busy:
-                self.sim._busy(self.kind, self.last, now)
+                if r[1] > 0:
+                    break
+            else:
+                self.last = now
+                return
+            for r in self.running.values():
+                r[0] -= dt * r[1]
+            if self.busy is not None:       # (the serving side is counted by its readers)
+                self.busy(self.use, self.last, now)
         self.last = now
 
     def start(self, key: Any, work: float, done: Callable[[], None], now: float) -> None:
@@ -96,9 +103,13 @@ class _Res:
         # done: no work left to speak of, or so little that the clock cannot
         # tell its end from now (past 2**24 s, 1e-9 s is below a double's
         # resolution: the same event fired at the same instant forever)
-        done = [k for k, r in running.items()
-                if r[1] > 0 and (r[0] <= 1e-9 or now + r[0] / r[1] <= now)]
-        cbs = [running.pop(k)[2] for k in done]
+        cbs = []
+        for k, r in running.items():
+            rate = r[1]
+            if rate > 0 and (r[0] <= 1e-9 or now + r[0] / rate <= now):
+                cbs.append(k)
+        for i, k in enumerate(cbs):
+            cbs[i] = running.pop(k)[2]
         self._reschedule(now)
         for cb in cbs:
             cb()
