@@ -132,3 +132,68 @@ def test_the_own_shard_is_served_in_process_with_the_same_results(shards):
             client.pull(np.array([0]))
     finally:
         other.close()
+
+
+def test_a_large_push_goes_in_parts_each_checked_in_full(shards):
+    """Over twice ``part_bytes`` to one shard, with increasing keys, a push
+    goes as several requests sent back to back: the same rows result as in
+    one request, and every part is checked (a non-finite value, a duplicate
+    key, a wrong size) before the shard changes anything of it."""
+    client, servers, ctx = shards
+    one = PSClient(ctx, [s.endpoint for s in servers], np.arange(NB) % 2, DIM, timeout_s=5)
+    try:
+        one.part_bytes = 0                              # always one request per shard
+        row = 8 + DIM * 4
+        client.part_bytes = 50 * row                    # ~250 keys per shard: 4-5 parts each
+        keys = np.arange(KEYS)
+        deltas = np.random.default_rng(0).normal(size=(KEYS, DIM)).astype(np.float32)
+        before = [s.requests for s in servers]
+        client.push(keys, deltas)
+        parts = [s.requests - b for s, b in zip(servers, before)]
+        assert all(p >= 4 for p in parts), parts
+        expect = np.maximum(keys[:, None].astype(np.float32) + deltas, 0)
+        assert np.array_equal(client.pull(keys), expect)
+        before = [s.requests for s in servers]
+        one.push(keys, deltas)
+        assert [s.requests - b for s, b in zip(servers, before)] == [1, 1]
+        expect = np.maximum(expect + deltas, 0)
+        assert np.array_equal(client.pull(keys), expect)
+        client.push(keys, deltas)
+        expect = np.maximum(expect + deltas, 0)
+        assert np.array_equal(one.pull(keys), expect)    # parts and one request alike
+        assert client.push_bytes == 2 * KEYS * row      # parts counted once
+        assert sum(client.peer_bytes) == client.push_bytes + client.pull_bytes
+
+        # a NaN in the last part of a shard: that part is refused whole, its
+        # first part (sent before it) applied, no non-finite value went in
+        nan_key = KEYS - 3
+        held = servers[0].table.keys if nan_key in servers[0].table.keys \
+            else servers[1].table.keys
+        first, bad = int(held[0]), deltas.copy()
+        bad[nan_key, 1] = np.nan
+        with pytest.raises(PSError, match=r"push refused: 1 of \d+ values are not finite"):
+            client.push(keys, bad)
+        now = client.pull(keys)
+        assert np.array_equal(now[nan_key], expect[nan_key])          # its part: unchanged
+        assert np.array_equal(now[first], np.maximum(expect[first] + deltas[first], 0))
+        assert np.isfinite(now).all()
+        # keys not increasing go in one request: a key twice is refused there
+        dup = np.concatenate([keys, keys[:1]])
+        with pytest.raises(PSError, match="duplicate keys in one push"):
+            client.push(dup, np.zeros((len(dup), DIM), np.float32))
+        assert np.array_equal(client.pull(keys), now)   # nothing of it applied
+        # a part of the wrong size is refused by the shard (frame size checked)
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(servers[0].endpoint)
+        try:
+            k0 = servers[0].table.keys[:2]
+            s.send_multipart([M.encode("push", rid=9, n=2, dim=DIM, tag=""), k0,
+                              np.zeros(2 * DIM - 1, np.float32)])
+            assert s.poll(5000)
+            reply = M.decode(s.recv_multipart())
+            assert reply.type == "ps_error" and "expected" in reply["message"]
+        finally:
+            s.close()
+    finally:
+        one.close()
