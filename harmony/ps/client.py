@@ -19,20 +19,6 @@ from harmony.ps.keymap import block_of
 from harmony.ps.server import MAX_FRAME_BYTES, PS_LIMITS, LocalRequestError, _frame_array
 
 
-#: a push of twice this or more to one shard goes as requests of this size
-#: or a little more, sent back to back: the shard checks and applies each as
-#: it arrives while the next are on their way, and receives each into a
-#: buffer under glibc's largest mmap threshold (32 MiB: a 64 MiB message is
-#: received into fresh mmapped pages each time, paid in page faults). Each
-#: request is checked in full (sizes, tag, ownership, duplicates, finite
-#: values) and applied as a whole; a refused one leaves the parts before it
-#: applied. Measured side by side (issue #34 item 3): parts of 1-16 MiB lift
-#: a 64 MB push 1.2-2x; at 16 MB two or more parts were slower on the
-#: loaded 2-core VM (more wake-ups), so a 16 MB push stays one request.
-#: 0: always one request.
-PUSH_PART_BYTES = 16 << 20
-
-
 class PSError(RuntimeError):
     pass
 
@@ -65,7 +51,6 @@ class PSClient:
         self.dim = dim
         self.dtype = np.dtype(dtype)
         self.timeout_ms = int(timeout_s * 1000)
-        self.part_bytes = PUSH_PART_BYTES
         self.socks = [self._connect(ctx, ep) for ep in self.peers]
         self._rid = itertools.count(1)
         self.bytes_sent = 0
@@ -145,59 +130,48 @@ class PSClient:
         self.peer_bytes = (self.peer_bytes + [0] * len(peers))[:len(peers)]
 
     def _collect(self, pending: dict[int, tuple]) -> tuple[dict[int, M.Message], list[int]]:
-        """Replies to every pending request (``rid -> (peer, selection,
-        count)``, several per peer where a push went in parts), by rid; and
-        the rids that a shard answered ``ps_moved`` (it no longer owns those
-        keys: the new owner map is installed, and the caller sends those
-        keys again)."""
-        left: dict[int, set[int]] = {}
-        for rid, (p, _, _) in pending.items():
-            left.setdefault(p, set()).add(rid)
+        """Replies of every pending shard; and the shards that answered
+        ``ps_moved`` (they no longer own those keys: the new owner map is
+        installed, and the caller sends those keys again)."""
         poller = zmq.Poller()
-        for p in left:
+        for p in pending:
             poller.register(self.socks[p], zmq.POLLIN)
         got: dict[int, M.Message] = {}
         moved: list[int] = []
-        new_map = None
-        while left:
+        while len(got) + len(moved) < len(pending):
             events = dict(poller.poll(self.timeout_ms))
             if not events:
-                missing = [self.peers[p] for p in left]
+                missing = [self.peers[p] for p in pending if p not in got and p not in moved]
                 raise PSError(f"server shard(s) not responding: {missing}")
-            for p in list(left):
-                if self.socks[p] not in events:
+            for p in pending:
+                if p in got or p in moved or self.socks[p] not in events:
                     continue
                 try:
                     msg = M.decode(self.socks[p].recv_multipart(copy=False), PS_LIMITS)
                 except SealError as exc:      # nothing of the reply is used
                     raise PSError(f"shard {self.peers[p]}: {exc}") from None
-                rid = msg.get("rid")
-                if rid not in left[p]:
+                if msg.get("rid") != pending[p][0]:
                     continue  # a stale reply from an earlier timed-out request
                 if msg.type == "ps_error":
                     raise PSError(f"shard {self.peers[p]}: {msg['message']}")
-                left[p].discard(rid)
-                if not left[p]:
-                    del left[p]
-                    poller.unregister(self.socks[p])
+                poller.unregister(self.socks[p])
                 if msg.type == "ps_moved":
-                    moved.append(rid)
+                    moved.append(p)
                     new_map = (msg["peers"], msg["owner"])
                 else:
-                    got[rid] = msg
-        if new_map is not None:
-            self.redirects += len({pending[r][0] for r in moved})
+                    got[p] = msg
+        if moved:
+            self.redirects += len(moved)
             self.set_layout(*new_map)
         return got, moved
 
     def _rounds(self, keys: np.ndarray, send, local=None
-                ) -> list[tuple[int, np.ndarray | slice | None, int, M.Message]]:
-        """Route ``keys``, ``send(peer, sel, keys)`` the requests for each
-        shard (it returns one ``(rid, selection, count)`` per request), and
-        collect; keys a shard redirected are routed again with the new
+                ) -> list[tuple[int, np.ndarray | None, int, M.Message]]:
+        """Route ``keys``, ``send(peer, sel, keys)`` one request per shard,
+        and collect; keys a shard redirected are routed again with the new
         owner map. ``local(sel, keys)`` serves this process's own shard in
         this thread (a reply, or None: send it as usual). Returns (peer,
-        selection into keys, count, reply), one per request."""
+        selection into keys, count, reply)."""
         out = []
         sel_all: np.ndarray | None = None
         me = self.local.endpoint if (self.local is not None and local is not None) else None
@@ -209,26 +183,24 @@ class PSClient:
                 if me is not None and self.peers[p] == me:
                     mine.append((p, absolute, kk))      # after the others are asked
                     continue
-                for rid, part, n in send(p, absolute, kk):
-                    pending[rid] = (p, part, n)
+                pending[p] = (send(p, absolute, kk), absolute, len(kk))
             for p, absolute, kk in mine:
                 reply = local(absolute, kk)
                 if reply is None:                       # the shard's thread answers
-                    for rid, part, n in send(p, absolute, kk):
-                        pending[rid] = (p, part, n)
+                    pending[p] = (send(p, absolute, kk), absolute, len(kk))
                 else:
                     self.local_requests += 1
                     out.append((p, absolute, len(kk), reply))
             if not pending:
                 return out
             got, moved = self._collect(pending)
-            for rid, msg in got.items():
-                p, part, n = pending[rid]
-                out.append((p, part, n, msg))
+            for p, msg in got.items():
+                out.append((p, pending[p][1], pending[p][2], msg))
             if not moved:
                 return out
-            every = np.arange(len(keys))
-            sel_all = np.sort(np.concatenate([every[_all(pending[r][1])] for r in moved]))
+            parts = [pending[p][1] if pending[p][1] is not None else np.arange(len(keys))
+                     for p in moved]
+            sel_all = np.sort(np.concatenate(parts))
         raise PSError("keys still redirected after 8 rounds (owner map keeps changing)")
 
     def _local(self, kind: str, keys: np.ndarray, vals: np.ndarray | None):
@@ -263,7 +235,7 @@ class PSClient:
             self.socks[p].send_multipart([M.encode("pull", rid=rid, n=len(k), tag=self.tag), k],
                                          copy=False)
             self.bytes_sent += k.nbytes
-            return [(rid, sel, len(k))]
+            return rid
 
         def local(sel, k):
             rows = self._local("pull", k, None)
@@ -287,12 +259,6 @@ class PSClient:
         return out
 
     def push(self, keys: np.ndarray, deltas: np.ndarray) -> None:
-        """Add ``deltas`` to the rows of ``keys`` (each shard applies the
-        app's update). Over ``part_bytes`` to one shard, with strictly
-        increasing keys, the push goes in parts (PUSH_PART_BYTES), each a
-        request checked and applied whole: a part refused (non-finite
-        values, say) leaves the parts sent before it applied, as a push
-        over a frame's cap (MAX_FRAME_BYTES) always did."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         deltas = np.ascontiguousarray(deltas, dtype=self.dtype)
         if deltas.shape != (len(keys), self.dim):
@@ -301,60 +267,27 @@ class PSClient:
         for s in range(0, len(keys), span):
             self._push(keys[s:s + span], deltas[s:s + span])
 
-    def _part_rows(self, keys: np.ndarray) -> int:
-        """Rows per request of a push of ``keys`` to one shard: all of them,
-        or as many as make parts of ``part_bytes`` or more (evenly split)
-        where the push holds two parts' worth at least and its keys strictly
-        increase (parts then hold disjoint keys: a key twice is still
-        refused by the shard, in one request)."""
-        n = len(keys)
-        parts = n * (8 + self.dim * self.dtype.itemsize) // self.part_bytes \
-            if self.part_bytes > 0 else 1
-        if parts < 2 or not bool((keys[1:] > keys[:-1]).all()):
-            return max(1, n)
-        return -(-n // parts)
-
     def _push(self, keys: np.ndarray, deltas: np.ndarray) -> None:
         if len(keys) == 0:
             return
 
         def send(p, sel, k):
             v = deltas if sel is None else np.ascontiguousarray(deltas[sel])
-            step, reqs = self._part_rows(k), []
-            for s in range(0, len(k), step):
-                e = min(s + step, len(k))
-                rid = next(self._rid)
-                self.socks[p].send_multipart(
-                    [M.encode("push", rid=rid, n=e - s, dim=self.dim, tag=self.tag),
-                     k[s:e], v[s:e]], copy=False)
-                reqs.append((rid, _part(sel, s, e, len(k)), e - s))
+            rid = next(self._rid)
+            self.socks[p].send_multipart(
+                [M.encode("push", rid=rid, n=len(k), dim=self.dim, tag=self.tag), k, v],
+                copy=False)
             self.bytes_sent += k.nbytes + v.nbytes
-            return reqs
+            return rid
 
         def local(sel, k):
             v = deltas if sel is None else np.ascontiguousarray(deltas[sel])
             done = self._local("push", k, v)
             return None if done is None else _LocalReply([])
         replies = self._rounds(keys, send, local)
-        per_peer: dict[int, int] = {}
         for p, sel, n, _ in replies:
-            per_peer[p] = per_peer.get(p, 0) + n
-        for p, n in per_peer.items():
             self.peer_bytes[p] += n * (8 + self.dim * self.dtype.itemsize)
             self.push_bytes += n * (8 + self.dim * self.dtype.itemsize)
-        if self.throttle is not None:     # a shard's parts share its flow
+        if self.throttle is not None:
             self.throttle([[(p, n * (8 + self.dim * self.dtype.itemsize), "out")]
-                           for p, n in per_peer.items()])
-
-
-def _part(sel: np.ndarray | slice | None, s: int, e: int, n: int
-          ) -> np.ndarray | slice | None:
-    """Positions in a request's keys of its part ``s:e`` of ``n`` (None: all)."""
-    if s == 0 and e == n:
-        return sel
-    return slice(s, e) if sel is None else sel[s:e]
-
-
-def _all(sel: np.ndarray | slice | None) -> np.ndarray | slice:
-    """An index for every position ``sel`` names (None: all of them)."""
-    return slice(None) if sel is None else sel
+                           for p, _, n, _ in replies])
