@@ -10,8 +10,10 @@ with the server in its own process:
 
 and prints MB/s, the ratio PS/raw (goal: >= 0.8 from 16 MB up; a push:
 >= 0.95 at 16 and 64 MB, >= 0.8 at 1 MB) and the CPU seconds per GB of the
-client's process and the server's. ``--parts 0,1,4`` measures PS pushes
-sent in requests of 1 and 4 MiB (0: one request) side by side.
+client's process and the server's. A shard acknowledges a push once it is
+checked, then writes it (see ShardServer._handle): after each timed PS
+push an untimed round trip waits for that write, so that its CPU counts
+here and it never overlaps the next timed call.
 
 With ``--designs`` it compares ways to run the PS data plane instead, each
 shard in its own process, pulls and pushes interleaved design by design
@@ -108,18 +110,24 @@ def ps_server(port_q, rows_total, dim, keys_dir=None, shards=1, io_threads=1,
 
 def timed_many(fns, reps):
     """Median seconds and CPU seconds (this process, and ``pid``'s: all its
-    threads) of each ``name -> (fn, pid)``, measured interleaved so that
-    drift in the machine's speed hits all alike (one untimed warm-up each)."""
-    for fn, _ in fns.values():
+    threads) of each ``name -> (fn, pid[, sync])``, measured interleaved so
+    that drift in the machine's speed hits all alike (one untimed warm-up
+    each). ``sync``, run after ``fn``'s timed call and before the CPU
+    readings, waits until the server has done all its work for the call
+    (the shard writes a push after acknowledging it): that work counts in
+    the CPU figures and never runs into the next timed call."""
+    for fn, *_ in fns.values():
         fn()
     ts = {k: [] for k in fns}
     cpu = {k: [0.0, 0.0] for k in fns}
     for _ in range(reps):
-        for k, (fn, pid) in fns.items():
+        for k, (fn, pid, *sync) in fns.items():
             s0, c0 = cpu_ns(pid), time.process_time()
             t = time.perf_counter()
             fn()
             ts[k].append(time.perf_counter() - t)
+            for f in sync:
+                f()
             cpu[k][0] += time.process_time() - c0
             cpu[k][1] += (cpu_ns(pid) - s0) / 1e9
     return {k: (statistics.median(v), *cpu[k]) for k, v in ts.items()}
@@ -174,6 +182,8 @@ class Design:
         else:
             self.client.push(keys, deltas)
         self.wall[op].append(time.perf_counter() - t)
+        if op == "push":            # the shard writes a push after its ack: counted here
+            self.client.pull(keys[:1])
         self.cpu_c[op] += time.process_time() - c0
         self.cpu_s[op] += (cpu_ns(self.server) - s0) / 1e9
 
@@ -305,10 +315,6 @@ def main() -> None:
                     help="compare data plane designs side by side instead of raw vs PS, "
                          "e.g. plain,curve,curve-x2,plain-x2,sealed,signed,sealed-c4 "
                          "(the first is the baseline)")
-    ap.add_argument("--parts", default="",
-                    help="PS pushes in requests of these sizes in MiB, side by side "
-                         "(e.g. 0,1,2,4; 0: one request; default: the client's "
-                         "PUSH_PART_BYTES)")
     ap.add_argument("--moves", type=int, default=0, metavar="MB",
                     help="with --designs: measure block moves of MB MiB into a shard "
                          "(4 MiB blocks) instead of pulls and pushes")
@@ -356,8 +362,6 @@ def main() -> None:
     raw = zctx.socket(zmq.DEALER)
     raw.setsockopt(zmq.LINGER, 0)
     raw.connect(f"tcp://127.0.0.1:{raw_port}")
-    parts = ([int(float(x) * 2**20) for x in a.parts.split(",")] if a.parts
-             else [ps_client.PUSH_PART_BYTES])
     load0 = os.getloadavg()[0]
 
     results = []
@@ -384,14 +388,15 @@ def main() -> None:
             r = client.pull(keys)
             assert r.nbytes == nbytes
 
-        def ps_push(part):
-            client.part_bytes = part
+        def ps_push():
             client.push(keys, deltas)
 
         pulls = timed_many({"raw": (raw_pull, rp.pid), "PS": (ps_pull, pp.pid)}, a.reps)
-        pushes = timed_many({"raw": (raw_push, rp.pid),
-                             **{f"PS {p / 2**20:g}M": ((lambda p=p: ps_push(p)), pp.pid)
-                                for p in parts}}, a.reps)
+        def ps_sync():      # a round trip to the shard: after its write
+            client.pull(keys[:1])
+
+        pushes = timed_many({"raw": (raw_push, rp.pid), "PS": (ps_push, pp.pid, ps_sync)},
+                            a.reps)
         results.append((nbytes, pulls, pushes))
         client.close()
         pq.put("stop")
@@ -403,8 +408,7 @@ def main() -> None:
     rp.join(timeout=10)
 
     print(f"PS data plane vs raw pyzmq over loopback (dim {a.dim}, median of {a.reps}, "
-          f"interleaved; CPU s per GB moved, client / server process, all threads; "
-          f"PS pushes in parts of K MiB, 0: one request)")
+          f"interleaved; CPU s per GB moved, client / server process, all threads)")
     print(f"load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end")
     print(f"{'size':>6} {'op':>4} {'who':>8} | {'MB/s':>9} {'ratio':>6} | {'CPU c/s':>11}")
     for nbytes, pulls, pushes in results:
