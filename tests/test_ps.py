@@ -187,3 +187,28 @@ def test_a_push_is_acknowledged_only_under_the_table_lock(shards):
     assert done.is_set()
     with t.lock:                                        # acked: the write is there
         assert np.array_equal(t.pull(keys), np.maximum(before + 1, 0))
+
+
+def test_a_moved_block_read_and_written_whole_without_a_gather():
+    """Every key of a moved block, in order, is a slice of its rows: a pull
+    of just those is the block's own memory (``live``: the shard tracks the
+    zero-copy reply before a push changes it), a push adds in place; mixed
+    with other keys, the same rows come back as by key."""
+    t = ShardTable(2, "float32", None, nblocks=4)
+    keys = np.arange(40)
+    mine = keys[block_of(keys, 4) != 1]
+    t.load(mine, np.zeros((len(mine), 2), np.float32))
+    moved = keys[block_of(keys, 4) == 1]
+    rows = np.tile(moved[:, None].astype(np.float32), (1, 2))
+    t.add_rows(moved, rows.copy(), 1)
+    got = t.pull(moved)
+    assert t.live(got) and np.array_equal(got, rows)
+    assert not t.live(t.pull(moved[1:]))                 # a subset: a copy
+    t.push(moved, np.ones((len(moved), 2), np.float32))
+    t.push(keys, np.ones((40, 2), np.float32))           # both parts, one whole
+    expect = np.zeros((40, 2), np.float32) + 1
+    expect[moved] += rows + 1                            # pushed twice
+    assert np.array_equal(t.pull(keys), expect)
+    with pytest.raises(ValueError, match="duplicate"):
+        t.push(np.sort(np.concatenate([keys, moved[:1]])), np.zeros((41, 2), np.float32))
+    assert np.array_equal(t.pull(keys), expect)

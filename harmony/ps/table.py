@@ -116,8 +116,10 @@ class ShardTable:
         self._rows = value
 
     def live(self, rows: np.ndarray) -> bool:
-        """``rows`` (a pull's answer) is the table's own memory, not a copy."""
-        return rows is self._rows
+        """``rows`` (a pull's answer) is the table's own memory, not a copy:
+        the sorted table's rows, or a moved block's (pushes change both in
+        place)."""
+        return rows is self._rows or any(rows is r for _, _, r in self._runs)
 
     @property
     def moved_blocks(self) -> int:
@@ -240,7 +242,7 @@ class ShardTable:
         where = self._routing()[block_of(keys, self.nblocks)]
         first = where[0]
         if (where == first).all():
-            return [(int(first), None, self._find(parts[first][0], keys, first == 0))]
+            return [(int(first), None, self._find(parts[first][0], keys, True))]
         order = np.argsort(where, kind="stable")
         counts = np.bincount(where, minlength=len(parts))
         out, s, bad = [], 0, []
@@ -248,7 +250,8 @@ class ShardTable:
             pos = order[s:s + counts[p]]
             s += counts[p]
             try:
-                out.append((int(p), pos, self._find(parts[p][0], keys[pos], False)))
+                # every key of a part, in order: a slice (no gather)
+                out.append((int(p), pos, self._find(parts[p][0], keys[pos], True)))
             except KeyError:
                 sub, tk = keys[pos], parts[p][0]
                 bad.append(sub[~np.isin(sub, tk)])
@@ -521,9 +524,13 @@ class ShardTable:
                 raise ValueError("duplicate keys in one push")
             if self.update is None:
                 for p, pos, idx in loc:
-                    new = parts[p][1][idx]
+                    rows = parts[p][1]
+                    if isinstance(idx, slice):      # the whole part: added in place
+                        writes.append(_add(rows, np.ascontiguousarray(deltas[pos])))
+                        continue
+                    new = rows[idx]
                     new += deltas[pos]
-                    writes.append(_put(parts[p][1], idx, new))
+                    writes.append(_put(rows, idx, new))
             else:       # one call of the app's update with every row, as for one part
                 cur = np.empty((len(keys), self.dim), dtype=self.dtype)
                 for p, pos, idx in loc:
@@ -546,6 +553,11 @@ class ShardTable:
                 f"the app's update() returned {type(new).__name__} "
                 f"{getattr(new, 'shape', '')}, expected an array of shape {cur.shape}")
         return new
+
+
+def _add(rows: np.ndarray, deltas: np.ndarray) -> Callable[[], None]:
+    """The write ``rows += deltas``, in place (same shape: no allocation)."""
+    return lambda: np.add(rows, deltas, out=rows)
 
 
 def _put(rows: np.ndarray, idx: np.ndarray | slice, new: np.ndarray) -> Callable[[], None]:
