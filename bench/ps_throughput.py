@@ -8,7 +8,12 @@ with the server in its own process:
   raw push : DEALER sends keys + payload, ROUTER answers a small ack
   PS  push : PSClient.push(keys, deltas); the shard applies ``rows += deltas``
 
-and prints MB/s and the ratio PS/raw (goal: >= 0.8 from 16 MB up).
+and prints MB/s, the ratio PS/raw (goal: >= 0.8 from 16 MB up; a push:
+>= 0.95 at 16 and 64 MB, >= 0.8 at 1 MB) and the CPU seconds per GB of the
+client's process and the server's. A shard acknowledges a push once it is
+checked, then writes it (see ShardServer._handle): after each timed PS
+push an untimed round trip waits for that write, so that its CPU counts
+here and it never overlaps the next timed call.
 
 With ``--designs`` it compares ways to run the PS data plane instead, each
 shard in its own process, pulls and pushes interleaved design by design
@@ -103,17 +108,29 @@ def ps_server(port_q, rows_total, dim, keys_dir=None, shards=1, io_threads=1,
     ctx.term()
 
 
-def timed_pair(fa, fb, reps):
-    """Median seconds of fa and fb, measured interleaved so that drift in
-    the machine's speed hits both alike."""
-    fa(), fb()  # warm-up
-    ta, tb = [], []
+def timed_many(fns, reps):
+    """Median seconds and CPU seconds (this process, and ``pid``'s: all its
+    threads) of each ``name -> (fn, pid[, sync])``, measured interleaved so
+    that drift in the machine's speed hits all alike (one untimed warm-up
+    each). ``sync``, run after ``fn``'s timed call and before the CPU
+    readings, waits until the server has done all its work for the call
+    (the shard writes a push after acknowledging it): that work counts in
+    the CPU figures and never runs into the next timed call."""
+    for fn, *_ in fns.values():
+        fn()
+    ts = {k: [] for k in fns}
+    cpu = {k: [0.0, 0.0] for k in fns}
     for _ in range(reps):
-        for fn, ts in ((fa, ta), (fb, tb)):
+        for k, (fn, pid, *sync) in fns.items():
+            s0, c0 = cpu_ns(pid), time.process_time()
             t = time.perf_counter()
             fn()
-            ts.append(time.perf_counter() - t)
-    return statistics.median(ta), statistics.median(tb)
+            ts[k].append(time.perf_counter() - t)
+            for f in sync:
+                f()
+            cpu[k][0] += time.process_time() - c0
+            cpu[k][1] += (cpu_ns(pid) - s0) / 1e9
+    return {k: (statistics.median(v), *cpu[k]) for k, v in ts.items()}
 
 
 def cpu_ns(pid: int) -> int:
@@ -165,6 +182,8 @@ class Design:
         else:
             self.client.push(keys, deltas)
         self.wall[op].append(time.perf_counter() - t)
+        if op == "push":            # the shard writes a push after its ack: counted here
+            self.client.pull(keys[:1])
         self.cpu_c[op] += time.process_time() - c0
         self.cpu_s[op] += (cpu_ns(self.server) - s0) / 1e9
 
@@ -338,11 +357,12 @@ def main() -> None:
     rp.start()
     raw_port = q.get(timeout=60)
 
-    from harmony.ps.client import PSClient
+    from harmony.ps import client as ps_client
     zctx = zmq.Context()
     raw = zctx.socket(zmq.DEALER)
     raw.setsockopt(zmq.LINGER, 0)
     raw.connect(f"tcp://127.0.0.1:{raw_port}")
+    load0 = os.getloadavg()[0]
 
     results = []
     for nbytes in sizes:
@@ -353,7 +373,7 @@ def main() -> None:
         pp = ctx.Process(target=ps_server, args=(pq, nrows, a.dim), daemon=True)
         pp.start()
         ep = pq.get(timeout=60)
-        client = PSClient(zctx, ep, np.zeros(1, dtype=np.int64), a.dim)
+        client = ps_client.PSClient(zctx, ep, np.zeros(1, dtype=np.int64), a.dim)
 
         def raw_pull():
             raw.send_multipart([b"pull%d" % nbytes, keys], copy=False)
@@ -371,10 +391,13 @@ def main() -> None:
         def ps_push():
             client.push(keys, deltas)
 
-        rp_, pp_ = timed_pair(raw_pull, ps_pull, a.reps)
-        rs_, ps_ = timed_pair(raw_push, ps_push, a.reps)
-        mb = nbytes / 2**20
-        results.append((mb, mb / rp_, mb / pp_, rp_ / pp_, mb / rs_, mb / ps_, rs_ / ps_))
+        pulls = timed_many({"raw": (raw_pull, rp.pid), "PS": (ps_pull, pp.pid)}, a.reps)
+        def ps_sync():      # a round trip to the shard: after its write
+            client.pull(keys[:1])
+
+        pushes = timed_many({"raw": (raw_push, rp.pid), "PS": (ps_push, pp.pid, ps_sync)},
+                            a.reps)
+        results.append((nbytes, pulls, pushes))
         client.close()
         pq.put("stop")
         pp.join(timeout=10)
@@ -384,12 +407,17 @@ def main() -> None:
     zctx.term()
     rp.join(timeout=10)
 
-    print(f"PS data plane vs raw pyzmq over loopback (dim {a.dim}, median of {a.reps})")
-    print(f"{'size':>6} | {'raw pull':>9} {'PS pull':>9} {'ratio':>6} | "
-          f"{'raw push':>9} {'PS push':>9} {'ratio':>6}")
-    for mb, rpl, ppl, r1, rps, pps, r2 in results:
-        print(f"{mb:5.0f}M | {rpl:7.0f}MB/s {ppl:7.0f}MB/s {r1:6.2f} | "
-              f"{rps:7.0f}MB/s {pps:7.0f}MB/s {r2:6.2f}")
+    print(f"PS data plane vs raw pyzmq over loopback (dim {a.dim}, median of {a.reps}, "
+          f"interleaved; CPU s per GB moved, client / server process, all threads)")
+    print(f"load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end")
+    print(f"{'size':>6} {'op':>4} {'who':>8} | {'MB/s':>9} {'ratio':>6} | {'CPU c/s':>11}")
+    for nbytes, pulls, pushes in results:
+        mb, gb = nbytes / 2**20, a.reps * nbytes / 1e9
+        for op, res in (("pull", pulls), ("push", pushes)):
+            base = res["raw"][0]
+            for who, (med, cc, cs) in res.items():
+                print(f"{mb:5.0f}M {op:>4} {who:>8} | {mb / med:5.0f}MB/s {base / med:6.2f} | "
+                      f"{cc / gb:5.2f}/{cs / gb:5.2f}")
 
 
 if __name__ == "__main__":

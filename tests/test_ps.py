@@ -132,3 +132,83 @@ def test_the_own_shard_is_served_in_process_with_the_same_results(shards):
             client.pull(np.array([0]))
     finally:
         other.close()
+
+
+@pytest.mark.parametrize("update", [None, lambda rows, d: rows - 2 * d])
+def test_a_planned_push_changes_nothing_until_its_write(update):
+    """ShardTable.plan_push does every check and computes the new rows; the
+    table changes only when its write runs (the shard acknowledges in
+    between). Whole table in order, a subset, and a moved block's part."""
+    t = ShardTable(3, "float32", update, nblocks=4)
+    keys = np.arange(0, 40, 2)
+    mine = keys[block_of(keys, 4) != 3]
+    t.load(mine, np.ones((len(mine), 3), np.float32))
+    moved = keys[block_of(keys, 4) == 3]
+    t.add_rows(moved, np.full((len(moved), 3), 5, np.float32), 3)
+    apply = (lambda r, d: r + d) if update is None else update
+    for ks in (mine, mine[1::3], np.sort(np.concatenate([mine[::2], moved]))):
+        d = np.random.default_rng(len(ks)).normal(size=(len(ks), 3)).astype(np.float32)
+        before = t.pull(ks).copy()
+        write = t.plan_push(ks, d)
+        assert np.array_equal(t.pull(ks), before)       # nothing changed yet
+        write()
+        assert np.array_equal(t.pull(ks), apply(before, d))
+    # a refused push raises from the plan: no write to run, nothing changed
+    state = t.pull(mine).copy()
+    bad = np.zeros((len(mine), 3), np.float32)
+    bad[-1, 0] = np.inf
+    with pytest.raises(ValueError, match="not finite"):
+        t.plan_push(mine, bad)
+    with pytest.raises(ValueError, match="duplicate keys"):
+        t.plan_push(mine[[0, 1, 0]], np.zeros((3, 3), np.float32))
+    with pytest.raises(KeyError):
+        t.plan_push(np.array([1]), np.zeros((1, 3), np.float32))
+    assert np.array_equal(t.pull(mine), state)
+
+
+def test_a_push_is_acknowledged_only_under_the_table_lock(shards):
+    """The shard acknowledges a push before writing it, but under the table
+    lock it holds until the write is done: a reader that holds the lock
+    (a checkpoint) keeps the ack back, and once the client has its ack
+    every reader sees the push whole."""
+    import threading
+    client, servers, _ = shards
+    t = servers[0].table
+    keys = t.keys[:50].copy()
+    before = client.pull(keys)
+    done = threading.Event()
+    with t.lock:
+        th = threading.Thread(target=lambda: (client.push(keys, np.ones((50, DIM), np.float32)),
+                                              done.set()))
+        th.start()
+        assert not done.wait(0.5)                       # no ack while a reader holds the lock
+        assert np.array_equal(t.pull(keys), before)
+    th.join(10)
+    assert done.is_set()
+    with t.lock:                                        # acked: the write is there
+        assert np.array_equal(t.pull(keys), np.maximum(before + 1, 0))
+
+
+def test_a_moved_block_read_and_written_whole_without_a_gather():
+    """Every key of a moved block, in order, is a slice of its rows: a pull
+    of just those is the block's own memory (``live``: the shard tracks the
+    zero-copy reply before a push changes it), a push adds in place; mixed
+    with other keys, the same rows come back as by key."""
+    t = ShardTable(2, "float32", None, nblocks=4)
+    keys = np.arange(40)
+    mine = keys[block_of(keys, 4) != 1]
+    t.load(mine, np.zeros((len(mine), 2), np.float32))
+    moved = keys[block_of(keys, 4) == 1]
+    rows = np.tile(moved[:, None].astype(np.float32), (1, 2))
+    t.add_rows(moved, rows.copy(), 1)
+    got = t.pull(moved)
+    assert t.live(got) and np.array_equal(got, rows)
+    assert not t.live(t.pull(moved[1:]))                 # a subset: a copy
+    t.push(moved, np.ones((len(moved), 2), np.float32))
+    t.push(keys, np.ones((40, 2), np.float32))           # both parts, one whole
+    expect = np.zeros((40, 2), np.float32) + 1
+    expect[moved] += rows + 1                            # pushed twice
+    assert np.array_equal(t.pull(keys), expect)
+    with pytest.raises(ValueError, match="duplicate"):
+        t.push(np.sort(np.concatenate([keys, moved[:1]])), np.zeros((41, 2), np.float32))
+    assert np.array_equal(t.pull(keys), expect)

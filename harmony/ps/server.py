@@ -378,7 +378,7 @@ class ShardServer:
     def _serve_locked(self, ident: bytes, body: list) -> None:
         try:
             reply, live = self._handle(ident, body)
-            if reply is None:       # a block chunk (answered) or a held request
+            if reply is None:       # answered already (a block chunk, a push) or held
                 if live:
                     self._held_requests.append((ident, body))
                 return
@@ -426,8 +426,15 @@ class ShardServer:
             vals = _frame_array(msg.frames[1], t.dtype, (n, t.dim))
             self.wait_sends()
             with t.lock:
-                t.push(keys, vals)      # all keys are checked before any is changed
-            return [M.encode("ack", rid=msg["rid"])], False
+                # every check (and the app's update) first, nothing changed;
+                # then the ack, then the write, all under the table lock: no
+                # request (served one at a time) and no reader of the table
+                # sees it between the two, so the ack means "applied" to all
+                # of them, and the client's wait does not include the write
+                write = t.plan_push(keys, vals)
+                self._send(ident, [M.encode("ack", rid=msg["rid"])])
+                write()
+            return None, False
         except KeyError:
             with t.lock:
                 why = self._not_here(keys)

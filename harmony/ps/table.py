@@ -116,8 +116,10 @@ class ShardTable:
         self._rows = value
 
     def live(self, rows: np.ndarray) -> bool:
-        """``rows`` (a pull's answer) is the table's own memory, not a copy."""
-        return rows is self._rows
+        """``rows`` (a pull's answer) is the table's own memory, not a copy:
+        the sorted table's rows, or a moved block's (pushes change both in
+        place)."""
+        return rows is self._rows or any(rows is r for _, _, r in self._runs)
 
     @property
     def moved_blocks(self) -> int:
@@ -240,7 +242,7 @@ class ShardTable:
         where = self._routing()[block_of(keys, self.nblocks)]
         first = where[0]
         if (where == first).all():
-            return [(int(first), None, self._find(parts[first][0], keys, first == 0))]
+            return [(int(first), None, self._find(parts[first][0], keys, True))]
         order = np.argsort(where, kind="stable")
         counts = np.bincount(where, minlength=len(parts))
         out, s, bad = [], 0, []
@@ -248,7 +250,8 @@ class ShardTable:
             pos = order[s:s + counts[p]]
             s += counts[p]
             try:
-                out.append((int(p), pos, self._find(parts[p][0], keys[pos], False)))
+                # every key of a part, in order: a slice (no gather)
+                out.append((int(p), pos, self._find(parts[p][0], keys[pos], True)))
             except KeyError:
                 sub, tk = keys[pos], parts[p][0]
                 bad.append(sub[~np.isin(sub, tk)])
@@ -488,39 +491,60 @@ class ShardTable:
             f"size), or set App.finite_updates = False to apply such updates")
 
     def push(self, keys: np.ndarray, deltas: np.ndarray) -> None:
+        self.plan_push(keys, deltas)()
+
+    def plan_push(self, keys: np.ndarray, deltas: np.ndarray) -> Callable[[], None]:
+        """Everything a push does that can fail, and nothing that changes the
+        table: every check (finite values, keys held, duplicates), the
+        app's update computed; returns the write that applies it, which
+        allocates nothing and cannot fail (caller holds the lock from here
+        until it has run it: the shard acknowledges in between)."""
         self.check_finite(keys, deltas)
         self._ensure()
         loc = self._locate(keys)
         parts = self._parts()
+        writes = []
         if len(loc) == 1:
             p, _, idx = loc[0]
             rows = parts[p][1]
             if not isinstance(idx, slice) and len(idx) > 1 and not (np.diff(idx) > 0).all() \
                     and len(np.unique(idx)) != len(idx):
                 raise ValueError("duplicate keys in one push")
-            if self.update is None:
-                if isinstance(idx, slice):
-                    np.add(rows, deltas, out=rows)
-                else:
-                    rows[idx] += deltas
+            if self.update is None and isinstance(idx, slice):
+                writes.append(lambda: np.add(rows, deltas, out=rows))
+            elif self.update is None:
+                new = rows[idx]
+                new += deltas
+                writes.append(_put(rows, idx, new))
             else:
                 cur = rows if isinstance(idx, slice) else rows[idx]
-                rows[idx] = self._updated(cur, deltas)
+                writes.append(_put(rows, idx, self._updated(cur, deltas)))
         else:
             if first_duplicate(keys) is not None:
                 raise ValueError("duplicate keys in one push")
             if self.update is None:
                 for p, pos, idx in loc:
-                    parts[p][1][idx] += deltas[pos]
+                    rows = parts[p][1]
+                    if isinstance(idx, slice):      # the whole part: added in place
+                        writes.append(_add(rows, np.ascontiguousarray(deltas[pos])))
+                        continue
+                    new = rows[idx]
+                    new += deltas[pos]
+                    writes.append(_put(rows, idx, new))
             else:       # one call of the app's update with every row, as for one part
                 cur = np.empty((len(keys), self.dim), dtype=self.dtype)
                 for p, pos, idx in loc:
                     cur[pos] = parts[p][1][idx]
                 new = self._updated(cur, deltas)
                 for p, pos, idx in loc:
-                    parts[p][1][idx] = new[pos]
+                    writes.append(_put(parts[p][1], idx, np.ascontiguousarray(new[pos])))
         if self._merge is not None:
             self._dirty.append(np.array(keys, dtype=np.int64))
+
+        def write() -> None:
+            for w in writes:
+                w()
+        return write
 
     def _updated(self, cur: np.ndarray, deltas: np.ndarray) -> np.ndarray:
         new = self.update(cur, deltas)
@@ -529,6 +553,18 @@ class ShardTable:
                 f"the app's update() returned {type(new).__name__} "
                 f"{getattr(new, 'shape', '')}, expected an array of shape {cur.shape}")
         return new
+
+
+def _add(rows: np.ndarray, deltas: np.ndarray) -> Callable[[], None]:
+    """The write ``rows += deltas``, in place (same shape: no allocation)."""
+    return lambda: np.add(rows, deltas, out=rows)
+
+
+def _put(rows: np.ndarray, idx: np.ndarray | slice, new: np.ndarray) -> Callable[[], None]:
+    """The write ``rows[idx] = new`` (same dtype and shape: no allocation)."""
+    def put() -> None:
+        rows[idx] = new
+    return put
 
 
 class _Merge:
