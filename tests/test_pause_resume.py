@@ -81,7 +81,7 @@ def _parts(cluster, job):
 
 
 def test_a_corrupt_copy_of_a_checkpoint_is_skipped_for_its_replica(cluster, client, ratings):
-    args = ["--input", ratings, "--max-epochs", "6", *NMF_ARGS]
+    args = ["--input", ratings, "--max-epochs", "40", *NMF_ARGS]
     job = client.submit("nmf.py", NMF_APP.read_text(), args, machines=1)
     _wait_epochs(client, job, 1)
     st = _pause(client, job)
