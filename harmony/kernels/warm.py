@@ -23,21 +23,27 @@ from harmony.datagen.nmf import gen_nmf
 APPS = Path(__file__).resolve().parents[2] / "apps"
 
 
-def _tiny_runs(tmp: str) -> dict[str, list[list[str]]]:
+def _tiny_runs(tmp: str, only: str | None = None) -> dict[str, list[list[str]]]:
     """Per kernel module, the bundled app that uses it (its file name) and
     the arguments of one tiny epoch for each of its kernel paths, on data
-    generated in ``tmp``."""
-    nmf = os.path.join(tmp, "r.txt")
-    gen_nmf(nmf, users=50, items=30, rank=2, per_user=5, seed=0)
-    lda = os.path.join(tmp, "docword.txt")
-    gen_lda(lda, docs=40, vocab=50, topics=3, doc_len=20, seed=0)
-    lasso = os.path.join(tmp, "l.svm")
-    gen_lasso(lasso, samples=60, features=20, nonzeros=4, seed=0)
-    return {"nmf.py": [["--input", nmf, "--rank", "4", "--max-epochs", "1", "--solver", s]
-                       for s in ("als", "sgd")],
-            "lda.py": [["--input", lda, "--topics", "3", "--max-epochs", "1"]],
-            # three epochs: the first gradient, a working set, its block solve
-            "lasso.py": [["--input", lasso, "--lam", "0.01", "--max-epochs", "3"]]}
+    generated in ``tmp``; with ``only`` (an app's file name), that app's
+    alone (an executor's start-up generates no other app's data)."""
+    out: dict[str, list[list[str]]] = {}
+    if only in (None, "nmf.py"):
+        nmf = os.path.join(tmp, "r.txt")
+        gen_nmf(nmf, users=50, items=30, rank=2, per_user=5, seed=0)
+        out["nmf.py"] = [["--input", nmf, "--rank", "4", "--max-epochs", "1", "--solver", s]
+                         for s in ("als", "sgd")]
+    if only in (None, "lda.py"):
+        lda = os.path.join(tmp, "docword.txt")
+        gen_lda(lda, docs=40, vocab=50, topics=3, doc_len=20, seed=0)
+        out["lda.py"] = [["--input", lda, "--topics", "3", "--max-epochs", "1"]]
+    if only in (None, "lasso.py"):
+        lasso = os.path.join(tmp, "l.svm")
+        gen_lasso(lasso, samples=60, features=20, nonzeros=4, seed=0)
+        # three epochs: the first gradient, a working set, its block solve
+        out["lasso.py"] = [["--input", lasso, "--lam", "0.01", "--max-epochs", "3"]]
+    return out
 
 
 #: which bundled app drives which kernel module
@@ -71,7 +77,7 @@ def preload(app: type, name: str) -> float:
     c0 = time.process_time()
     try:
         with tempfile.TemporaryDirectory(prefix="harmony-preload-") as tmp:
-            for args in _tiny_runs(tmp)[name]:
+            for args in _tiny_runs(tmp, name).get(name, ()):
                 run_local(app, args)
     except Exception:           # noqa: BLE001 (best effort, see above)
         pass
