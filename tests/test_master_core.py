@@ -468,6 +468,8 @@ def test_the_machine_index_agrees_with_a_scan_of_every_job_through_a_jobs_life()
         # a job that is over runs nowhere: it left the index, its workers stay
         for j in core.jobs.values():
             if j.state.terminal:
+                # nor does the view's cache of its progress keep it
+                assert j.id not in core._progress, j.id
                 assert all(j.id not in core._on.get(n, {}) for n in names)
 
     a = c.submit(machines=2)

@@ -128,6 +128,7 @@ class Lifecycle(Checkpoints, Catalog, Views):
     def _note_ended(self, job: Job) -> None:
         """An active job leaves its group: the Harmony policy's completion event."""
         self.ends += 1
+        self._progress.pop(job.id, None)    # its view's cache: rebuilt if it runs again
         if job.state.active and job.workers:
             self._ended.append(P.JobView(job.id, job.machines, job.submitted, state="finished",
                                          profile=job.sched_profile(),
