@@ -1,5 +1,6 @@
 """CurveZMQ keys and who may say what: probes from strangers and from keys of
 the wrong role against a real local cluster, on loopback."""
+import glob
 import os
 import stat
 
@@ -88,8 +89,23 @@ def test_forged_executor_messages_do_not_touch_a_running_job(cluster, client):
     other = st["workers"].index("m0") if "m0" in st["workers"] else 0
     _probe(cluster.endpoint, m1, M.encode("exec_failed", job=job, index=other, error="forged",
                                           attempt=st["attempt"]), 500)
+    # the executors' specs carry the attempt's data-plane secret: owner-only
+    specs = glob.glob(os.path.join(cluster.state_dir, "**", f"{job}.*", "spec.msgpack"),
+                      recursive=True)
+    assert len(specs) == 2, specs
+    assert all(os.stat(p).st_mode & 0o777 == 0o600 for p in specs)
     st = wait_state(client, job, ("finished", "failed"))
     assert st["state"] == "finished", st["error"]
+
+
+def test_an_executor_refuses_a_spec_others_can_read(tmp_path):
+    """The spec holds the attempt's secret: one readable by others is refused
+    before it is parsed (the daemon writes it 0600)."""
+    spec = tmp_path / "spec.msgpack"
+    spec.write_bytes(b"\x80")          # an empty map: never read
+    spec.chmod(0o644)
+    from harmony.worker.executor.process import main as executor_main
+    assert executor_main([str(spec)]) == 2
 
 
 def test_a_client_without_keys_is_told_why(cluster, monkeypatch, tmp_path):

@@ -464,7 +464,13 @@ class Daemon:
                 "store_max": self.store_max}
         spec_path = os.path.join(d, "spec.msgpack")
         try:
-            with open(spec_path, "wb") as fh:
+            # it carries the attempt's data-plane secret: its owner's alone,
+            # from its creation (a file made 0644 then chmodded could be
+            # opened by another local user in between)
+            if os.path.exists(spec_path):
+                os.unlink(spec_path)
+            fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
                 fh.write(msgpack.packb(spec, use_bin_type=True))
                 fh.flush()
                 os.fsync(fh.fileno())     # a full disk shows here, not in the executor

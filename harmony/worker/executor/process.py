@@ -283,6 +283,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s executor[%(process)d] %(levelname)s %(message)s")
+    with open(argv[0], "rb") as fh:
+        mode = os.fstat(fh.fileno()).st_mode
+        if mode & 0o077:
+            # the spec carries the attempt's data-plane secret (the daemon
+            # writes it 0600): one that others could read may have leaked
+            log.error("refusing %s: readable by others (mode %o); the spec holds "
+                      "this attempt's secret and must be its owner's alone",
+                      argv[0], mode & 0o777)
+            return 2
+        spec = msgpack.unpackb(fh.read(), raw=False)
     # a crash in native code (e.g. numpy's ufunc.at writing to a read-only
     # zero-copy input view, which ignores the flag) leaves the Python stack
     # in the log, whose tail the job's error shows
@@ -292,6 +302,4 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, _term)
-    with open(argv[0], "rb") as fh:
-        spec = msgpack.unpackb(fh.read(), raw=False)
     return Executor(spec).run()
