@@ -187,14 +187,15 @@ class ResourceQueues:
             if self.cpu_stopped is not None:
                 self.bypassed += 1
             acts.append(Grant(self.cpu_run, "cpu"))
-        elif head and self.cpu_stopped is None and self._bypasses(head, self.cpu_run):
+        elif head and (run := self.cpu_run) is not None and self.cpu_stopped is None \
+                and self._bypasses(head, run):
             # the next COMP is short next to the running one: stop the long
             # one while the short one runs (one level deep, grants stay FIFO)
-            if self.long is not self.cpu_run:
-                self.long, self.bypassed = self.cpu_run, 0
-            self.cpu_stopped, self.cpu_run = self.cpu_run, self.cpu_wait.popleft()
+            if self.long is not run:
+                self.long, self.bypassed = run, 0
+            self.cpu_stopped, self.cpu_run = run, self.cpu_wait.popleft()
             self.bypassed += 1
-            acts += [Stop(self.cpu_stopped), Grant(self.cpu_run, "cpu")]
+            acts += [Stop(run), Grant(self.cpu_run, "cpu")]
         while len(self.net_run) < self.net_slots and self.net_wait:
             s = self.net_wait.popleft()
             if self.net_run and 0 < s.prio < self.net_run[0].prio:

@@ -387,7 +387,7 @@ class DaemonCore:
         return cpu, net
 
     def queue_stats(self) -> dict[str, QueueStats]:
-        return {k: QueueStats(q[0], q[1], q[2], q[3]) for k, q in self._qs.items()}
+        return {k: QueueStats(int(q[0]), q[1], int(q[2]), q[3]) for k, q in self._qs.items()}
 
     # -- executor memory -----------------------------------------------------------
     def started(self, job: str, now: float) -> None:
