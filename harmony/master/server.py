@@ -9,6 +9,7 @@ record files, the clock and signals; every decision is the core's.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -269,7 +270,7 @@ class Master:
                 try:
                     events = poller.poll(100)
                 except zmq.ZMQError as exc:
-                    if exc.errno == zmq.EINTR:
+                    if exc.errno == errno.EINTR:
                         continue
                     raise
                 if events:

@@ -9,6 +9,7 @@ the daemon if it is killed outright (PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
 
+import errno
 import ctypes
 import json
 import logging
@@ -261,7 +262,7 @@ class Daemon:
                         if sock in ready:
                             self._guarded(self.syncs.drain, sock)
                 except zmq.ZMQError as exc:
-                    if exc.errno != zmq.EINTR:
+                    if exc.errno != errno.EINTR:
                         raise
                 while not self._outbox.empty():
                     mtype, fields = self._outbox.get_nowait()
