@@ -18,6 +18,12 @@ by D, and only these:
 * the executor's epoch timings (:func:`undilate_timings`) before they are
   sent: COMP, PULL, PUSH, the epoch's training and evaluation walls.
 
+An executor's start-up (the interpreter, the app's imports, its input's
+load) is stretched like a COMP: it sleeps (D - 1) x its wall time before
+it reports ready, so a start-up costs in undilated seconds what it costs
+at D = 1 (without this, 1/D of it: the dilation check's largest error on
+whole runs).
+
 What does not scale: the control plane's per-message costs (a subtask's
 slot request to the daemon, the synchronizer's and barriers' round trips
 through the master, msgpack and ZeroMQ hops) run at real speed, so at

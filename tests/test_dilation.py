@@ -110,6 +110,10 @@ def test_nmf_on_a_cluster_at_dilation_4(tmp_path, ratings):
     comp = sum(e["timings"]["comp"] for e in st["epochs"])
     assert comp > 0 and wall >= d * comp
     assert all(e["timings"]["comp"] >= 0.9 * e["timings"]["comp_cpu"] for e in st["epochs"])
+    # the start-ups were stretched too: in undilated seconds each lasted its
+    # wall at D = 1 (at least most of its CPU seconds), not a quarter of it
+    assert len(st["setups"]) == 2
+    assert all(wall_s >= 0.6 * cpu_s > 0 for wall_s, cpu_s in st["setups"]), st["setups"]
 
 
 def test_sim_import_takes_a_dilated_run_as_is_and_refuses_a_mix():

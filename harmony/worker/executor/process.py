@@ -152,6 +152,12 @@ class Executor(Training):
             self.server = ShardServer(self.ctx, s["host"], table, tag=tag, key=self.data_key)
             self.server.start()
             me = psutil.Process()
+            # an emulated machine at dilation D also starts up D times
+            # slower (the interpreter, the imports, the input's load): what a
+            # COMP's stretch does, for the start-up's wall since the process
+            # began. Without it a dilated cluster's start-ups cost 1/D of
+            # their real time in undilated seconds (bench/dilation.py)
+            dil.stretch(time.time() - me.create_time(), self.dil)
             self.ctl.send(M.encode("exec_ready", job=self.job, index=self.index,
                                    attempt=self.attempt, endpoint=self.server.endpoint,
                                    num_keys=spec.num_keys, dim=spec.dim,
