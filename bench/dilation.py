@@ -139,7 +139,7 @@ def run_config(c: Client, meter: CpuMeter, app: str, dop: int, pair: bool,
     ids = [c.submit(f"{app}.py", src, job_args(app, data, epochs), machines=dop,
                     name=f"{app}-{i}", group=group) for i in range(2 if pair else 1)]
     deadline = time.time() + timeout
-    steady = False   # CPU from every job's first epoch report (start-up does not dilate)
+    steady = False   # CPU from every job's first epoch report (the epochs' share)
     ours = host = float("nan")
     while True:
         sts = [c.status(j) for j in ids]
@@ -158,7 +158,13 @@ def run_config(c: Client, meter: CpuMeter, app: str, dop: int, pair: bool,
     ok = all(s["state"] == "finished" for s in sts)
     ep = [r[0] for r in res if r[0] is not None]
     sy = [r[1] for r in res if r[1] is not None]
+    # whole jobs, in undilated seconds: submission to end (the master's
+    # clock), and each executor's start-up (process start to ready)
+    jct = [s["elapsed"] for s in sts if s["state"] == "finished" and s.get("elapsed")]
+    setups = [w for s in sts for w, _ in (s.get("setups") or [])]
     return {"ok": ok, "states": [s["state"] for s in sts],
+            "jct": statistics.mean(jct) if jct else None,
+            "startup": statistics.median(setups) if setups else None,
             "errors": [s.get("error") for s in sts if s.get("error")],
             "epoch": statistics.mean(ep) if ep else None,
             "sync": statistics.mean(sy) if sy else None, "cpu": ours, "host": host}
@@ -227,6 +233,20 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
         rows.append({"app": app, "dop": m, "pair": pair, "ratios": ratios,
                      "per_d": {str(d): per[d] for d in per}})
+    print(f"\nWhole jobs: JCT and an executor's start-up (median), undilated s per D, "
+          f"ratio to D={base:g}")
+    print("app     DoP place  " + "".join(f"  JCT D={d:<5g}" for d in ds)
+          + "".join(f" ratio{d:g}" for d in ds[1:])
+          + "".join(f"  start D={d:<4g}" for d in ds) + "".join(f" ratio{d:g}" for d in ds[1:]))
+    for (app, m, pair), per in results.items():
+        line = f"{app:7s} {m:3d} {'pair ' if pair else 'alone'} "
+        for what, width in (("jct", 11), ("startup", 12)):
+            b = per.get(base, {}).get(what)
+            line += "".join(f"  {per[d][what]:{width}.2f}" if per.get(d, {}).get(what)
+                            else "  " + "-".rjust(width) for d in ds)
+            line += "".join(f"  {per[d][what] / b:6.3f}" if b and per.get(d, {}).get(what)
+                            else "       -" for d in ds[1:])
+        print(line)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "dilation.json"), "w") as fh:
