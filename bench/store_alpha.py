@@ -64,7 +64,7 @@ def idle_executor_bytes(app: str) -> int:
     code = ("import harmony.worker.executor, lmdb, zmq; from pathlib import Path; "
             "from harmony.app import load_app; "
             f"load_app(Path('apps/{app}').read_text(), '{app}'); "
-            "from harmony.store.local import own_memory; print(own_memory()[1])")
+            "from harmony.util.malloc import own_memory; print(own_memory()[1])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT)
     return int(out.stdout.strip())

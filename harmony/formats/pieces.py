@@ -24,6 +24,9 @@ from collections.abc import Hashable
 
 import numpy as np
 
+from harmony.util.malloc import trim_heap
+
+
 Piece = tuple[np.ndarray, ...]
 
 
@@ -77,7 +80,6 @@ class PieceBuffer:
             n = self._bytes.pop(key)
             self.held -= n
             self.spilled += n
-        from harmony.store.local import trim_heap   # (lazily: apps import this module)
         trim_heap()   # the written pieces' memory back to the OS
 
     def take(self, key: Hashable) -> list[Piece]:

@@ -22,7 +22,8 @@ from harmony.app import ModelSpec
 from harmony.comm import messages as M
 from harmony.store.alpha import AlphaController, Observation, Thresholds, initial_alpha
 from harmony.store.lmdb_store import JobStorage
-from harmony.store.local import LocalInput, MemoryWatch, SpillDisabledError, own_memory
+from harmony.store.local import LocalInput, SpillDisabledError
+from harmony.util.malloc import MemoryWatch, own_memory
 from harmony.store.memory import executors_memory
 from harmony.worker.executor.links import Links
 

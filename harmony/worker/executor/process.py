@@ -34,7 +34,8 @@ from harmony.store.alpha import AlphaController
 from harmony.store.checkpoint import CheckpointError
 from harmony.store.errors import StoreError
 from harmony.store.lmdb_store import JobStorage
-from harmony.store.local import LocalInput, MemoryWatch, trim_heap
+from harmony.store.local import LocalInput
+from harmony.util.malloc import MemoryWatch, trim_heap
 from harmony.store.transfer import TransferError
 from harmony.worker import jobckpt
 from harmony.worker.executor.layout import Left

@@ -19,7 +19,8 @@ from harmony.app import App, AppError, Step, should_stop
 from harmony import dilation as dil
 from harmony.comm import messages as M
 from harmony.ps.server import ShardTable
-from harmony.store.local import BlockSeq, LocalInput, own_memory
+from harmony.store.local import BlockSeq, LocalInput
+from harmony.util.malloc import own_memory
 from harmony.worker import executor_core as core
 from harmony.worker.executor.checkpoints import CKPT_ERRORS, Checkpoints
 from harmony.worker.executor.layout import Layout
