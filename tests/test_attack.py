@@ -29,6 +29,7 @@ from harmony.client import Client
 from harmony.cluster import LocalCluster
 from harmony.comm import messages as M
 from harmony.comm import security
+from harmony.comm.handshake import Watch
 from harmony.comm.zmqutil import make_socket
 from harmony.store.transfer import chunk_digest
 from apps_for_tests import TOY_APP
@@ -75,22 +76,60 @@ def _keys(cl, role: str, name: str) -> security.Keys:
 
 def _send(endpoint: str, frames: bytes | list[bytes], keys: security.Keys | None,
           wait_ms: int = 700) -> M.Message | None:
-    """Send one message with ``keys`` (None: no CURVE at all); the reply or None."""
+    """Send one message with ``keys`` (None: no CURVE at all); the reply or
+    None: none within ``wait_ms``, or the handshake failed (the socket's
+    monitor says so, and no handshake completed: the peer read nothing, so
+    no reply can come and the rest of ``wait_ms`` is not waited out)."""
     frames = [frames] if isinstance(frames, bytes) else frames
     ctx = zmq.Context()
+    watch = None
     try:
         s = make_socket(ctx, zmq.DEALER, keys=keys) if keys is not None else ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
+        watch = Watch(s)
         s.connect(endpoint)
         try:
             s.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:          # no peer: the handshake never completed
             return None
-        if not s.poll(wait_ms):
-            return None
-        return M.decode(s.recv_multipart())
+        return M.decode(s.recv_multipart()) if _wait(s, watch, wait_ms / 1000) else None
     finally:
+        if watch is not None:
+            watch.close()
         ctx.destroy(0)
+
+
+#: a probe socket's reconnect interval (libzmq's default: 100 ms). A peer
+#: that closes a connection mid-greeting (a sealed shard seeing a CurveZMQ
+#: greeting often does) is a failure without detail, and libzmq connects
+#: again; the mechanism mismatch (or the ZAP handler's refusal) is seen on a
+#: later try. Retrying sooner only brings that outcome sooner.
+RECONNECT_MS = 10
+
+
+def _no_handshake(watch: Watch) -> bool:
+    """The peer refused the key (ZAP) or the mechanism and no handshake
+    completed: nothing sent on the socket was or will be read (libzmq ends
+    the session after a handshake fails on the protocol or on a refusal, it
+    does not connect again, and messages are only sent after a handshake)."""
+    watch.update()
+    return (watch.refused or watch.mismatch) and not watch.succeeded
+
+
+def _wait(s: zmq.Socket, watch: Watch, timeout_s: float) -> bool:
+    """Whether ``s`` has a message within ``timeout_s``; False as soon as
+    the handshake failed (:func:`_no_handshake`)."""
+    poller = zmq.Poller()
+    poller.register(s, zmq.POLLIN)
+    poller.register(watch.mon, zmq.POLLIN)
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        if s in dict(poller.poll(max(1, int(left * 1000)))):
+            return True
+        if _no_handshake(watch):
+            return False
+    return False
 
 
 def _cluster_pids(cl) -> list[int]:
@@ -559,34 +598,105 @@ def _minimal(mtype: str) -> bytes:
     return M.encode(mtype, **fields)
 
 
-def _refused(endpoint: str, keys, types: list[str], silent: bool = False,
-             wait_ms: int = 2000) -> list[str]:
-    """Send each message of ``types`` on one connection, one at a time; the
-    types whose answer was not a refusal. ``silent``: a socket that ignores
-    every one of them: all are sent, and any answer is a failure."""
-    s = _dealer(endpoint, keys)
-    bad = []
-    try:
-        if silent:
-            for t in types:
-                try:
-                    s.send(_minimal(t))
-                except zmq.Again:
-                    return []
-            while s.poll(1000):
-                bad.append(f"an answer: {M.decode(s.recv_multipart()).fields}")
-            return bad
-        for t in types:
+class _Refusals:
+    """One connection that sends every message of ``types`` to a socket that
+    must refuse them all; ``bad``: the answers that were not a refusal.
+    ``silent``: a socket that ignores every one of them: any answer is a
+    failure.
+
+    All messages are sent first, then the answers read (:func:`_refusals`,
+    every connection at once). A server reads one connection's messages in
+    order and answers each at most once, so a connection is done when it has
+    an answer for every message sent, or none came for ``wait_ms``
+    (``silent``: 1 s) after its last send or answer (a socket that drops
+    what it refuses: a probe that waited ``wait_ms`` for each message's
+    answer in turn sees no answer this one misses), or its monitor says the
+    handshake failed (nothing was read: :func:`_no_handshake`)."""
+
+    def __init__(self, what: str, endpoint: str, keys, types: list[str],
+                 silent: bool = False, wait_ms: int = 2000) -> None:
+        self.what, self.types, self.silent = what, types, silent
+        self.quiet = (1000 if silent else wait_ms) / 1000
+        self.sock = make_socket(_CTX, zmq.DEALER, keys=keys)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
+        self.watch = Watch(self.sock)
+        self.sock.connect(endpoint)
+        self.bad: list[str] = []
+        self.sent = self.got = 0
+        self.done = False
+        self.until = 0.0
+
+    def send(self) -> None:
+        for t in self.types:
+            if not self._send(_minimal(t)):
+                self.done = True              # nothing was read
+                return
+            self.sent += 1
+        self.until = time.monotonic() + self.quiet
+
+    def _send(self, frame: bytes, timeout_s: float = 3.0) -> bool:
+        """Queue ``frame`` within ``timeout_s``; False: the handshake failed
+        (no peer to queue it for: libzmq drops a connection's queue when its
+        handshake fails) or never completed."""
+        deadline = time.monotonic() + timeout_s
+        while True:
             try:
-                s.send(_minimal(t))
+                self.sock.send(frame, zmq.NOBLOCK)
+                return True
             except zmq.Again:
-                return []                     # the handshake failed: nothing was read
-            r = M.decode(s.recv_multipart()) if s.poll(wait_ms) else None
-            if r is not None and (r.type not in REFUSED or r.get("ok")):
-                bad.append(f"{t} -> {r.type}")
+                if _no_handshake(self.watch) or time.monotonic() >= deadline:
+                    return False
+                self.watch.mon.poll(10)
+
+    def read(self) -> None:
+        while not self.done:
+            try:
+                r = M.decode(self.sock.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            self.got, self.until = self.got + 1, time.monotonic() + self.quiet
+            if self.silent:
+                self.bad.append(f"an answer: {r.fields}")
+            elif r.type not in REFUSED or r.get("ok"):
+                self.bad.append(f"{r.type} {r.fields} (answer {self.got} to "
+                                f"{self.sent} sent)")
+            self.done = not self.silent and self.got >= self.sent
+
+    def close(self) -> None:
+        self.watch.close()
+        self.sock.close(0)
+
+
+def _refusals(conns: list[_Refusals]) -> list[str]:
+    """Send on every connection, then read all their answers at once
+    (:class:`_Refusals`); what each answered that was not a refusal."""
+    try:
+        for c in conns:
+            c.send()
+        poller = zmq.Poller()
+        for c in conns:
+            if not c.done:
+                poller.register(c.sock, zmq.POLLIN)
+                poller.register(c.watch.mon, zmq.POLLIN)
+        live = [c for c in conns if not c.done]
+        while live:
+            now = time.monotonic()
+            for c in live:
+                c.read()
+                if not c.done and (now >= c.until or _no_handshake(c.watch)):
+                    c.done = True
+                if c.done:
+                    poller.unregister(c.sock)
+                    poller.unregister(c.watch.mon)
+            live = [c for c in live if not c.done]
+            if live:
+                wait = min(c.until for c in live) - time.monotonic()
+                poller.poll(max(1, int(wait * 1000)))
+        return [f"{c.what}: {b}" for c in conns for b in c.bad]
     finally:
-        s.close(0)
-    return bad
+        for c in conns:
+            c.close()
 
 
 def probe_every_message_type_from_every_role(cl):
@@ -610,7 +720,7 @@ def probe_every_message_type_from_every_role(cl):
     m1_daemon = {ep for pid, ep in daemon_eps if "m1" in daemons[pid]}
     # each daemon: its executors' socket and its synchronizer's
     assert len(targets) == 1 + 2 + 2 + 2 * 2, targets
-    bad = []
+    conns = []
     for sock, ep in targets:
         col = SOCKETS.index(sock)
         for role, k in keys.items():
@@ -620,7 +730,8 @@ def probe_every_message_type_from_every_role(cl):
             # a daemon hears only its own machine's executors: m1's key at m0's
             # daemon (and any client or reader key) gets no answer at all
             silent = sock == "daemon" and not own
-            bad += [f"{sock} {ep} {role}: {b}" for b in _refused(ep, k, deny, silent)]
+            conns.append(_Refusals(f"{sock} {ep} {role}", ep, k, deny, silent))
+    bad = _refusals(conns)          # every connection's answers at once
     assert not bad, bad
     for pid in procs:
         assert _rss(pid) - rss0[pid] < 100 * MiB, f"{pid} grew {(_rss(pid) - rss0[pid]) / MiB:.0f} MiB"
