@@ -19,10 +19,12 @@ by D, and only these:
   sent: COMP, PULL, PUSH, the epoch's training and evaluation walls.
 
 An executor's start-up (the interpreter, the app's imports, its input's
-load) is stretched like a COMP: it sleeps (D - 1) x its wall time before
-it reports ready, so a start-up costs in undilated seconds what it costs
-at D = 1 (without this, 1/D of it: the dilation check's largest error on
-whole runs).
+load) lasts at least D x its CPU seconds: it sleeps the difference before
+it reports ready, so a start-up costs in undilated seconds about what it
+costs at D = 1 (without this, 1/D of it: the dilation check's largest
+error on whole runs). Its CPU and not its wall is scaled: the start-up
+runs at nice 19, and its wall also holds waits for the host's cores
+behind other machines' work, which a stretch of the wall would multiply.
 
 What does not scale: the control plane's per-message costs (a subtask's
 slot request to the daemon, the synchronizer's and barriers' round trips
@@ -100,6 +102,17 @@ def stretch(elapsed: float, factor: float,
     """Sleep so that work that took ``elapsed`` seconds lasts ``factor``
     times as long; returns the seconds slept."""
     extra = elapsed * (factor - 1.0)
+    if extra > 0:
+        sleep(extra)
+        return extra
+    return 0.0
+
+
+def stretch_to(elapsed: float, target: float,
+               sleep: Callable[[float], None] = time.sleep) -> float:
+    """Sleep so that work that took ``elapsed`` seconds lasts ``target``
+    (nothing if it already took that long); returns the seconds slept."""
+    extra = target - elapsed
     if extra > 0:
         sleep(extra)
         return extra

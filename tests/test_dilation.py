@@ -29,6 +29,13 @@ def test_dilation_must_be_a_number_at_least_one(bad):
     assert p.parse_args(["--dilation", "4"]).dilation == 4.0
 
 
+def test_a_stretch_to_a_target_sleeps_only_what_is_missing():
+    slept = []
+    assert dil.stretch_to(1.0, 4.0, slept.append) == 3.0 and slept == [3.0]
+    # a start-up already slower than D x its CPU (starved) is not stretched
+    assert dil.stretch_to(5.0, 4.0, slept.append) == 0.0 and slept == [3.0]
+
+
 @pytest.mark.parametrize("d", [1.0, 2.0, 4.0, 7.5])
 def test_constants_scale_by_d_and_reports_divide_by_d(d):
     assert dil.wall(C.HEARTBEAT_INTERVAL, d) == pytest.approx(d * C.HEARTBEAT_INTERVAL)

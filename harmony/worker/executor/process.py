@@ -154,11 +154,15 @@ class Executor(Training):
             self.server.start()
             me = psutil.Process()
             # an emulated machine at dilation D also starts up D times
-            # slower (the interpreter, the imports, the input's load): what a
-            # COMP's stretch does, for the start-up's wall since the process
-            # began. Without it a dilated cluster's start-ups cost 1/D of
-            # their real time in undilated seconds (bench/dilation.py)
-            dil.stretch(time.time() - me.create_time(), self.dil)
+            # slower (the interpreter, the imports, the input's load): its
+            # start-up lasts at least D x its CPU seconds. Without it a
+            # dilated cluster's start-ups cost 1/D of their real time in
+            # undilated seconds. Its CPU, not its wall, is what is scaled:
+            # a start-up runs at nice 19, so its wall also holds the waits
+            # for the host's real cores behind other machines' work, which
+            # a D x stretch of the wall would multiply
+            dil.stretch_to(time.time() - me.create_time(),
+                           self.dil * sum(me.cpu_times()[:2]))
             self.ctl.send(M.encode("exec_ready", job=self.job, index=self.index,
                                    attempt=self.attempt, endpoint=self.server.endpoint,
                                    num_keys=spec.num_keys, dim=spec.dim,
