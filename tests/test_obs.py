@@ -64,6 +64,22 @@ def _get(url, token=None, header=False):
         return r.status, r.read().decode()
 
 
+def _snapshot_when(dash, cond, timeout_s: float = 60.0) -> dict:
+    """The first snapshot for which ``cond(snapshot)`` holds, fetched every
+    0.2 s for at most ``timeout_s``. The task stream fills only while
+    someone fetches snapshots: the fetch is seen at the dashboard's next
+    publish (1 s), the next heartbeat's ack asks the daemons for their
+    subtasks (1 s), the one after carries those that ended (1 s), and the
+    next publish shows them: up to ~4 s after the first fetch."""
+    deadline = time.time() + timeout_s
+    while True:
+        snap = json.loads(_get(dash["url"] + "api/snapshot", dash["token"])[1])
+        if cond(snap):
+            return snap
+        assert time.time() < deadline, {m["name"]: len(m["tasks"]) for m in snap["machines"]}
+        time.sleep(0.2)
+
+
 def test_dashboard_url_and_token(obs_cluster):
     cl, dash, _, _ = obs_cluster
     assert cl.dashboard_url and dash["url"] == cl.dashboard_url
@@ -172,14 +188,9 @@ def test_the_task_stream_shows_each_machines_subtasks_while_watched(obs_cluster)
     carry the subtasks that ended and each machine's entry holds those of
     the last minute ([start, end, job, kind], seconds before now)."""
     _, dash, long, _ = obs_cluster
-    deadline = time.time() + 60
-    while True:
-        snap = json.loads(_get(dash["url"] + "api/snapshot", dash["token"])[1])
-        tasks = {m["name"]: m["tasks"] for m in snap["machines"]}
-        if all(any(t[2] == long for t in ts) for ts in tasks.values()):
-            break
-        assert time.time() < deadline, {k: len(v) for k, v in tasks.items()}
-        time.sleep(0.5)
+    snap = _snapshot_when(dash, lambda snap: all(any(t[2] == long for t in m["tasks"])
+                                                 for m in snap["machines"]))
+    tasks = {m["name"]: m["tasks"] for m in snap["machines"]}
     for name, ts in tasks.items():
         assert all(-60.5 <= a <= b <= 0.5 and kind in ("cpu", "net") for a, b, _, kind in ts)
         mine = [t for t in ts if t[2] == long]
@@ -241,6 +252,12 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
                                               "install chromium; .ci/run installs it as root)")
 def test_dashboard_renders_in_chromium(obs_cluster, tmp_path):
     _, dash, long, short = obs_cluster
+    # the task stream asserted below holds the subtasks that ended since
+    # someone first fetched a snapshot (alone, this test is the first to):
+    # render once the snapshot holds one of m0's
+    _snapshot_when(dash, lambda snap: any(
+        t[2] == long and t[3] == "cpu" for m in snap["machines"] if m["name"] == "m0"
+        for t in m["tasks"]))
     url = f"{dash['url']}?token={dash['token']}"
     args = [CHROMIUM, "--headless", "--disable-gpu", "--no-first-run",
             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000"]
