@@ -80,22 +80,56 @@ def _send(endpoint: str, frames: bytes | list[bytes], keys: security.Keys | None
     None: none within ``wait_ms``, or the handshake failed (the socket's
     monitor says so, and no handshake completed: the peer read nothing, so
     no reply can come and the rest of ``wait_ms`` is not waited out)."""
-    frames = [frames] if isinstance(frames, bytes) else frames
+    return _send_all([(endpoint, frames, keys)], wait_ms)[0]
+
+
+def _send_all(probes: list[tuple[str, bytes | list[bytes], security.Keys | None]],
+              wait_ms: int = 700) -> list[M.Message | None]:
+    """:func:`_send` for every (endpoint, frames, keys) of ``probes``, each
+    on a connection of its own, all at once: every message is sent, then the
+    answers are read together; each probe's reply, or None (none within
+    ``wait_ms`` of its send, or its handshake failed). A key of another
+    cluster at a CurveZMQ socket is dropped without an ERROR (the server
+    cannot decrypt its HELLO), libzmq connects again, and the monitor never
+    says why: such a probe waits out its ``wait_ms``, and overlapping those
+    waits is what makes many probes cost one."""
     ctx = zmq.Context()
-    watch = None
+    conns: list[tuple[zmq.Socket, Watch]] = []
+    out: list[M.Message | None] = [None] * len(probes)
     try:
-        s = make_socket(ctx, zmq.DEALER, keys=keys) if keys is not None else ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
-        watch = Watch(s)
-        s.connect(endpoint)
-        try:
-            s.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.Again:          # no peer: the handshake never completed
-            return None
-        return M.decode(s.recv_multipart()) if _wait(s, watch, wait_ms / 1000) else None
+        for endpoint, _, keys in probes:
+            s = (make_socket(ctx, zmq.DEALER, keys=keys) if keys is not None
+                 else ctx.socket(zmq.DEALER))
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
+            conns.append((s, Watch(s)))
+            s.connect(endpoint)
+        until: dict[int, float] = {}         # a probe still waiting: its deadline
+        poller = zmq.Poller()
+        for i, (_, frames, _) in enumerate(probes):
+            s, watch = conns[i]
+            try:
+                s.send_multipart([frames] if isinstance(frames, bytes) else frames, zmq.NOBLOCK)
+            except zmq.Again:          # no peer: the handshake never completed
+                continue
+            until[i] = time.monotonic() + wait_ms / 1000
+            poller.register(s, zmq.POLLIN)
+            poller.register(watch.mon, zmq.POLLIN)
+        while until:
+            ready = dict(poller.poll(max(1, int((min(until.values()) - time.monotonic()) * 1000))))
+            now = time.monotonic()
+            for i in list(until):
+                s, watch = conns[i]
+                if s in ready:
+                    out[i] = M.decode(s.recv_multipart())
+                elif now < until[i] and not _no_handshake(watch):
+                    continue
+                del until[i]
+                poller.unregister(s)
+                poller.unregister(watch.mon)
+        return out
     finally:
-        if watch is not None:
+        for _, watch in conns:
             watch.close()
         ctx.destroy(0)
 
@@ -115,21 +149,6 @@ def _no_handshake(watch: Watch) -> bool:
     does not connect again, and messages are only sent after a handshake)."""
     watch.update()
     return (watch.refused or watch.mismatch) and not watch.succeeded
-
-
-def _wait(s: zmq.Socket, watch: Watch, timeout_s: float) -> bool:
-    """Whether ``s`` has a message within ``timeout_s``; False as soon as
-    the handshake failed (:func:`_no_handshake`)."""
-    poller = zmq.Poller()
-    poller.register(s, zmq.POLLIN)
-    poller.register(watch.mon, zmq.POLLIN)
-    deadline = time.monotonic() + timeout_s
-    while (left := deadline - time.monotonic()) > 0:
-        if s in dict(poller.poll(max(1, int(left * 1000)))):
-            return True
-        if _no_handshake(watch):
-            return False
-    return False
 
 
 def _cluster_pids(cl) -> list[int]:
@@ -259,14 +278,15 @@ def probe_every_listening_socket(cl):
                 s.recv(1024)
             except (socket.timeout, ConnectionError):
                 pass
-        for frames in guesses[:2]:
-            r = _send(ep, frames, None, 300)
-            if ep in shards:
-                _sealed_refusal(r, job)
-            else:
-                assert r is None, ep
-        for frames in guesses:
-            assert _send(ep, frames, k, 300) is None, ep
+    # every socket, every guess, plain text and the stranger's key: one
+    # connection each, all at once (each still waits 300 ms for an answer)
+    probes = [(ep, frames, keys) for _, ep in eps
+              for keys, sent in ((None, guesses[:2]), (k, guesses)) for frames in sent]
+    for (ep, _, keys), r in zip(probes, _send_all(probes, 300)):
+        if keys is None and ep in shards:
+            _sealed_refusal(r, job)
+        else:
+            assert r is None, (ep, "plain text" if keys is None else "stranger", r)
 
 
 def _sealed_refusal(r, job: str, why: str = "") -> None:

@@ -1,11 +1,14 @@
 """The master's dashboard and /metrics (harmony.obs) on a real local cluster
 with two jobs: Prometheus text parsed by the client library's parser, the
 snapshot API, the token, and the page rendered by headless Chromium."""
+import fcntl
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -62,6 +65,22 @@ def _get(url, token=None, header=False):
         req.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(req, timeout=10) as r:
         return r.status, r.read().decode()
+
+
+def _snapshot_when(dash, cond, timeout_s: float = 60.0) -> dict:
+    """The first snapshot for which ``cond(snapshot)`` holds, fetched every
+    0.2 s for at most ``timeout_s``. The task stream fills only while
+    someone fetches snapshots: the fetch is seen at the dashboard's next
+    publish (1 s), the next heartbeat's ack asks the daemons for their
+    subtasks (1 s), the one after carries those that ended (1 s), and the
+    next publish shows them: up to ~4 s after the first fetch."""
+    deadline = time.time() + timeout_s
+    while True:
+        snap = json.loads(_get(dash["url"] + "api/snapshot", dash["token"])[1])
+        if cond(snap):
+            return snap
+        assert time.time() < deadline, {m["name"]: len(m["tasks"]) for m in snap["machines"]}
+        time.sleep(0.2)
 
 
 def test_dashboard_url_and_token(obs_cluster):
@@ -172,14 +191,9 @@ def test_the_task_stream_shows_each_machines_subtasks_while_watched(obs_cluster)
     carry the subtasks that ended and each machine's entry holds those of
     the last minute ([start, end, job, kind], seconds before now)."""
     _, dash, long, _ = obs_cluster
-    deadline = time.time() + 60
-    while True:
-        snap = json.loads(_get(dash["url"] + "api/snapshot", dash["token"])[1])
-        tasks = {m["name"]: m["tasks"] for m in snap["machines"]}
-        if all(any(t[2] == long for t in ts) for ts in tasks.values()):
-            break
-        assert time.time() < deadline, {k: len(v) for k, v in tasks.items()}
-        time.sleep(0.5)
+    snap = _snapshot_when(dash, lambda snap: all(any(t[2] == long for t in m["tasks"])
+                                                 for m in snap["machines"]))
+    tasks = {m["name"]: m["tasks"] for m in snap["machines"]}
     for name, ts in tasks.items():
         assert all(-60.5 <= a <= b <= 0.5 and kind in ("cpu", "net") for a, b, _, kind in ts)
         mine = [t for t in ts if t[2] == long]
@@ -237,18 +251,127 @@ def test_the_dashboards_buttons_pause_resume_and_cancel_for_a_client_key(obs_clu
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+class _Chromium:
+    """One headless Chromium that renders several pages, driven over its
+    DevTools pipe (its fds 3 and 4). :meth:`dom` is what ``chromium
+    --headless --virtual-time-budget=B --dump-dom URL`` prints, by the same
+    steps: virtual time paused, the page navigated, then run ahead while no
+    fetch is pending until B ms of it have passed, and the DOM read; without
+    a browser start per page."""
+
+    def __init__(self, args: list[str], stderr) -> None:
+        cmd_r, self._cmd = os.pipe()
+        self._out, out_w = os.pipe()
+        a, b = (fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (cmd_r, out_w))
+        for fd in (cmd_r, out_w):
+            os.close(fd)
+        # the browser reads commands on its fd 3 and writes answers on its fd 4
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "import os, sys; a, b = map(int, sys.argv[1:3]); "
+             "os.dup2(a, 3); os.dup2(b, 4); os.close(a); os.close(b); "
+             "os.execv(sys.argv[3], sys.argv[3:])", str(a), str(b), *args,
+             "--remote-debugging-pipe", "about:blank"],
+            pass_fds=(a, b), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=stderr)
+        os.close(a)
+        os.close(b)
+        self._buf, self._id = b"", 0
+
+    def _call(self, method: str, params: dict | None = None, session: str | None = None,
+              timeout_s: float = 120.0, until: str | None = None) -> dict:
+        """Send a command; its result, or (``until``) the params of the
+        first event of that name from ``session`` after it."""
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params or {}}
+        if session is not None:
+            msg["sessionId"] = session
+        os.write(self._cmd, json.dumps(msg).encode() + b"\0")
+        deadline, result = time.monotonic() + timeout_s, None
+        while True:
+            while b"\0" not in self._buf:
+                left = deadline - time.monotonic()
+                assert left > 0 and select.select([self._out], [], [], left)[0], \
+                    f"no answer to {method} in {timeout_s:.0f} s"
+                chunk = os.read(self._out, 1 << 20)
+                assert chunk, f"the browser exited (rc {self.proc.wait(10)})"
+                self._buf += chunk
+            raw, self._buf = self._buf.split(b"\0", 1)
+            m = json.loads(raw)
+            if m.get("id") == self._id:
+                assert "error" not in m, (method, m["error"])
+                result = m["result"]
+            elif until is not None and m.get("method") == until \
+                    and m.get("sessionId") == session:
+                return m["params"]
+            if result is not None and until is None:
+                return result
+
+    def dom(self, url: str, budget_ms: int = 8000) -> str:
+        target = self._call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        s = self._call("Target.attachToTarget", {"targetId": target, "flatten": True})
+        s = s["sessionId"]
+        self._call("Emulation.setVirtualTimePolicy", {"policy": "pause"}, s)
+        self._call("Page.navigate", {"url": url}, s)
+        self._call("Emulation.setVirtualTimePolicy",
+                   {"policy": "pauseIfNetworkFetchesPending", "budget": budget_ms}, s,
+                   until="Emulation.virtualTimeBudgetExpired")
+        out = self._call("Runtime.evaluate", {"expression": "document.documentElement.outerHTML"},
+                         s)["result"]["value"]
+        self._call("Target.closeTarget", {"targetId": target})
+        return out
+
+    def close(self) -> None:
+        try:
+            self._call("Browser.close", timeout_s=10)
+        except AssertionError:
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._cmd)
+        os.close(self._out)
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (Debian: apt-get "
                                               "install chromium; .ci/run installs it as root)")
 def test_dashboard_renders_in_chromium(obs_cluster, tmp_path):
-    _, dash, long, short = obs_cluster
+    cl, dash, long, short = obs_cluster
+    # the task stream asserted below holds the subtasks that ended since
+    # someone first fetched a snapshot (alone, this test is the first to):
+    # render once the snapshot holds one of m0's
+    _snapshot_when(dash, lambda snap: any(
+        t[2] == long and t[3] == "cpu" for m in snap["machines"] if m["name"] == "m0"
+        for t in m["tasks"]))
     url = f"{dash['url']}?token={dash['token']}"
     args = [CHROMIUM, "--headless", "--disable-gpu", "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000"]
+            f"--user-data-dir={tmp_path / 'profile'}"]
     if os.geteuid() == 0:
         args.append("--no-sandbox")
-    r = subprocess.run(args + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
-    dom = r.stdout
-    assert "data-updated=" in dom, (r.stderr[-2000:], dom[:2000])
+    # one browser renders every page below (each as --dump-dom would)
+    with open(tmp_path / "chromium.log", "w+") as err:
+        browser = _Chromium(args, err)
+        try:
+            dom = browser.dom(url)
+            err.seek(0)
+            assert "data-updated=" in dom, (err.read()[-2000:], dom[:2000])
+            pages = {j: browser.dom(f"{url}#job={j}") for j in (short, long)}
+            # a job whose log holds HTML
+            evil = TOY_APP.replace("    def read_input(self, part):\n",
+                                   "    def read_input(self, part):\n"
+                                   "        print('<img src=x onerror=alert(1)><b>bold</b>"
+                                   "&amp;', flush=True)\n")
+            assert evil != TOY_APP
+            with Client(cl.endpoint) as c:
+                job = c.submit("toy.py", evil, ["--max-epochs", "100000", "--sleep", "0.02"], 1)
+                try:
+                    wait_state(c, job, ("running",))
+                    pages[job] = browser.dom(f"{url}#job={job}")
+                finally:
+                    c.cancel(job)
+        finally:
+            browser.close()
     # the job table: one row per job, with its state
     assert re.search(rf'<tr data-job="{short}" data-state="finished">', dom)
     assert re.search(rf'<tr data-job="{long}" data-state="(running|profiling)">', dom)
@@ -269,9 +392,7 @@ def test_dashboard_renders_in_chromium(obs_cluster, tmp_path):
                      rf'data-kind="cpu"', dom, re.S), dom[dom.index('data-machine="m0"'):][:3000]
     # a job's page (#37 item 7): its story, why, checkpoint, start-ups and
     # iterations per epoch, drawn from the same snapshot
-    r = subprocess.run(args + ["--dump-dom", f"{url}#job={short}"], capture_output=True,
-                       text=True, timeout=120)
-    page = r.stdout[r.stdout.index('id="jobpage"'):]
+    page = pages[short][pages[short].index('id="jobpage"'):]
     page = page[:page.index("</section>")]
     assert re.search(rf'data-job="{short}" data-state="finished"', page), page[:2000]
     assert 'data-event-state="finished"' in page and 'data-event-state="waiting"' in page
@@ -281,38 +402,24 @@ def test_dashboard_renders_in_chromium(obs_cluster, tmp_path):
     assert f"harmony logs {short}" in page
     assert "<button" not in page             # a finished job has no controls
     # its logs, streamed into the page (#37 item 7): the machine that ran it
-    logs = r.stdout[r.stdout.index('id="joblogs"'):]
+    logs = pages[short][pages[short].index('id="joblogs"'):]
     logs = logs[:logs.index("</section>")]
     assert f'data-job="{short}"' in logs and "hidden" not in logs[:200], logs[:500]
     assert re.search(r'<pre class="logtext" data-machine="m\d">==&gt; ' + short +
                      r'\.0\.\d+ &lt;==\n.*epoch 3:.*checkpoint after epoch 3', logs, re.S), \
         logs[:3000]
-    r = subprocess.run(args + ["--dump-dom", f"{url}#job={long}"], capture_output=True,
-                       text=True, timeout=120)
-    page = r.stdout[r.stdout.index('id="jobpage"'):]
+    page = pages[long][pages[long].index('id="jobpage"'):]
     assert re.search(r'<button type="button" data-action="pause">pause</button>', page), page
     assert 'data-action="cancel"' in page
     # a log that holds HTML shows as text: nothing in it becomes an element
-    evil = TOY_APP.replace("    def read_input(self, part):\n",
-                           "    def read_input(self, part):\n"
-                           "        print('<img src=x onerror=alert(1)><b>bold</b>&amp;', "
-                           "flush=True)\n")
-    assert evil != TOY_APP
-    with Client(obs_cluster[0].endpoint) as c:
-        job = c.submit("toy.py", evil, ["--max-epochs", "100000", "--sleep", "0.02"], 1)
-        try:
-            wait_state(c, job, ("running",))
-            r = subprocess.run(args + ["--dump-dom", f"{url}#job={job}"], capture_output=True,
-                               text=True, timeout=120)
-        finally:
-            c.cancel(job)
-    logs = r.stdout[r.stdout.index('id="joblogs"'):]
+    logs = pages[job][pages[job].index('id="joblogs"'):]
     logs = logs[:logs.index("</section>")]
     assert "&lt;img src=x onerror=alert(1)&gt;&lt;b&gt;bold&lt;/b&gt;&amp;amp;" in logs, \
         logs[:3000]
     assert "<img" not in logs and "<b>" not in logs
     if os.environ.get("HARMONY_SCREENSHOT"):     # docs/dashboard.png
-        subprocess.run(args + ["--hide-scrollbars", "--window-size=1400,1250",
+        subprocess.run(args + ["--virtual-time-budget=8000", "--hide-scrollbars",
+                               "--window-size=1400,1250",
                                f"--screenshot={os.environ['HARMONY_SCREENSHOT']}", url],
                        capture_output=True, timeout=120)
 

@@ -219,12 +219,6 @@ class Executor(Training):
         """Parse the app's options, read this machine's input and place it:
         the start-up's CPU work, at the lowest priority (:func:`run_low`)."""
         s = self.spec
-        # the compiled kernels the app uses, loaded now rather than in its
-        # first COMP (numba itself only where the app imported a kernel: it
-        # costs an executor ~20 MiB)
-        if any(m.startswith("harmony.kernels.") for m in sys.modules):
-            from harmony.kernels.warm import preload
-            preload(cls, s["app_name"])
         opts = parse_app_args(cls, self._local_inputs(list(s["args"])))
         app: App = cls(opts)
         fixed = disk_ratio(opts)
@@ -247,6 +241,13 @@ class Executor(Training):
                          machine_memory=self.mem.budget)
         inp.ingest(app.read_input(part), **limits)
         inp.set_groups(opts.iters_per_epoch)
+        # the compiled kernels the app uses, loaded now rather than in its
+        # first COMP (numba itself only where the app imported a kernel: it
+        # costs an executor ~20 MiB); after the options and the input are
+        # read, so that a job that fails on them does not load them first
+        if any(m.startswith("harmony.kernels.") for m in sys.modules):
+            from harmony.kernels.warm import preload
+            preload(cls, s["app_name"])
         trim_heap()
         restored = (jobckpt.Restored(self.ctx, self.job, s["resume"], me=s.get("worker", ""))
                     if s.get("resume") else None)
