@@ -36,6 +36,7 @@ from harmony.store.errors import StoreError
 from harmony.store.lmdb_store import JobStorage
 from harmony.store.local import LocalInput, MemoryWatch, trim_heap
 from harmony.store.transfer import TransferError
+from harmony.util.malloc import keep_working_memory
 from harmony.worker import jobckpt
 from harmony.worker.executor.layout import Left
 from harmony.worker.executor.links import Aborted, MasterLost
@@ -174,6 +175,9 @@ class Executor(Training):
                                          attempt=self.attempt))
             if not self.queued and not join:
                 self.barrier(-1, 0)  # every shard initialized before the first pull
+            # the start-up's memory is given back (trim_heap); the COMPs' from
+            # here on stays in the heap from one iteration to the next
+            keep_working_memory()
             self._train(app, opts, inp, table, first)
             self.send("exec_finished")
             return 0
