@@ -258,9 +258,19 @@ class Memory(Links):
         except zmq.ZMQError as exc:
             log.debug("cannot publish alpha state: %s", exc)
 
-    def _others_starved(self) -> tuple[bool, float]:
-        """Whether a co-located job is starved, and the bytes they asked for."""
+    def _others_starved(self, max_age: float = 1.0) -> tuple[bool, float]:
+        """Whether a co-located job is starved, and the bytes they asked for:
+        the daemon's answer, asked at most every ``max_age`` seconds. Its
+        round trip was the largest part of an epoch's boundary on short
+        epochs (about 1 ms of a 16 ms Lasso epoch, every epoch); a job's
+        starved state counts for ``STARVED_FRESH_S`` (10 s) at the daemon,
+        so an answer up to a second old tells the same."""
+        now = time.monotonic()
+        at, cached = self._starved
+        if now - at <= max_age:
+            return cached
         st = self._daemon_memory()
-        if st is None or not st["others_starved"]:
-            return False, 0.0
-        return True, float(st.get("others_need") or 0.0)
+        out = (False, 0.0) if st is None or not st["others_starved"] else \
+            (True, float(st.get("others_need") or 0.0))
+        self._starved = (now, out)
+        return out

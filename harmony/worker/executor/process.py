@@ -113,6 +113,8 @@ class Executor(Training):
         self.table: ShardTable | None = None
         self.watch: MemoryWatch | None = None
         self.alpha_ctl: AlphaController | None = None     # None: α fixed
+        # (when asked, (starved, bytes needed)): co-located jobs' state, cached
+        self._starved: tuple[float, tuple[bool, float]] = (-1e9, (False, 0.0))
         self.spill_model = False
         self.pause_wanted = False
         self.model_bytes = 0
