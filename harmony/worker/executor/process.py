@@ -115,6 +115,8 @@ class Executor(Training):
         self.alpha_ctl: AlphaController | None = None     # None: α fixed
         # (when asked, (starved, bytes needed)): co-located jobs' state, cached
         self._starved: tuple[float, tuple[bool, float]] = (-1e9, (False, 0.0))
+        # (when, (alpha, starved, need)): the α state last told the daemon
+        self._published: tuple[float, tuple | None] = (-1e9, None)
         self.spill_model = False
         self.pause_wanted = False
         self.model_bytes = 0
