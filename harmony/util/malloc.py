@@ -45,10 +45,10 @@ def keep_working_memory(mmap_threshold: int = DYNAMIC_MMAP_MAX) -> None:
     smaller chunks) the heap's top went back to the system at every COMP's
     end. Measured on NMF ALS (rank 16, 2M ratings): 13 ``brk`` calls and
     11,200 page faults per epoch in its COMPs and objective (44 MB
-    zero-filled again) against the plain loop's 2,200 (:func:`harmony.app.
-    run_local`, which made no ``brk`` or ``mmap`` call in its epochs), and
-    the plain loop with its heap trimmed after every COMP took 5% more CPU;
-    with this, the executor's took no page fault in its epochs. The
+    zero-filled again), where the plain loop (:func:`harmony.app.run_local`)
+    took none after its first epoch (and no ``brk`` or ``mmap`` call); the
+    plain loop with its heap trimmed after every COMP took 5% more CPU. With
+    this, the executor's epochs take no page fault either. The
     memory kept is at most what the COMPs use anyway (their peak, which the
     block store's accounting counts already), and the explicit trims
     (``harmony.store.local.trim_heap``: after reading the input, after
