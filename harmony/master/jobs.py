@@ -1,6 +1,7 @@
 """Job records and their lifecycle (pure data; no I/O)."""
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -286,10 +287,14 @@ class Job:
         return d
 
     def to_record(self) -> dict[str, Any]:
-        """The durable record, without the epochs (stored one row each)."""
-        d = asdict(self)
+        """The durable record, without the epochs (stored one row each): they
+        are left out before the deep copy, not after it (a copy of every
+        epoch row took the master 60 ms per save of a 100-epoch job, at
+        every checkpoint, while the job's executors waited for its answers)."""
+        shallow = copy.copy(self)
+        shallow.epochs = []
+        d = asdict(shallow)
         d["state"] = self.state.value
-        d["epochs"] = []
         return d
 
     @classmethod

@@ -248,7 +248,14 @@ class PSClient:
             self.throttle([[(p, n * 8, "out"), (p, n * self.dim * self.dtype.itemsize, "in")]
                            for p, _, n, _ in replies])
         if len(replies) == 1 and replies[0][1] is None:
-            rows = _frame_array(replies[0][3].frames[0], self.dtype, (len(keys), self.dim))
+            frame = replies[0][3].frames[0]
+            if isinstance(frame, np.ndarray) and frame.dtype == self.dtype \
+                    and frame.shape == (len(keys), self.dim):
+                # this process's shard: its own array, as it is (no view of
+                # it, so that the caller sees an array owning its memory)
+                self.bytes_received += frame.nbytes
+                return frame
+            rows = _frame_array(frame, self.dtype, (len(keys), self.dim))
             self.bytes_received += rows.nbytes
             return rows
         out = np.empty((len(keys), self.dim), dtype=self.dtype)

@@ -35,7 +35,7 @@ from harmony.store.checkpoint import CheckpointError
 from harmony.store.errors import StoreError
 from harmony.store.lmdb_store import JobStorage
 from harmony.store.local import LocalInput
-from harmony.util.malloc import MemoryWatch, trim_heap
+from harmony.util.malloc import MemoryWatch, keep_working_memory, trim_heap
 from harmony.store.transfer import TransferError
 from harmony.worker import jobckpt
 from harmony.worker.executor.layout import Left
@@ -113,6 +113,10 @@ class Executor(Training):
         self.table: ShardTable | None = None
         self.watch: MemoryWatch | None = None
         self.alpha_ctl: AlphaController | None = None     # None: α fixed
+        # (when asked, (starved, bytes needed)): co-located jobs' state, cached
+        self._starved: tuple[float, tuple[bool, float]] = (-1e9, (False, 0.0))
+        # (when, (alpha, starved, need)): the α state last told the daemon
+        self._published: tuple[float, tuple | None] = (-1e9, None)
         self.spill_model = False
         self.pause_wanted = False
         self.model_bytes = 0
@@ -186,6 +190,9 @@ class Executor(Training):
                                          attempt=self.attempt))
             if not self.queued and not join:
                 self.barrier(-1, 0)  # every shard initialized before the first pull
+            # the start-up's memory is given back (trim_heap); the COMPs' from
+            # here on stays in the heap from one iteration to the next
+            keep_working_memory()
             self._train(app, opts, inp, table, first)
             self.send("exec_finished")
             return 0

@@ -67,6 +67,18 @@ def _call(view, fn):
 
 
 
+def _own(rows: np.ndarray) -> np.ndarray:
+    """Pulled rows in the app's own, aligned memory: a reply's ZeroMQ frame
+    is only malloc-aligned (measured slower in sparse kernels) and is
+    copied; rows that already are an array of their own (this process's
+    shard answered, or a pull assembled from several shards) are not
+    copied again."""
+    if rows.flags.owndata and rows.flags.c_contiguous and rows.flags.aligned \
+            and rows.flags.writeable:
+        return rows
+    return np.array(rows)
+
+
 def _plain(d: dict) -> dict:
     """App partial sums as msgpack-able floats."""
     out = {}
@@ -117,9 +129,7 @@ class Training(Layout, Checkpoints):
 
                 def pull():
                     t, w = time.perf_counter(), self.net_wait
-                    # own, aligned memory for the app (a ZeroMQ frame is only
-                    # malloc-aligned; measured slower in sparse kernels)
-                    rows = np.array(client.pull(keys))
+                    rows = _own(client.pull(keys))
                     rows.flags.writeable = False
                     box["rows"] = rows
                     # dilated: its own work x D (the link's wait is x D already)
@@ -194,7 +204,7 @@ class Training(Layout, Checkpoints):
                         box["sums"][k] = box["sums"].get(k, 0.0) + v
                 dil.stretch(time.perf_counter() - t, self.dil)
             try:
-                self._sub("net", lambda: box.__setitem__("rows", np.array(client.pull(keys))))
+                self._sub("net", lambda: box.__setitem__("rows", _own(client.pull(keys))))
                 self._sub("cpu", evaluate)
             except BaseException:
                 _close_quietly(blocks)
