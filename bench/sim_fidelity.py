@@ -41,7 +41,7 @@ import scheduler_e2e as E2E  # noqa: E402
 
 from harmony.sim import contention as CM  # noqa: E402
 from harmony.sim.engine import Contention  # noqa: E402
-from harmony.sim.importer import jobs_from_status, load_jobs_log, run_dilation, \
+from harmony.sim.importer import jobs_from_status, load_jobs_log, run_dilation, setup_cpu, \
     with_dop_table  # noqa: E402
 from harmony.sim.report import SimResult  # noqa: E402
 from harmony.sim.run import simulate  # noqa: E402
@@ -84,12 +84,12 @@ def calibrate(statuses: list[dict], jobs_log: list[dict] | None = None,
     if others:
         trace = with_dop_table(trace, others)
     startup, boundary = overheads(statuses)
-    setups = [c for st in statuses for _, c in st.get("setups") or ()]
-    # the CPU part of a start-up (its executors' CPU seconds at ready): real
-    # CPU seconds, which at dilation D are 1/D undilated seconds (a start-up
-    # is not stretched; the COMPs' real seconds are, x D)
-    startup_cpu = min(startup, statistics.median(setups) / run_dilation(statuses)) \
-        if setups else 0.0
+    # the CPU part of a start-up (its executors' CPU seconds at ready), in
+    # undilated seconds: importer.setup_cpu (/ D for start-ups made before
+    # they were stretched)
+    d = run_dilation(statuses)
+    setups = [setup_cpu(s, d) for st in statuses for s in st.get("setups") or ()]
+    startup_cpu = min(startup, statistics.median(setups)) if setups else 0.0
     link = statistics.median(t.link for t in trace if t.link) if any(t.link for t in trace) \
         else 12e6
     cont = Contention(startup=startup, startup_cpu=startup_cpu, epoch_overhead=boundary,

@@ -29,6 +29,15 @@ def test_dilation_must_be_a_number_at_least_one(bad):
     assert p.parse_args(["--dilation", "4"]).dilation == 4.0
 
 
+def test_sim_import_takes_a_stretched_start_ups_cpu_as_it_is():
+    """A start-up stretched at D (its CPU work lasted as long, undilated, as
+    at D = 1) keeps its CPU seconds; one made before start-ups were
+    stretched took 1/D undilated seconds of CPU."""
+    from harmony.sim.importer import setup_cpu
+    assert setup_cpu([3.3, 0.4, 1], 8.0) == 0.4
+    assert setup_cpu([0.45, 0.4], 8.0) == 0.05
+
+
 def test_a_stretch_to_a_target_sleeps_only_what_is_missing():
     slept = []
     assert dil.stretch_to(1.0, 4.0, slept.append) == 3.0 and slept == [3.0]
@@ -120,7 +129,8 @@ def test_nmf_on_a_cluster_at_dilation_4(tmp_path, ratings):
     # the start-ups were stretched too: in undilated seconds each lasted its
     # wall at D = 1 (at least most of its CPU seconds), not a quarter of it
     assert len(st["setups"]) == 2
-    assert all(wall_s >= 0.6 * cpu_s > 0 for wall_s, cpu_s in st["setups"]), st["setups"]
+    assert all(wall_s >= 0.6 * cpu_s > 0 and flag == [1]
+               for wall_s, cpu_s, *flag in st["setups"]), st["setups"]
 
 
 def test_sim_import_takes_a_dilated_run_as_is_and_refuses_a_mix():

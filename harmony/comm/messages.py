@@ -178,7 +178,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     # job executor -> master
     "exec_ready": {"job": str, "index": int, "attempt": int, "endpoint": str,
                    "num_keys": int, "dim": int, "model_blocks": int, "local_blocks": int,
-                   "join": (bool, _OPT), "setup_s": (_NUM, _OPT), "setup_cpu": (_NUM, _OPT)},
+                   "join": (bool, _OPT), "setup_s": (_NUM, _OPT), "setup_cpu": (_NUM, _OPT),
+                   "setup_stretched": (bool, _OPT)},
     "barrier": {"job": str, "index": int, "epoch": int, "iter": int},
     # to the master, or (with attempt and gen, leader synchronization) to the
     # executor's daemon; prio: the next subtask's expected seconds

@@ -126,7 +126,8 @@ class Job:
     predicted: float | None = None     # its group's predicted iteration time (s)
     store: dict[str, dict] = field(default_factory=dict)     # machine -> latest store stats
     # its executors' start-ups, latest last: [seconds from process start to
-    # ready, CPU seconds they took] (at most SETUPS_KEPT)
+    # ready, CPU seconds they took, and 1 where it was stretched at a
+    # dilation: harmony.sim.importer.setup_cpu] (at most SETUPS_KEPT)
     setups: list = field(default_factory=list)
     deadline: float | None = None      # absolute (master clock), if submitted with one
     utility: str = ""                  # its utility of the JCT (a Utility spec), if any

@@ -244,13 +244,22 @@ def cpu_prev(p: Mapping[str, Any]) -> tuple[tuple[int, float], ...] | None:
     return ((m, t),) if m >= 1 and t >= 0 and m != p.get("machines") else None
 
 
+def setup_cpu(entry: Sequence, dilation: float) -> float:
+    """A ``setups`` entry's CPU seconds of start-up in undilated seconds: as
+    they are where the start-up was stretched (a third element, 1: it lasted
+    at least D x its CPU, as every start-up since session 21), else / D (an
+    unstretched start-up's CPU work took 1/D undilated seconds)."""
+    stretched = len(entry) >= 3 and bool(entry[2])
+    return float(entry[1]) if stretched else float(entry[1]) / dilation
+
+
 def job_startup(rec: Mapping[str, Any]) -> tuple[float | None, float | None]:
     """A job's start-up on each machine (None where not recorded): from its
     start to its first epoch report, less that epoch's training and
     evaluation (undilated seconds, as the master's clock), and the CPU
-    seconds of it, the median over its machines' ``setups`` ([wall, cpu]
-    real seconds each, / the run's dilation: a start-up's CPU work is not
-    stretched). Start-ups differ by app and input: in one 8-job run they
+    seconds of it, the median over its machines' ``setups`` ([wall, cpu,
+    stretched] real seconds each, / the run's dilation where the start-up
+    was not stretched: :func:`setup_cpu`). Start-ups differ by app and input: in one 8-job run they
     took 1.6-6.4 CPU s (NMF against Lasso)."""
     eps = rec.get("epochs") or []
     wall = None
@@ -259,10 +268,10 @@ def job_startup(rec: Mapping[str, Any]) -> tuple[float | None, float | None]:
         w = float(eps[0]["time"]) - float(rec["started"]) - float(t.get("train", 0.0)) \
             - float(t.get("eval", 0.0))
         wall = w if w >= 0 else None
-    cpus = [float(s[1]) for s in rec.get("setups") or ()
+    cpus = [setup_cpu(s, float(rec.get("dilation") or 1.0)) for s in rec.get("setups") or ()
             if isinstance(s, Sequence) and len(s) >= 2 and isinstance(s[1], (int, float))
             and s[1] >= 0]
-    cpu = statistics.median(cpus) / float(rec.get("dilation") or 1.0) if cpus else None
+    cpu = statistics.median(cpus) if cpus else None
     if wall is not None and cpu is not None:
         cpu = min(cpu, wall)
     return wall, cpu

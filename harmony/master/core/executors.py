@@ -20,11 +20,16 @@ SUMMED_TIMINGS = frozenset({"bytes_pull", "bytes_push"})
 
 
 def _note_setup(job: Job, msg: M.Message) -> None:
-    """Keep an executor's start-up (seconds, CPU seconds) on its job."""
+    """Keep an executor's start-up (seconds, CPU seconds, and 1 where it was
+    stretched at a dilation: its CPU work then took as long, undilated, as at
+    D = 1) on its job."""
     wall, cpu = msg.get("setup_s"), msg.get("setup_cpu")
     if isinstance(wall, (int, float)) and isinstance(cpu, (int, float)) \
             and math.isfinite(wall) and math.isfinite(cpu):
-        job.setups = (job.setups + [[round(float(wall), 4), round(float(cpu), 4)]])[-SETUPS_KEPT:]
+        entry = [round(float(wall), 4), round(float(cpu), 4)]
+        if msg.get("setup_stretched"):
+            entry.append(1)
+        job.setups = (job.setups + [entry])[-SETUPS_KEPT:]
 
 
 class Executors(Cruise):

@@ -177,7 +177,8 @@ class Executor(Training):
                                    # and the CPU seconds they took (imports, input)
                                    setup_s=dil.undilated(max(0.0, time.time() - me.create_time()),
                                                          self.dil),
-                                   setup_cpu=sum(me.cpu_times()[:2])))
+                                   setup_cpu=sum(me.cpu_times()[:2]),
+                                   setup_stretched=self.dil > 1.0 or None))
             if join:
                 table.load(np.zeros(0, np.int64), np.zeros((0, spec.dim), spec.dtype))
                 first = self._join(app, opts, inp, table, spec, fixed)
