@@ -101,11 +101,7 @@ def stretch(elapsed: float, factor: float,
             sleep: Callable[[float], None] = time.sleep) -> float:
     """Sleep so that work that took ``elapsed`` seconds lasts ``factor``
     times as long; returns the seconds slept."""
-    extra = elapsed * (factor - 1.0)
-    if extra > 0:
-        sleep(extra)
-        return extra
-    return 0.0
+    return stretch_to(elapsed, elapsed * factor, sleep)
 
 
 def stretch_to(elapsed: float, target: float,
