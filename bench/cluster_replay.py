@@ -213,6 +213,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eq42", action="store_true",
                     help="COMP splits as 1/m from the isolated run's DoP (Eq 4.2) for every "
                          "job, not as measured where the file's runs ran it at other DoPs")
+    ap.add_argument("--net-at", action="store_true",
+                    help="each job's COMM as measured where the file's runs ran it alone at "
+                         "other DoPs (the trace's net_at), not by the model from the isolated "
+                         "run's DoP")
     a = ap.parse_args(argv)
     logging.getLogger("harmony.master").setLevel(logging.WARNING)
     data = json.load(open(a.file))
@@ -231,8 +235,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"no isolated run in {a.calibrate_from or a.file} to calibrate "
                              f"from: pass --calibrate-from FILE")
         others = None if a.eq42 else [
-            s for rs in ok_runs(data, load).values() for r in rs for s in r["statuses"]]
-        cal = calibrate(iso_src[0]["statuses"], others=others)
+            r["statuses"] for rs in ok_runs(data, load).values() for r in rs]
+        cal = calibrate(iso_src[0]["statuses"], others=others, net_at=a.net_at)
         w = a.startup_weight if a.startup_weight is not None else data.get("startup_weight")
         if w is not None:
             cal.contention = dataclasses.replace(cal.contention, startup_weight=float(w))

@@ -42,7 +42,7 @@ import scheduler_e2e as E2E  # noqa: E402
 from harmony.sim import contention as CM  # noqa: E402
 from harmony.sim.engine import Contention  # noqa: E402
 from harmony.sim.importer import jobs_from_status, load_jobs_log, run_dilation, setup_cpu, \
-    with_dop_table  # noqa: E402
+    stretched_startups, with_dop_table  # noqa: E402
 from harmony.sim.report import SimResult  # noqa: E402
 from harmony.sim.run import simulate  # noqa: E402
 from harmony.sim.trace import TraceJob  # noqa: E402
@@ -74,15 +74,25 @@ class Calibration:
 
 
 def calibrate(statuses: list[dict], jobs_log: list[dict] | None = None,
-              others: list[dict] | None = None) -> Calibration:
+              others: list[list[dict]] | None = None, net_at: bool = False) -> Calibration:
     """The calibration from an isolated run's status records (and the
     master's jobs.jsonl rows, where kept): see the module docstring. With
-    ``others`` (status records of other runs of the same jobs), each job's
-    COMP gets its fixed part where one of them ran it at another DoP
-    (``importer.with_dop_table``)."""
+    ``others`` (other runs of the same jobs, each a list of status
+    records), each job's COMP is as measured where one of them ran it at
+    another DoP (``importer.with_dop_table``), and with ``net_at`` its COMM
+    too.
+
+    A dilated run's start-ups (D > 1, stretched: ``importer.
+    stretched_startups``) are replayed as waits: the executor sleeps until
+    its start-up has lasted D x its CPU seconds, and that CPU ran on the
+    host's idle cores, not on its emulated machine's, so it took nothing
+    from the COMPs there. On real cores at D = 1 it does (at nice 19 it
+    takes what they leave), which the dilated runtime does not emulate."""
     trace, _ = jobs_from_status(statuses, jobs_log)
     if others:
         trace = with_dop_table(trace, others)
+        if not net_at:
+            trace = [dataclasses.replace(t, net_at=None) for t in trace]
     startup, boundary = overheads(statuses)
     # the CPU part of a start-up (its executors' CPU seconds at ready), in
     # undilated seconds: importer.setup_cpu (/ D for start-ups made before
@@ -90,6 +100,9 @@ def calibrate(statuses: list[dict], jobs_log: list[dict] | None = None,
     d = run_dilation(statuses)
     setups = [setup_cpu(s, d) for st in statuses for s in st.get("setups") or ()]
     startup_cpu = min(startup, statistics.median(setups)) if setups else 0.0
+    if stretched_startups(statuses):
+        startup_cpu = 0.0
+        trace = [dataclasses.replace(t, startup_cpu_s=0.0) for t in trace]
     link = statistics.median(t.link for t in trace if t.link) if any(t.link for t in trace) \
         else 12e6
     cont = Contention(startup=startup, startup_cpu=startup_cpu, epoch_overhead=boundary,
@@ -106,7 +119,9 @@ def print_calibration(cal: Calibration, source: str = "isolated run") -> None:
     for t in cal.by_name.values():
         fixed = f" ({', '.join(f'{c:.3f}s at DoP {m}' for m, c in t.cpu_at)})" \
             if t.cpu_at else ""
-        print(f"  {t.dataset:20s} COMP {t.cpu_s:.3f}s{fixed} COMM {t.net_s or 0:.3f}s per "
+        comm = f" ({', '.join(f'{c:.3f}s at DoP {m}' for m, c in t.net_at)})" \
+            if t.net_at else ""
+        print(f"  {t.dataset:20s} COMP {t.cpu_s:.3f}s{fixed} COMM {t.net_s or 0:.3f}s{comm} per "
               f"iteration at DoP {t.ref_dop}, {t.iterations} iterations, eval "
               f"{t.eval_s:.3f}s/epoch")
 

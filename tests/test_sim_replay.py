@@ -165,6 +165,50 @@ def test_a_simulated_isolated_run_replays_itself():
         ("harmony@harmony", 0)]
 
 
+def test_evaluation_is_imported_as_its_cpu_on_one_machine():
+    """A trace's eval_s is the objective's CPU on one machine; the simulator
+    adds the pull of the model. The runtime's evaluation wall time holds
+    that pull: Lasso's took 0.092 s on 2 machines and 0.001 s on 1, so
+    its eval_cpu x machines is imported, the wall time only where no epoch
+    records eval_cpu."""
+    def rec(timings, on="m0, m1"):
+        eps = [{"epoch": e, "time": 5.0 + e, "timings": {"iters": 1.0, **timings}}
+               for e in range(3)]
+        return {"name": "a", "events": [[4.0, R, f"attempt 1 on {on}"]], "epochs": eps,
+                "ended": 9.0}
+    assert importer.eval_per_epoch(rec({"eval": 0.092, "eval_cpu": 0.009})) == \
+        [pytest.approx(0.018)] * 3
+    assert importer.eval_per_epoch(rec({"eval": 0.092, "eval_cpu": 0.009}, "m3")) == \
+        [pytest.approx(0.009)] * 3
+    assert importer.eval_per_epoch(rec({"eval": 0.092})) == [0.092] * 3
+
+
+def test_a_dilated_runs_stretched_startups_are_replayed_as_waits():
+    """At D > 1 an executor sleeps until its start-up has lasted D x its
+    CPU seconds; the CPU ran on the host's idle cores, not its emulated
+    machine's. So a replay of such a run charges a start-up as a wait: no
+    CPU work beside the COMPs (a start-up at nice 19 on a real machine
+    would take what they leave: the D = 1 runs keep that)."""
+    trace = [TraceJob(id=f"j{i}", arrival=0.5 * i, app="nmf", iterations=12, cpu_s=0.3,
+                      bytes=1e6, ref_dop=1, machines=1, iters_per_epoch=2, net_s=0.01,
+                      link=10e6, eval_s=0.05) for i in range(2)]
+    sts = simulate(trace, 2, "isolated", contention=Contention(startup=1.0), bandwidth=10e6,
+                   grain=10 ** 6, cpus=1, statuses=True).meta["statuses"]
+    sf = _bench("sim_fidelity")
+
+    def marked(d, entries):
+        return [{**s, "dilation": d, "setups": entries} for s in sts]
+    assert not importer.stretched_startups(marked(8.0, [[3.0, 0.8]]))
+    assert not importer.stretched_startups(marked(1.0, [[3.0, 0.8, 1]]))
+    assert not importer.stretched_startups(marked(8.0, []))
+    assert importer.stretched_startups(marked(8.0, [[3.0, 0.8, 1]]))
+    cal = sf.calibrate(marked(8.0, [[3.0, 0.8, 1]]))
+    assert cal.contention.startup_cpu == 0.0
+    assert all(t.startup_cpu_s == 0.0 for t in cal.by_name.values())
+    cal = sf.calibrate(marked(1.0, [[3.0, 0.8]]))
+    assert cal.contention.startup_cpu == pytest.approx(0.8)
+
+
 def test_each_job_starts_up_at_its_own_measured_cost():
     """A job's start-up (launch to ready, and its CPU part) is imported from
     its record and simulated per job: a Lasso job parsing its input took 6 s

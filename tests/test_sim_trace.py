@@ -38,7 +38,7 @@ def test_round_trip_all_columns(tmp_path):
             job(id="b", app="lasso", curve=LossCurve("points", (0, 1.0, 10, 0.5, 20, 0.25))),
             job(id="c", app="lda", utility=Utility("const", (2.0,)),
                 curve=LossCurve("linear", (0.9, -1.0, 0.1)), cpu_s=1 / 3,
-                cpu_at=((1, 1.25), (4, 0.3)))]
+                cpu_at=((1, 1.25), (4, 0.3)), net_at=((1, 0.005), (4, 0.35)))]
     path = tmp_path / "t.csv"
     save_trace(jobs, path)
     assert load_trace(path) == jobs
@@ -71,6 +71,7 @@ def test_iterations_from_curve_and_target():
     (f"{HEADER},cpu_at\nx,0,mlr,10,1,1,2,2,0:1\n", ":2:", "cpu_at", "whole number >= 1"),
     (f"{HEADER},cpu_at\nx,0,mlr,10,1,1,2,2,\"1:1,1:2\"\n", ":2:", "cpu_at", "appears twice"),
     (f"{HEADER},cpu_at\nx,0,mlr,10,1,1,2,2,1\n", ":2:", "cpu_at", "not DOP:SECONDS"),
+    (f"{HEADER},net_at\nx,0,mlr,10,1,1,2,2,1:-1\n", ":2:", "net_at", "finite and >= 0"),
 ])
 def test_bad_rows_name_line_and_column(text, where, col, what):
     with pytest.raises(TraceError) as ei:
@@ -102,22 +103,65 @@ def test_cpu_at_measured_dops_replace_eq42_nearest_scales():
     assert iteration_profile(j, 1, 1e6)[1] == iteration_profile(plain, 1, 1e6)[1]
 
 
+def test_net_at_measured_dops_and_the_model_from_the_nearest():
+    """COMM measured at other DoPs is the COMM there; elsewhere the nearest
+    measurement (net_s at ref_dop included) plus the model's change from
+    that DoP to m, never below 0."""
+    j = job(app="lasso", cpu_s=0.01, bytes=6e6, net_s=0.2, link=16e6, ref_dop=2,
+            net_at=((1, 0.005), (4, 0.35)))
+    plain = job(app="lasso", cpu_s=0.01, bytes=6e6, net_s=0.2, link=16e6, ref_dop=2)
+    bw = 16e6
+    model = {m: iteration_profile(plain, m, bw)[1] for m in (1, 2, 3, 4, 8)}
+    assert model[1] == pytest.approx(0.2 - 6e6 / 16e6 / 2)      # the local part, by the split
+    assert iteration_profile(j, 1, bw)[1] == pytest.approx(0.005)
+    assert iteration_profile(j, 2, bw)[1] == pytest.approx(0.2)
+    assert iteration_profile(j, 3, bw)[1] == pytest.approx(0.2 + model[3] - model[2])
+    assert iteration_profile(j, 4, bw)[1] == pytest.approx(0.35)
+    assert iteration_profile(j, 8, bw)[1] == pytest.approx(0.35 + model[8] - model[4])
+    assert iteration_profile(j, 1, bw)[0] == iteration_profile(plain, 1, bw)[0]
+    # from a measurement above m, the model's change is negative: not below 0
+    low = job(app="lasso", bytes=6e6, net_s=0.5, link=16e6, ref_dop=8, machines=8,
+              net_at=((4, 0.0),))
+    assert iteration_profile(low, 3, bw)[1] == 0.0
+
+
+def _rec(name, machines, comp_cpu, *, first=0, pull=0.05, start=9.0, epochs=4, **timings):
+    on = ", ".join(f"m{first + i}" for i in range(machines))
+    eps = [{"epoch": e, "time": start + 1.0 + e,
+            "timings": {"iters": 2.0, "comp_cpu": comp_cpu, "comp": comp_cpu,
+                        "train": 0.5, "pull": pull, "push": pull, **timings}}
+           for e in range(epochs)]
+    return {"name": name, "events": [[start, "running", f"attempt 1 on {on}"]],
+            "epochs": eps, "ended": start + 1.0 + epochs}
+
+
 def test_dop_table_from_runs_at_two_dops():
     """A replay's calibration takes each job's COMP at other DoPs from the
     runs that ran it there: its COMP CPU per iteration relative to that at
-    ref_dop, applied to cpu_s; a job run at one DoP is kept as it is."""
-    def rec(name, machines, comp_cpu):
-        on = ", ".join(f"m{i}" for i in range(machines))
-        eps = [{"epoch": e, "time": 10.0 + e, "timings": {"iters": 2.0, "comp_cpu": comp_cpu,
-                                                          "comp": comp_cpu}}
-               for e in range(4)]
-        return {"name": name, "events": [[9.0, "running", f"attempt 1 on {on}"]],
-                "epochs": eps, "ended": 14.0}
+    ref_dop, applied to cpu_s; its COMM there as measured, from the epochs
+    it ran alone on its machines. A job run at one DoP is kept as it is."""
     a, b = job(id="a", dataset="mlr-a", cpu_s=0.25, ref_dop=2), job(id="b", dataset="b")
-    got = importer.with_dop_table([a, b], [rec("mlr-a", 2, 0.4), rec("mlr-a", 1, 0.5),
-                                           rec("mlr-a", 2, 0.4), rec("other", 1, 9.0)])
+    got = importer.with_dop_table([a, b], [[_rec("mlr-a", 2, 0.4)],
+                                           [_rec("mlr-a", 1, 0.5, pull=0.002)],
+                                           [_rec("mlr-a", 2, 0.4)], [_rec("other", 1, 9.0)]])
     assert got[0].cpu_at == ((1, pytest.approx(0.25 * 0.5 / 0.4)),)
+    assert got[0].net_at == ((1, pytest.approx(0.002)),)
     assert got[1] == b
+
+
+def test_dop_table_takes_comm_only_where_the_job_ran_alone():
+    """An epoch beside another job on its machine (a stint overlapping half
+    of it) says what the pair's COMM was, not the job's: left out of
+    net_at, still counted for cpu_at (COMP CPU, which a partner does not
+    slow)."""
+    a = job(id="a", dataset="mlr-a", cpu_s=0.25, ref_dop=2)
+    ref = [_rec("mlr-a", 2, 0.4)]
+    shared = [_rec("mlr-a", 1, 0.5, pull=0.03), _rec("lda", 1, 0.1)]
+    got = importer.with_dop_table([a], [ref, shared])
+    assert got[0].cpu_at == ((1, pytest.approx(0.25 * 0.5 / 0.4)),)
+    assert got[0].net_at is None
+    apart = [_rec("mlr-a", 1, 0.5, pull=0.03), _rec("lda", 1, 0.1, first=1)]
+    assert importer.with_dop_table([a], [ref, apart])[0].net_at == ((1, pytest.approx(0.03)),)
 
 
 def test_curves():

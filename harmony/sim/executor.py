@@ -284,7 +284,8 @@ class _Exec:
         timings = {"pull": tm["pull"] * e, "push": tm["push"] * e,
                    "comp": max(0.0, tm["comp"] - stood) * e, "stood": stood,
                    "train": (self.t_train - self.t_epoch) * e, "iters": iters,
-                   "eval": tm["eval"], "bytes": self.job.bytes * iters * e,
+                   "eval": tm["eval"], "eval_cpu": self.job.eval_cpu / self.count,
+                   "bytes": self.job.bytes * iters * e,
                    "link": self.job.link * self.machine.net_speed, "sync": 0.0}
         if self.job.comm_cpu is not None:
             # the CPU its COMM cost, as the runtime's executors report it (the

@@ -28,7 +28,9 @@ ref_dop         master's moving averages, where possible replaced by the
                 master's ``metrics/jobs.jsonl`` (``jobs_log``), else of the
                 status's own epochs, their machines told by its events
                 (``epoch_rows``)
-eval_s          the median of ``timings["eval"]``
+eval_s          the median of ``timings["eval_cpu"]`` x the epoch's machines
+                (the objective's CPU on one machine), else of
+                ``timings["eval"]`` (:func:`eval_per_epoch`)
 cpu_at          the profile's ``cpu_prev``: the COMP at the DoP the job
                 left, where the master measured it at two; else empty
 input_bytes     the sum over its machines of ``store[m]["input_mb"]`` (MiB)
@@ -71,7 +73,7 @@ from dataclasses import replace
 from typing import Any
 
 from harmony.policies.curves import LossCurve
-from harmony.sim.placement import machines_at, spans, stints
+from harmony.sim.placement import epoch_samples, machines_at, spans, stints
 from harmony.sim.trace import APPS, TraceJob, save_trace
 
 MIB = 2 ** 20
@@ -204,8 +206,7 @@ def job_from_status(rec: Mapping[str, Any], t0: float,
         if isinstance(obj, (int, float)) and obj == obj and (not pts or done > pts[-2]):
             pts += [float(done), float(obj)]
     curve = LossCurve("points", tuple(pts)) if len(pts) >= 2 else None
-    evals = [e["timings"]["eval"] for e in epochs
-             if isinstance(e.get("timings", {}).get("eval"), (int, float))]
+    evals = eval_per_epoch(rec)
     store = rec.get("store") or {}
     input_mb = sum(float(s.get("input_mb", 0.0)) for s in store.values()
                    if isinstance(s, Mapping))
@@ -233,6 +234,21 @@ def job_from_status(rec: Mapping[str, Any], t0: float,
         cpu_at=cpu_prev(p))
 
 
+def eval_per_epoch(rec: Mapping[str, Any]) -> list[float]:
+    """A job's evaluation per epoch as the trace's ``eval_s`` means it: its
+    CPU seconds on one machine (``eval_cpu`` x the epoch's machines, the
+    objective's pass split over them), where the epochs record it; else its
+    wall seconds (``eval``). The wall time at the DoP it ran holds the pull
+    of the model, which the simulator charges as a PULL of its own: Lasso's
+    evaluation took 0.092 s on 2 machines and 0.001 s on 1."""
+    cpu = [float(row["timings"]["eval_cpu"]) * len(row["workers"]) for row in epoch_rows(rec)
+           if isinstance(row["timings"].get("eval_cpu"), (int, float)) and row["workers"]]
+    if cpu:
+        return cpu
+    return [float(e["timings"]["eval"]) for e in rec.get("epochs") or ()
+            if isinstance((e.get("timings") or {}).get("eval"), (int, float))]
+
+
 def cpu_prev(p: Mapping[str, Any]) -> tuple[tuple[int, float], ...] | None:
     """The COMP the master measured at the DoP the job left (``cpu_prev``),
     as a ``cpu_at`` table; None where it ran at one DoP."""
@@ -251,6 +267,19 @@ def setup_cpu(entry: Sequence, dilation: float) -> float:
     unstretched start-up's CPU work took 1/D undilated seconds)."""
     stretched = len(entry) >= 3 and bool(entry[2])
     return float(entry[1]) if stretched else float(entry[1]) / dilation
+
+
+def stretched_startups(records: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether the records are of a dilated run (D > 1) whose start-ups
+    were all stretched (every ``setups`` entry's third element 1, at least
+    one entry): each lasted D x its CPU seconds by sleeping the rest, its
+    CPU spent on the host's cores beside the emulated machines' (see
+    ``harmony.dilation``)."""
+    recs = list(records)
+    if run_dilation(recs) <= 1:
+        return False
+    entries = [s for r in recs for s in r.get("setups") or () if isinstance(s, Sequence)]
+    return bool(entries) and all(len(s) >= 3 and bool(s[2]) for s in entries)
 
 
 def job_startup(rec: Mapping[str, Any]) -> tuple[float | None, float | None]:
@@ -301,33 +330,62 @@ def jobs_from_status(records: Iterable[Mapping[str, Any]],
     return out, skipped
 
 
-def with_dop_table(jobs: Iterable[TraceJob], records: Iterable[Mapping[str, Any]]
+def with_dop_table(jobs: Iterable[TraceJob], runs: Iterable[Sequence[Mapping[str, Any]]]
                    ) -> list[TraceJob]:
-    """``jobs`` with ``cpu_at`` filled in from runs of the same jobs (status
-    records matched by ``name`` = dataset) at other DoPs than ``ref_dop``:
-    the COMP's CPU seconds per iteration (``comp_cpu``, which a partner
-    does not slow as it does the COMP's wall time) at each machine count,
-    the median over the records' epochs after each one's first, relative to
-    the same at ``ref_dop``, times ``cpu_s``. One DoP cannot tell how a
-    job's COMP scales: MLR's COMP CPU per iteration on 1 machine was 1.2x
-    its COMP on 2, where Eq 4.2 says 2x (its local passes over the model).
-    DoPs the job already has in ``cpu_at`` are kept."""
-    at: dict[str, dict[int, list[float]]] = {}
-    for r in records:
-        for row in epoch_rows(r)[1:]:
-            tm, n = row["timings"], len(row["workers"])
-            if n and tm.get("iters") and isinstance(tm.get("comp_cpu"), (int, float)):
-                at.setdefault(str(r.get("name") or ""), {}).setdefault(n, []).append(
-                    float(tm["comp_cpu"]) / float(tm["iters"]))
+    """``jobs`` with ``cpu_at`` and ``net_at`` filled in from runs of the
+    same jobs (each run a list of status records, matched by ``name`` =
+    dataset) at other DoPs than ``ref_dop``, the medians over each record's
+    epochs after its first:
+
+    - ``cpu_at``: the COMP's CPU seconds per iteration (``comp_cpu``, which
+      a partner does not slow as it does the COMP's wall time) at each
+      machine count relative to the same at ``ref_dop``, times ``cpu_s``.
+      One DoP cannot tell how a job's COMP scales: MLR's COMP CPU per
+      iteration on 1 machine was 1.2x its COMP on 2, where Eq 4.2 says 2x
+      (its local passes over the model).
+    - ``net_at``: the COMM (PULL + PUSH) seconds per iteration at each
+      machine count, over the epochs it ran alone on its machines
+      (``placement.epoch_samples``: no other job's stint overlapped half of
+      it), as measured (COMM is not CPU work a partner could be told from).
+      On 1 machine a job's COMM is the traffic to its own shard: Lasso's
+      took 5 ms an iteration where the model's split of its COMM at DoP 2
+      says 12.
+
+    DoPs a job already has in a table are kept."""
+    cpu: dict[str, dict[int, list[float]]] = {}
+    net: dict[str, dict[int, list[float]]] = {}
+    for records in runs:
+        records = list(records)
+        alone = {(x.job, x.epoch) for x in epoch_samples(records) if x.size == 1}
+        for r in records:
+            name = str(r.get("name") or "")
+            for row in epoch_rows(r)[1:]:
+                tm, n = row["timings"], len(row["workers"])
+                iters = float(tm.get("iters") or 0)
+                if not n or iters <= 0:
+                    continue
+                if isinstance(tm.get("comp_cpu"), (int, float)):
+                    cpu.setdefault(name, {}).setdefault(n, []).append(
+                        float(tm["comp_cpu"]) / iters)
+                key = (str(r.get("name") or r.get("id")), int(row.get("epoch") or 0))
+                if key in alone and all(
+                        isinstance(tm.get(k), (int, float)) for k in ("pull", "push")):
+                    net.setdefault(name, {}).setdefault(n, []).append(
+                        (float(tm["pull"]) + float(tm["push"])) / iters)
     out = []
     for j in jobs:
-        cpu = at.get(j.dataset, {})
-        ref = statistics.median(cpu[j.ref_dop]) if cpu.get(j.ref_dop) else 0.0
+        at = cpu.get(j.dataset, {})
+        ref = statistics.median(at[j.ref_dop]) if at.get(j.ref_dop) else 0.0
         table = dict(j.cpu_at or ())
-        for m, xs in cpu.items():
+        for m, xs in at.items():
             if m != j.ref_dop and m not in table and ref > 0:
                 table[m] = j.cpu_s * statistics.median(xs) / ref
-        out.append(replace(j, cpu_at=tuple(sorted(table.items())) or None))
+        comm = dict(j.net_at or ())
+        for m, xs in net.get(j.dataset, {}).items():
+            if m != j.ref_dop and m not in comm:
+                comm[m] = statistics.median(xs)
+        out.append(replace(j, cpu_at=tuple(sorted(table.items())) or None,
+                           net_at=tuple(sorted(comm.items())) or None))
     return out
 
 

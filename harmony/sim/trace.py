@@ -31,7 +31,10 @@ net_s               no        measured COMM seconds per iteration at
                               (see ``iteration_profile``)
 link                no        link rate (bytes/s) ``net_s`` was measured at;
                               empty: the simulated link
-eval_s              no        seconds of evaluation per epoch (CPU), default 0
+eval_s              no        seconds of evaluation per epoch: its CPU on one
+                              machine, split over the job's m machines; the
+                              simulator adds a pull of the model (one PULL's
+                              COMM) before it. Default 0
 input_bytes         no        input size, default 0
 model_bytes         no        model size, default 0
 final_bytes         no        bytes the job's final checkpoint writes (its
@@ -65,6 +68,16 @@ cpu_at              no        COMP seconds per iteration measured at other
                               Eq 4.2 says: MLR's local passes over its model
                               are done on every machine. Empty: 1/m from
                               ``cpu_s`` at ``ref_dop``
+net_at              no        COMM seconds per iteration measured at other
+                              DoPs, alone on the machines, the same form: at
+                              those DoPs the job's COMM is that, and at any
+                              other DoP the nearest measurement (``net_s`` at
+                              ``ref_dop`` included) plus the model's change
+                              from there. A job's COMM on 1 machine is its
+                              traffic to its own shard, which the model can
+                              only split off a measurement at DoP 2 by
+                              assumption (Lasso's: 5 ms measured, 12 ms by
+                              the split). Empty: the model from ``net_s``
 utility             no        a number (a constant utility / weight) or
                               ``sigmoid:g1,g2,g3`` (OASiS: g1/(1+exp(g2(t-g3)))
                               of the JCT t)
@@ -115,7 +128,7 @@ APPS = ("nmf", "lda", "mlr", "lasso", "torch_mlp", "minimal", "synthetic")
 COLUMNS = ("id", "arrival", "app", "dataset", "iterations", "iters_per_epoch", "curve",
            "target", "cpu_s", "bytes", "ref_dop", "net_s", "link", "eval_s", "input_bytes",
            "model_bytes", "final_bytes", "ckpt_bytes", "machines", "deadline", "utility",
-           "startup_s", "startup_cpu_s", "comm_cpu_s", "cpu_at")
+           "startup_s", "startup_cpu_s", "comm_cpu_s", "cpu_at", "net_at")
 REQUIRED = ("id", "arrival", "app", "cpu_s", "bytes", "ref_dop", "machines")
 HEADER_COMMENT = "# harmony trace v1"
 
@@ -156,6 +169,7 @@ class TraceJob:
     startup_cpu_s: float | None = None
     comm_cpu_s: float | None = None
     cpu_at: tuple[tuple[int, float], ...] | None = None
+    net_at: tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self) -> None:
         bad = [f.name for f in fields(self) if f.name != "target"
@@ -170,10 +184,12 @@ class TraceJob:
             raise ValueError(f"job {self.id}: link must be > 0")
         if self.app not in APPS:
             raise ValueError(f"job {self.id}: unknown app {self.app!r} (one of {', '.join(APPS)})")
-        if self.cpu_at is not None and not all(
-                isinstance(m, int) and m >= 1 and math.isfinite(c) and c >= 0
-                for m, c in self.cpu_at):
-            raise ValueError(f"job {self.id}: cpu_at needs DoPs >= 1 and COMP seconds >= 0")
+        for col in ("cpu_at", "net_at"):
+            table = getattr(self, col)
+            if table is not None and not all(
+                    isinstance(m, int) and m >= 1 and math.isfinite(c) and c >= 0
+                    for m, c in table):
+                raise ValueError(f"job {self.id}: {col} needs DoPs >= 1 and seconds >= 0")
 
     @property
     def epochs(self) -> int:
@@ -213,15 +229,29 @@ def iteration_profile(job: TraceJob, m: float, bandwidth: float | None) -> tuple
     ``t_cpu_at`` and ``t_net_at`` of ``harmony.sched.model`` on
     ``sched_profile(job, bandwidth)``. COMP = cpu_s * ref_dop / m, or from
     the measured DoP (``ref_dop`` or one of ``cpu_at``) nearest m, c * m' /
-    m; COMM = local + bytes/bandwidth * (m-1)/m."""
+    m; COMM = local + bytes/bandwidth * (m-1)/m, or from the measured DoP
+    (``ref_dop`` or one of ``net_at``) nearest m, its COMM plus the model's
+    change from there to m."""
     if m < 1:
         raise ValueError("m must be >= 1")
     p = sched_profile(job, bandwidth)
     if job.cpu_at:
-        dop, c = min(((job.ref_dop, job.cpu_s), *job.cpu_at),
-                     key=lambda x: (abs(x[0] - m), x[0]))
-        return c * dop / m, t_net_at(p, m)
-    return t_cpu_at(p, m), t_net_at(p, m)
+        dop, c = _nearest(job.ref_dop, job.cpu_s, job.cpu_at, m)
+        t_cpu = c * dop / m
+    else:
+        t_cpu = t_cpu_at(p, m)
+    t_net = t_net_at(p, m)
+    if job.net_at:
+        dop, n = _nearest(job.ref_dop, t_net_at(p, job.ref_dop), job.net_at, m)
+        t_net = max(0.0, n + t_net - t_net_at(p, dop))
+    return t_cpu, t_net
+
+
+def _nearest(ref: int, at_ref: float, table: tuple[tuple[int, float], ...], m: float
+             ) -> tuple[int, float]:
+    """The (DoP, seconds) of ``table`` or (``ref``, ``at_ref``) nearest m,
+    the smaller DoP on a tie."""
+    return min(((ref, at_ref), *table), key=lambda x: (abs(x[0] - m), x[0]))
 
 
 @dataclass(frozen=True)
@@ -376,7 +406,7 @@ def _row(row: dict[str, str], where: str) -> TraceJob:
                 kw[col] = Utility.parse(s)
             except ValueError as exc:
                 raise err(col, str(exc)) from None
-        elif col == "cpu_at":
+        elif col in ("cpu_at", "net_at"):
             try:
                 kw[col] = _dop_table(s)
             except ValueError as exc:
@@ -412,7 +442,7 @@ def dumps_trace(jobs: Iterable[TraceJob]) -> str:
                 out.append("")
             elif isinstance(v, (LossCurve, Utility)):
                 out.append(v.spec())
-            elif col == "cpu_at":
+            elif col in ("cpu_at", "net_at"):
                 out.append(",".join(f"{m}:{num_spec(c)}" for m, c in v))
             elif isinstance(v, (int, float)):
                 out.append(num_spec(v))
