@@ -164,10 +164,12 @@ class Executor(Training):
             # undilated seconds. Its CPU, not its wall, is what is scaled:
             # a start-up runs at nice 19, so its wall also holds the waits
             # for the host's real cores behind other machines' work, which
-            # a D x stretch of the wall would multiply
+            # a D x stretch of the wall would multiply. A machine of
+            # --cpu-speed s starts up s times slower again, as its COMPs run
             if self.dil > 1.0:
                 dil.stretch_to(time.time() - me.create_time(),
-                               self.dil * sum(me.cpu_times()[:2]))
+                               dil.cpu_factor(self.cpu_speed, self.dil)
+                               * sum(me.cpu_times()[:2]))
             self.ctl.send(M.encode("exec_ready", job=self.job, index=self.index,
                                    attempt=self.attempt, endpoint=self.server.endpoint,
                                    num_keys=spec.num_keys, dim=spec.dim,
