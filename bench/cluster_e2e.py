@@ -67,6 +67,7 @@ from harmony.sched.throughput import best_dop  # noqa: E402
 from harmony.sim.trace import iteration_profile, save_trace, sched_profile  # noqa: E402
 from harmony.worker.executor.startup import startup_nice  # noqa: E402
 from harmony.worker.netem import parse_rate  # noqa: E402
+from harmony.cluster import stop_clusters_on_sigterm  # noqa: E402
 
 MODES = ("isolated", "isolated-best", "naive-2", "match", "harmony")
 
@@ -139,6 +140,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="every run's figures and statuses (JSON)")
     ap.add_argument("--memory-per-machine", type=parse_size, default=None)
     a = ap.parse_args()
+    stop_clusters_on_sigterm()
     a.dop = 2
     if a.quick:
         a.rounds, a.loads = a.rounds or 1, a.loads or "0"

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harmony.client import Client  # noqa: E402
-from harmony.cluster import LocalCluster  # noqa: E402
+from harmony.cluster import LocalCluster, stop_clusters_on_sigterm  # noqa: E402
 from harmony.datagen.nmf import gen_nmf  # noqa: E402
 
 MODES = ("isolated", "naive", "harmony", "harmony-fifo")
@@ -149,6 +149,7 @@ def main() -> None:
                     help="rounds of all modes, interleaved; the summary reports medians")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out"))
     a = ap.parse_args()
+    stop_clusters_on_sigterm()
     os.makedirs(a.out, exist_ok=True)
     modes = a.modes.split(",")
     rounds: list[list[dict]] = []

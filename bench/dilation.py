@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harmony.client import Client  # noqa: E402
-from harmony.cluster import LocalCluster  # noqa: E402
+from harmony.cluster import LocalCluster, stop_clusters_on_sigterm  # noqa: E402
 from harmony.datagen.lasso import gen_lasso  # noqa: E402
 from harmony.datagen.lda import gen_lda  # noqa: E402
 from harmony.datagen.mlr import gen_mlr  # noqa: E402
@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=240, help="per config and D (wall s)")
     ap.add_argument("--out", default=None, help="write the figures here (JSON)")
     a = ap.parse_args(argv)
+    stop_clusters_on_sigterm()
     ds = [float(x) for x in a.dilations.split(",")]
     configs = [(app, int(m), p == "pair") for m in a.dops.split(",")
                for p in a.placements.split(",") for app in a.apps.split(",")]

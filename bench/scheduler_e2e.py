@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from harmony.client import Client  # noqa: E402
-from harmony.cluster import LocalCluster  # noqa: E402
+from harmony.cluster import LocalCluster, stop_clusters_on_sigterm  # noqa: E402
 from harmony.datagen.nmf import gen_nmf  # noqa: E402
 from harmony.cli.common import parse_size  # noqa: E402
 
@@ -423,6 +423,7 @@ def main() -> None:
     ap.add_argument("--keep", default=None, help="keep the clusters' state dirs here")
     ap.add_argument("--out", default=None, help="write every run's figures here (JSON)")
     a = ap.parse_args()
+    stop_clusters_on_sigterm()
     times = arrivals(a.jobs, a.mean_gap, a.seed)
     print(f"{a.jobs} jobs, arrivals at {[round(t, 1) for t in times]} s, {a.machines} machines "
           f"x 1 core, {a.bandwidth}, {a.rounds} round(s)")

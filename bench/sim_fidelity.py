@@ -46,6 +46,7 @@ from harmony.sim.importer import jobs_from_status, load_jobs_log, run_dilation, 
 from harmony.sim.report import SimResult  # noqa: E402
 from harmony.sim.run import simulate  # noqa: E402
 from harmony.sim.trace import TraceJob  # noqa: E402
+from harmony.cluster import stop_clusters_on_sigterm  # noqa: E402
 
 
 def overheads(statuses: list[dict]) -> tuple[float, float]:
@@ -182,6 +183,7 @@ def main() -> None:
     ap.add_argument("--dilation", type=float, default=1.0,
                     help="time dilation of the runtime's clusters (figures undilated)")
     a = ap.parse_args()
+    stop_clusters_on_sigterm()
     logging.getLogger("harmony.master").setLevel(logging.WARNING)
     if a.load:
         runs = json.load(open(a.load))

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harmony.client import Client  # noqa: E402
-from harmony.cluster import LocalCluster  # noqa: E402
+from harmony.cluster import LocalCluster, stop_clusters_on_sigterm  # noqa: E402
 from harmony.datagen.lda import gen_lda  # noqa: E402
 from harmony.datagen.nmf import gen_nmf  # noqa: E402
 
@@ -91,6 +91,7 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=3, help="A's epochs before B is submitted")
     ap.add_argument("--data", default="/tmp/harmony-startup-interference")
     a = ap.parse_args()
+    stop_clusters_on_sigterm()
     os.makedirs(a.data, exist_ok=True)
     data = {"lda": os.path.join(a.data, "lda.txt"), "nmf": os.path.join(a.data, "nmf.txt")}
     if not os.path.exists(data["lda"]):

@@ -360,6 +360,19 @@ class LocalCluster:
         self.stop()
 
 
+def stop_clusters_on_sigterm() -> None:
+    """For scripts that run :class:`LocalCluster` in ``with`` blocks (the
+    benches): SIGTERM raises ``KeyboardInterrupt`` in the main thread, so
+    each ``with`` block stops its cluster's processes on the way out instead
+    of leaving them running (Python's default for SIGTERM is to exit at
+    once, no ``__exit__`` run). ``KeyboardInterrupt``, not ``SystemExit``:
+    the benches catch ``SystemExit`` from a failed run and go on. Call it
+    from the main thread."""
+    def _raise(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, _raise)
+
+
 def _dashboard_url(master_dir: str) -> str | None:
     """The dashboard address the master wrote (harmony.obs), without token."""
     try:

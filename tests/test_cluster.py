@@ -209,3 +209,41 @@ def test_an_app_option_named_like_a_cli_option_goes_after_dashdash(cluster, clie
     assert st["args"] == ["--keys", "7"] and "note: --keys" not in r.stderr
     r = run_cli("submit", toy_app, "--master", cluster.endpoint, "--keys", "/nonexistent")
     assert "note: --keys was taken as harmony's own option" in r.stderr
+
+
+def test_a_script_stopped_by_sigterm_stops_its_cluster(tmp_path):
+    """A bench that runs a LocalCluster in a with block and calls
+    stop_clusters_on_sigterm leaves no master or daemon behind when it is
+    sent SIGTERM (the default would exit without running __exit__)."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import sys, time\n"
+        "from harmony.cluster import LocalCluster, stop_clusters_on_sigterm\n"
+        "stop_clusters_on_sigterm()\n"
+        f"with LocalCluster(1, {str(tmp_path / 'c')!r}, port=0, dashboard=False) as cl:\n"
+        "    print(' '.join(str(p.pid) for p in cl.procs), flush=True)\n"
+        "    time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        pids = [int(x) for x in line.split()]
+        assert len(pids) == 2, line            # the master and one daemon
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) != 0
+        procs = []
+        for p in pids:
+            try:
+                procs.append(psutil.Process(p))
+            except psutil.NoSuchProcess:
+                pass
+        gone, alive = psutil.wait_procs(procs, timeout=15)
+        assert not alive, f"left running: {alive}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
