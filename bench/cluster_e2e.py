@@ -41,6 +41,10 @@ harmony sim import s.json --out run.csv`` imports one.
     python bench/cluster_e2e.py --quick                  # ~21 min: 1 round at all-at-once
     python bench/cluster_e2e.py [--machines 8] [--dilation 8] [--jobs 8] [--rounds 3]
         [--loads 0,0.25,1] [--modes isolated,isolated-best,naive-2,match,harmony]
+    python bench/cluster_e2e.py --quick --merge a.json b.json [--out all.json]
+
+(``--quick`` with every mode given runs ``isolated,match,harmony``; pass the
+others in a second run and ``--merge`` the two files.)
 """
 from __future__ import annotations
 
@@ -139,6 +143,10 @@ def main() -> None:
     ap.add_argument("--trace", default=None, help="write the trace here (CSV, harmony sim)")
     ap.add_argument("--out", default=None, help="every run's figures and statuses (JSON)")
     ap.add_argument("--memory-per-machine", type=parse_size, default=None)
+    ap.add_argument("--merge", nargs="+", default=None, metavar="FILE",
+                    help="run nothing: the report of earlier --out files of the same trace "
+                         "(the same --jobs, --seed, --quick), their runs together per load "
+                         "and mode; with --out, written as one file for bench/cluster_replay.py")
     a = ap.parse_args()
     stop_clusters_on_sigterm()
     a.dop = 2
@@ -147,6 +155,8 @@ def main() -> None:
         if a.modes == ",".join(MODES):
             a.modes = "isolated,match,harmony"
     a.rounds, a.loads = a.rounds or 3, a.loads or "0,0.25,1"
+    if a.merge:
+        return merged_report(a, a.merge)
     bw = parse_rate(a.bandwidth)
     modes = a.modes.split(",")
     os.makedirs(a.data, exist_ok=True)
@@ -230,6 +240,42 @@ def main() -> None:
                                                  if k != "metrics_dir"} for r in rs]
                                             for m, rs in runs.items()}
                                 for ld, runs in results.items()}}, fh)
+
+
+def merged_report(a, files: list[str]) -> None:
+    """``--merge``: the report of several ``--out`` files of one trace (e.g.
+    modes or rounds run in separate invocations), per load and mode in
+    MODES' order, and with ``--out`` the runs together in one file."""
+    docs = [json.load(open(f)) for f in files]
+    head = {k: docs[0].get(k) for k in ("machines", "dilation", "bandwidth", "startup_weight")}
+    for f, d in zip(files, docs):
+        if {k: d.get(k) for k in head} != head:
+            raise SystemExit(f"{f}: another cluster or link than {files[0]} ({head})")
+    trace = scaled_trace(a.jobs, a.seed, quick=a.quick, bandwidth=float(head["bandwidth"]))
+    ids = {j.id for j in trace}
+    for f, d in zip(files, docs):
+        if set(d.get("jobs") or ()) != ids:
+            raise SystemExit(f"{f}: not the jobs of this trace (pass the --jobs, --seed and "
+                             f"--quick it was run with)")
+    bw = float(head["bandwidth"])
+    mean_alone = statistics.mean(j.iterations * sum(iteration_profile(j, j.machines, bw))
+                                 for j in trace)
+    merged: dict[str, dict[str, list[dict]]] = {}
+    for d in docs:
+        for load, runs in d["runs"].items():
+            for mode, rs in runs.items():
+                merged.setdefault(load, {}).setdefault(mode, []).extend(rs)
+    print(f"{len(files)} files, {head['machines']} machines at dilation {head['dilation']:g}")
+    for load, runs in sorted(merged.items(), key=lambda x: float(x[0])):
+        modes = [m for m in MODES if m in runs] + [m for m in runs if m not in MODES]
+        jobs_t = with_arrivals(trace, float(load) * mean_alone, a.seed)
+        report(float(load), runs, modes, jobs_t, [j.arrival for j in jobs_t], trace)
+        print_prediction_tables({m: [r for r in rs if "failed" not in r]
+                                 for m, rs in runs.items()}, modes)
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump({**head, "trace": docs[0].get("trace"), "jobs": docs[0]["jobs"],
+                       "runs": merged}, fh)
 
 
 def report(load: float, runs: dict[str, list[dict]], modes: list[str], jobs_t, times,
