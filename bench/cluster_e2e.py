@@ -43,8 +43,8 @@ harmony sim import s.json --out run.csv`` imports one.
         [--loads 0,0.25,1] [--modes isolated,isolated-best,naive-2,match,harmony]
     python bench/cluster_e2e.py --quick --merge a.json b.json [--out all.json]
 
-(``--quick`` with every mode given runs ``isolated,match,harmony``; pass the
-others in a second run and ``--merge`` the two files.)
+(``--merge`` joins runs made in separate invocations, e.g. other modes or
+more rounds.)
 """
 from __future__ import annotations
 
@@ -130,7 +130,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bandwidth", default="16MB/s", help="undilated link per machine")
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=None,
+                    help=f"default {','.join(MODES)}; --quick: isolated,match,harmony")
     ap.add_argument("--loads", default=None,
                     help="mean gaps as fractions of a job's mean isolated duration (0: all at once)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds per load (3; --quick: 1)")
@@ -152,9 +153,9 @@ def main() -> None:
     a.dop = 2
     if a.quick:
         a.rounds, a.loads = a.rounds or 1, a.loads or "0"
-        if a.modes == ",".join(MODES):
-            a.modes = "isolated,match,harmony"
+        a.modes = a.modes or "isolated,match,harmony"
     a.rounds, a.loads = a.rounds or 3, a.loads or "0,0.25,1"
+    a.modes = a.modes or ",".join(MODES)
     if a.merge:
         return merged_report(a, a.merge)
     bw = parse_rate(a.bandwidth)

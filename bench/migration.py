@@ -63,15 +63,22 @@ from harmony.ps.keymap import block_of  # noqa: E402
 from harmony.ps.server import ShardServer, ShardTable  # noqa: E402
 from harmony.store.blocks import Block  # noqa: E402
 from harmony.store.transfer import CHUNK_BYTES, Payload, send_payloads, wait_acks  # noqa: E402
+from harmony.util.malloc import keep_working_memory  # noqa: E402
 from harmony.worker.netem import NetEm, parse_rate  # noqa: E402
 
 DIM = 64
 BLOCK_MB = 4
 
 
-def _receiver(q: mp.Queue, stop: mp.Event) -> None:
+def _receiver(q: mp.Queue, stop: mp.Event, memory: str = "keep") -> None:
     """A real shard (moved model blocks go into its table) and a raw sink
-    that also takes the bench's commands."""
+    that also takes the bench's commands. ``memory``: "keep" pins glibc's
+    malloc thresholds as a training executor does before its first epoch
+    (``keep_working_memory``: blocks moved into a running job arrive
+    there), "dynamic" leaves them as a fresh process has them (a joining
+    executor receives its blocks before that)."""
+    if memory == "keep":
+        keep_working_memory()
     ctx = zmq.Context()
     table = ShardTable(DIM, "float32", None)
     table.load(np.zeros(0, np.int64), np.zeros((0, DIM), np.float32))
@@ -172,9 +179,10 @@ def _move(ctl, shard, client, payloads, nb, nkeys, mid, throttle=None) -> dict:
     return {"acked": acked, "ready": ready, "merged": time.perf_counter() - t0}
 
 
-def transfer_run(sizes: list[int], cap: float | None, rounds: int) -> list[dict]:
+def transfer_run(sizes: list[int], cap: float | None, rounds: int,
+                 memory: str = "keep") -> list[dict]:
     q, stop = mp.Queue(), mp.Event()
-    proc = mp.Process(target=_receiver, args=(q, stop), daemon=True)
+    proc = mp.Process(target=_receiver, args=(q, stop, memory), daemon=True)
     proc.start()
     shard_ep, sink_ep = q.get(timeout=30)
     ctx = zmq.Context()
@@ -474,6 +482,10 @@ def main() -> int:
     ap.add_argument("--plan-limits", default="4,1,0",
                     help="5: the master's --max-moves values compared (0: all at once)")
     ap.add_argument("--plan-mb", type=int, default=64, help="5: the job's input in MiB")
+    ap.add_argument("--memory", choices=["keep", "dynamic"], default="keep",
+                    help="1 and 2: the receiving process's malloc thresholds: pinned as a "
+                         "training executor's (keep_working_memory), or glibc's dynamic ones "
+                         "(a fresh process, as a joining executor receives its blocks)")
     a = ap.parse_args()
     sizes = [int(x) for x in a.sizes.split(",")]
     cap = parse_rate(a.cap)
@@ -494,14 +506,15 @@ def main() -> int:
 def measure_transfer(out: dict, sizes: list[int], cap: float, a) -> None:
     """1, 1b and 2."""
     print("1. block transfer vs raw pyzmq (loopback, no cap), medians of "
-          f"{a.rounds} rounds, the two alternated:", flush=True)
-    out["raw"] = transfer_run(sizes, None, a.rounds)
+          f"{a.rounds} rounds, the two alternated; the receiver's malloc: {a.memory}:",
+          flush=True)
+    out["raw"] = transfer_run(sizes, None, a.rounds, a.memory)
     print(f"1b. pull/push of the rows of a {a.pullpush_mb} MiB move (one request each, "
           f"{a.pp_reps} turns): the shard after the move vs the same rows loaded",
           flush=True)
     out["pullpush"] = pullpush_run(a.pullpush_mb, a.pp_reps)
     print(f"2. under a cap of {cap / 1e6:.0f} MB/s:", flush=True)
-    out["cap"] = transfer_run([s for s in sizes if s <= 128], cap, 1)
+    out["cap"] = transfer_run([s for s in sizes if s <= 128], cap, 1, a.memory)
 
 
 def measure_all(out: dict, cap: float, a) -> None:
