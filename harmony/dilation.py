@@ -92,6 +92,22 @@ def cpu_factor(cpu_speed: float, dilation: float) -> float:
     return dilation / cpu_speed
 
 
+def work_seconds(elapsed: float, thread_cpu: float, process_cpu: float, cores: int) -> float:
+    """What a piece of CPU work (a COMP, an evaluation) computed, in seconds
+    of its emulated machine: its thread's CPU seconds, or its process's
+    spread over the machine's ``cores`` where more (other threads: a numeric
+    library's pool, the PS shard serving the other machines meanwhile),
+    never more than it lasted. Not its wall time: where emulated machines
+    share the host's cores (N machines on about N/D of them, each pinned to
+    one), a thread also waits for a core another machine's work holds,
+    which the machine it emulates would not, and a stretch of the wall
+    multiplied that wait by D: a job's two executors on machines pinned to
+    one host core computed at once and took twice their CPU (COMP wall /
+    CPU 2.0-2.2 in every mode of an 8-machine D = 8 run, wherever two of a
+    job's machines shared a core; 1.0-1.2 elsewhere)."""
+    return min(elapsed, max(thread_cpu, process_cpu / max(1, cores)))
+
+
 def link_rate(rate: float, dilation: float) -> float:
     """A link cap (bytes/s) at ``dilation``."""
     return rate / dilation

@@ -38,6 +38,21 @@ def test_sim_import_takes_a_stretched_start_ups_cpu_as_it_is():
     assert setup_cpu([0.45, 0.4], 8.0) == 0.05
 
 
+def test_work_is_its_cpu_not_its_wait_for_a_shared_host_core():
+    """A COMP's compute on its emulated machine is its CPU seconds (its
+    thread's, or its process's over the machine's cores where more), never
+    more than its wall time. Two executors pinned to one host core computed
+    at once and each took twice its CPU: the stretch multiplied that wait."""
+    assert dil.work_seconds(0.4, 0.2, 0.21, 1) == pytest.approx(0.21)    # shared core
+    assert dil.work_seconds(0.2, 0.2, 0.2, 1) == pytest.approx(0.2)      # a core to itself
+    assert dil.work_seconds(0.1, 0.1, 0.4, 4) == pytest.approx(0.1)      # 4 threads on 4 cores
+    assert dil.work_seconds(0.1, 0.02, 0.4, 4) == pytest.approx(0.1)     # their CPU / cores
+    assert dil.work_seconds(0.3, 0.35, 0.35, 1) == pytest.approx(0.3)    # never above the wall
+    slept = []
+    assert dil.stretch_to(0.4, 8 * dil.work_seconds(0.4, 0.2, 0.2, 1), slept.append) == \
+        pytest.approx(1.2) and slept == [pytest.approx(1.2)]             # 8 x 0.2, not 8 x 0.4
+
+
 def test_a_stretch_to_a_target_sleeps_only_what_is_missing():
     slept = []
     assert dil.stretch_to(1.0, 4.0, slept.append) == 3.0 and slept == [3.0]

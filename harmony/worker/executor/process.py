@@ -78,6 +78,9 @@ class Executor(Training):
         # time dilation (harmony.dilation): subtasks last D times as long,
         # timeouts too; timings are reported in undilated seconds
         self.dil = dil.check(spec.get("dilation") or 1.0)
+        # the emulated machine's cores (its daemon's affinity, inherited)
+        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)
         self.MOVE_TIMEOUT_S = dil.wall(Executor.MOVE_TIMEOUT_S, self.dil)
         self.DAEMON_REPLY_S = dil.wall(Executor.DAEMON_REPLY_S, self.dil)
         self.ctx = zmq.Context()

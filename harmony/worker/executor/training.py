@@ -105,6 +105,18 @@ class Training(Layout, Checkpoints):
                 cache[slot] = keys
         return keys
 
+    def _stretch_work(self, t0: float, thread_cpu: float, process_cpu0: float,
+                      factor: float) -> None:
+        """Dilated (or a slower machine): CPU work begun at ``t0`` (wall) and
+        ``process_cpu0`` (this process's CPU) lasts ``factor`` x what it
+        computed (``dilation.work_seconds``), not x its wall time."""
+        if factor == 1.0:
+            return
+        elapsed = time.perf_counter() - t0
+        work = dil.work_seconds(elapsed, thread_cpu, time.process_time() - process_cpu0,
+                                self.cores)
+        dil.stretch_to(elapsed, factor * work)
+
     def _train(self, app: App, opts, inp: LocalInput, table: ShardTable,
                first_epoch: int = 0) -> None:
         assert self.client is not None
@@ -137,15 +149,16 @@ class Training(Layout, Checkpoints):
                     tm["pull"] += time.perf_counter() - t
 
                 def comp():
-                    t, c = time.perf_counter(), time.thread_time()
+                    t, c, pc = time.perf_counter(), time.thread_time(), time.process_time()
                     if self.spill_model:   # every machine has pulled: shard idle until PUSH
                         table.spill()
                     box["deltas"] = _call(group, lambda g: app.compute(g, keys, box["rows"],
                                                                        step))
-                    # an emulated slower machine, dilated: x D / cpu_speed
-                    dil.stretch(time.perf_counter() - t, dil.cpu_factor(self.cpu_speed, self.dil))
+                    cpu = time.thread_time() - c
+                    # an emulated slower machine, dilated: its compute x D / cpu_speed
+                    self._stretch_work(t, cpu, pc, dil.cpu_factor(self.cpu_speed, self.dil))
                     tm["comp"] += time.perf_counter() - t
-                    tm["comp_cpu"] += time.thread_time() - c
+                    tm["comp_cpu"] += cpu
 
                 def push():
                     t, w = time.perf_counter(), self.net_wait
@@ -195,14 +208,14 @@ class Training(Layout, Checkpoints):
             box = {}
 
             def evaluate():
-                t = time.perf_counter()
+                t, c, pc = time.perf_counter(), time.thread_time(), time.process_time()
                 box["sums"] = _plain(_call(blocks, lambda b: app.objective(b, keys,
                                                                            box["rows"])))
                 table.restore()
                 with table.lock:
                     for k, v in _plain(app.model_objective(table.keys, table.rows)).items():
                         box["sums"][k] = box["sums"].get(k, 0.0) + v
-                dil.stretch(time.perf_counter() - t, self.dil)
+                self._stretch_work(t, time.thread_time() - c, pc, self.dil)
             try:
                 self._sub("net", lambda: box.__setitem__("rows", _own(client.pull(keys))))
                 self._sub("cpu", evaluate)
