@@ -161,7 +161,7 @@ def run_config(c: Client, meter: CpuMeter, app: str, dop: int, pair: bool,
     # whole jobs, in undilated seconds: submission to end (the master's
     # clock), and each executor's start-up (process start to ready)
     jct = [s["elapsed"] for s in sts if s["state"] == "finished" and s.get("elapsed")]
-    setups = [w for s in sts for w, _ in (s.get("setups") or [])]
+    setups = [w for s in sts for w, *_ in (s.get("setups") or [])]
     return {"ok": ok, "states": [s["state"] for s in sts],
             "jct": statistics.mean(jct) if jct else None,
             "startup": statistics.median(setups) if setups else None,
