@@ -358,7 +358,9 @@ def with_dop_table(jobs: Iterable[TraceJob], runs: Iterable[Sequence[Mapping[str
         records = list(records)
         alone = {(x.job, x.epoch) for x in epoch_samples(records) if x.size == 1}
         for r in records:
-            name = str(r.get("name") or "")
+            # matched to trace jobs by name; epoch_samples names a record
+            # without one by its id
+            name, sample = str(r.get("name") or ""), str(r.get("name") or r.get("id"))
             for row in epoch_rows(r)[1:]:
                 tm, n = row["timings"], len(row["workers"])
                 iters = float(tm.get("iters") or 0)
@@ -367,8 +369,7 @@ def with_dop_table(jobs: Iterable[TraceJob], runs: Iterable[Sequence[Mapping[str
                 if isinstance(tm.get("comp_cpu"), (int, float)):
                     cpu.setdefault(name, {}).setdefault(n, []).append(
                         float(tm["comp_cpu"]) / iters)
-                key = (str(r.get("name") or r.get("id")), int(row.get("epoch") or 0))
-                if key in alone and all(
+                if (sample, int(row.get("epoch") or 0)) in alone and all(
                         isinstance(tm.get(k), (int, float)) for k in ("pull", "push")):
                     net.setdefault(name, {}).setdefault(n, []).append(
                         (float(tm["pull"]) + float(tm["push"])) / iters)
