@@ -70,7 +70,7 @@ DIM = 64
 BLOCK_MB = 4
 
 
-def _receiver(q: mp.Queue, stop: mp.Event, memory: str = "keep") -> None:
+def _receiver(q: mp.Queue, stop: mp.Event, memory: str = "dynamic") -> None:
     """A real shard (moved model blocks go into its table) and a raw sink
     that also takes the bench's commands. ``memory``: "keep" pins glibc's
     malloc thresholds as a training executor does before its first epoch
@@ -180,7 +180,7 @@ def _move(ctl, shard, client, payloads, nb, nkeys, mid, throttle=None) -> dict:
 
 
 def transfer_run(sizes: list[int], cap: float | None, rounds: int,
-                 memory: str = "keep") -> list[dict]:
+                 memory: str = "dynamic") -> list[dict]:
     q, stop = mp.Queue(), mp.Event()
     proc = mp.Process(target=_receiver, args=(q, stop, memory), daemon=True)
     proc.start()
@@ -482,7 +482,7 @@ def main() -> int:
     ap.add_argument("--plan-limits", default="4,1,0",
                     help="5: the master's --max-moves values compared (0: all at once)")
     ap.add_argument("--plan-mb", type=int, default=64, help="5: the job's input in MiB")
-    ap.add_argument("--memory", choices=["keep", "dynamic"], default="keep",
+    ap.add_argument("--memory", choices=["keep", "dynamic"], default="dynamic",
                     help="1 and 2: the receiving process's malloc thresholds: pinned as a "
                          "training executor's (keep_working_memory), or glibc's dynamic ones "
                          "(a fresh process, as a joining executor receives its blocks)")
