@@ -424,9 +424,15 @@ def stop_pids(pids: list[int], timeout: float = 15.0) -> None:
 def cluster_down(state_dir: str | None = None) -> bool:
     sd = os.path.abspath(state_dir or default_state_dir())
     path = os.path.join(sd, "cluster.json")
-    if not os.path.exists(path):
+    try:
+        with open(path) as fh:
+            info = json.load(fh)
+    except FileNotFoundError:   # none, or its `cluster up` removed it as it stopped
         return False
-    info = json.load(open(path))
+    except (OSError, ValueError):
+        info = {}               # a damaged record: its processes are found below
+    if not isinstance(info, dict):
+        info = {}
     alive = set(_ours(info))
     # keep positions (pids[0] is the master); drop pids now owned by others
     stop_pids([p if p in alive else -1 for p in info.get("pids", [])])
@@ -435,7 +441,10 @@ def cluster_down(state_dir: str | None = None) -> bool:
     masters, daemons = _unrecorded(sd)
     if masters or daemons:
         stop_pids([masters[0] if masters else -1] + daemons + masters[1:])
-    os.unlink(path)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:   # removed meanwhile by the cluster's own stop
+        pass
     return True
 
 

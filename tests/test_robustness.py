@@ -121,6 +121,19 @@ def test_a_restarted_daemon_gets_its_lost_jobs_requeued(tmp_path):
         cl.stop()
 
 
+def test_cluster_down_on_a_damaged_record_is_no_traceback(tmp_path):
+    """A cluster.json cut short (a full disk, a crash while written) or not
+    a map: `cluster down` still looks for the cluster's processes by their
+    command lines and removes the record, instead of a JSONDecodeError."""
+    for text in ('{"pids": [1', "[1, 2]"):
+        sd = tmp_path / f"c{len(text)}"
+        sd.mkdir()
+        (sd / "cluster.json").write_text(text)
+        assert cluster_down(str(sd))
+        assert not (sd / "cluster.json").exists()
+    assert not cluster_down(str(tmp_path / "none"))
+
+
 def test_cluster_down_never_signals_a_reused_pid(tmp_path):
     victim = subprocess.Popen(["sleep", "60"])
     try:
