@@ -166,8 +166,7 @@ def main() -> None:
     trace = scaled_trace(a.jobs, a.seed, quick=a.quick, bandwidth=bw)
     mapped = {j.id: app_job(j, data) for j in trace}
     best = {j.id: best_dop(sched_profile(j, bw), a.machines) for j in trace}
-    alone = [j.iterations * sum(iteration_profile(j, j.machines, bw)) for j in trace]
-    mean_alone = statistics.mean(alone)
+    mean_alone = mean_isolated(trace, bw)
     print(f"{len(trace)} jobs, {a.machines} machines x 1 core at dilation {a.dilation:g} "
           f"({os.cpu_count()}-core host), link {a.bandwidth}; trace at DoP 2 -> app job; "
           f"best DoP by the model; "
@@ -243,6 +242,13 @@ def main() -> None:
                                 for ld, runs in results.items()}}, fh)
 
 
+def mean_isolated(trace, bw: float) -> float:
+    """A job's mean isolated duration at its DoP, by the model (the unit of
+    the loads' mean gaps)."""
+    return statistics.mean(j.iterations * sum(iteration_profile(j, j.machines, bw))
+                           for j in trace)
+
+
 def merged_report(a, files: list[str]) -> None:
     """``--merge``: the report of several ``--out`` files of one trace (e.g.
     modes or rounds run in separate invocations), per load and mode in
@@ -259,8 +265,7 @@ def merged_report(a, files: list[str]) -> None:
             raise SystemExit(f"{f}: not the jobs of this trace (pass the --jobs, --seed and "
                              f"--quick it was run with)")
     bw = float(head["bandwidth"])
-    mean_alone = statistics.mean(j.iterations * sum(iteration_profile(j, j.machines, bw))
-                                 for j in trace)
+    mean_alone = mean_isolated(trace, bw)
     merged: dict[str, dict[str, list[dict]]] = {}
     for d in docs:
         for load, runs in d["runs"].items():

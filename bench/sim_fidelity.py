@@ -91,9 +91,7 @@ def calibrate(statuses: list[dict], jobs_log: list[dict] | None = None,
     takes what they leave), which the dilated runtime does not emulate."""
     trace, _ = jobs_from_status(statuses, jobs_log)
     if others:
-        trace = with_dop_table(trace, others)
-        if not net_at:
-            trace = [dataclasses.replace(t, net_at=None) for t in trace]
+        trace = with_dop_table(trace, others, comm=net_at)
     startup, boundary = overheads(statuses)
     # the CPU part of a start-up (its executors' CPU seconds at ready), in
     # undilated seconds: importer.setup_cpu (/ D for start-ups made before

@@ -330,8 +330,8 @@ def jobs_from_status(records: Iterable[Mapping[str, Any]],
     return out, skipped
 
 
-def with_dop_table(jobs: Iterable[TraceJob], runs: Iterable[Sequence[Mapping[str, Any]]]
-                   ) -> list[TraceJob]:
+def with_dop_table(jobs: Iterable[TraceJob], runs: Iterable[Sequence[Mapping[str, Any]]],
+                   comm: bool = True) -> list[TraceJob]:
     """``jobs`` with ``cpu_at`` and ``net_at`` filled in from runs of the
     same jobs (each run a list of status records, matched by ``name`` =
     dataset) at other DoPs than ``ref_dop``, the medians over each record's
@@ -351,7 +351,8 @@ def with_dop_table(jobs: Iterable[TraceJob], runs: Iterable[Sequence[Mapping[str
       took 5 ms an iteration where the model's split of its COMM at DoP 2
       says 12.
 
-    DoPs a job already has in a table are kept."""
+    DoPs a job already has in a table are kept. ``comm=False``: ``cpu_at``
+    only (``net_at`` as the job has it)."""
     cpu: dict[str, dict[int, list[float]]] = {}
     net: dict[str, dict[int, list[float]]] = {}
     for records in runs:
@@ -369,7 +370,7 @@ def with_dop_table(jobs: Iterable[TraceJob], runs: Iterable[Sequence[Mapping[str
                 if isinstance(tm.get("comp_cpu"), (int, float)):
                     cpu.setdefault(name, {}).setdefault(n, []).append(
                         float(tm["comp_cpu"]) / iters)
-                if (sample, int(row.get("epoch") or 0)) in alone and all(
+                if comm and (sample, int(row.get("epoch") or 0)) in alone and all(
                         isinstance(tm.get(k), (int, float)) for k in ("pull", "push")):
                     net.setdefault(name, {}).setdefault(n, []).append(
                         (float(tm["pull"]) + float(tm["push"])) / iters)
