@@ -253,3 +253,21 @@ def test_steady_epochs_restart_at_a_move():
     assert _steady(j) == 0
     j.update_profile(step, 1)
     assert _steady(j) == 1
+
+
+def test_iter_s_is_the_recent_epochs_on_the_current_width():
+    """JobView.iter_s: the median interval between the last epochs' ends
+    over their iterations, only among the epochs at the job's current width
+    (none just after a move, or with one epoch there)."""
+    from harmony.master.core.views import _iter_s
+    from harmony.master.jobs import Job
+    j = Job("j", "a.py", "", [], 1)
+    j.workers = ["m0"]
+    step = {"comp": 0.1, "pull": 0.0, "push": 0.0, "train": 0.2, "iters": 2}
+    assert _iter_s(j) is None
+    for k, t in enumerate([10.0, 10.4, 10.8, 14.0, 14.4]):    # one 3.2 s stall
+        j.epochs.append({"epoch": k, "timings": step, "time": t})
+        j.update_profile(step, 1)
+    assert _iter_s(j) == pytest.approx(0.2)      # median of 0.2, 0.2, 1.6, 0.2
+    j.workers = ["m0", "m1"]                   # moved to 2 machines: nothing there yet
+    assert _iter_s(j) is None

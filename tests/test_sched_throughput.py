@@ -293,3 +293,25 @@ def test_a_job_leaves_its_group_for_idle_machines_when_it_pays():
                         movable=["cpu", "net"], iters_left={"cpu": 20, "net": 20},
                         move_cost=1.0)
     assert cur.groups == good.groups
+
+
+def test_a_split_is_judged_by_the_iterations_measured_where_the_job_runs():
+    """A short-COMP job beside a long-COMP one on one machine: by the
+    model's lockstep group time (0.31 s an iteration) moving the short one
+    to the idle machine saves 0.3 s x 60 iterations, far more than two
+    moves; measured, it runs at 0.09 s there (it takes its turns between
+    the other's COMPs), so the move saves 4.8 s and does not repay two 3 s
+    moves (bench/cluster_e2e.py: Lasso beside MLR, a 7.6 s move that set
+    the makespan). Without a measurement the model's time decides."""
+    big, small = Profile("big", 0.3, 0.0, 1), Profile("small", 0.01, 0.0, 1)
+    profiles, caps = {"big": big, "small": small}, {"big": 1, "small": 1}
+    pair = _cur(("g1", ("big", "small"), ("m0",)), machines=("m0", "m1"))
+    kw = dict(movable=["big", "small"], iters_left={"big": 20, "small": 60}, move_cost=3.0)
+    cur, _, notes = TP.plan(pair, [], [], profiles, caps, **kw)
+    assert cur.group_of("small").machines == ("m1",), notes
+    cur, _, notes = TP.plan(pair, [], [], profiles, caps, measured={"small": 0.09, "big": 0.37},
+                            **kw)
+    assert cur.groups == pair.groups, notes
+    # measured slower still, the move repays itself again
+    cur, _, notes = TP.plan(pair, [], [], profiles, caps, measured={"small": 0.2}, **kw)
+    assert cur.group_of("small").machines == ("m1",), notes

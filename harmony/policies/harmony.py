@@ -319,7 +319,9 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
                                          tol=MIN_GAIN, movable=movable, pending=pending,
                                          iters_left=iters_left,
                                          move_cost=view.move_cost or DEFAULT_MOVE_COST,
-                                         arrival_gap=view.arrival_gap)
+                                         arrival_gap=view.arrival_gap,
+                                         measured={j.id: j.iter_s for j in view.active
+                                                   if j.iter_s is not None})
         notes += tp_notes
         for a in arrivals:
             if cur.group_of(a) is None and a not in waiting:

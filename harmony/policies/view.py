@@ -45,6 +45,11 @@ class JobView:
     # starts the profile over): a job just moved is not moved again before
     # its profile there has settled (None: not known, taken as settled)
     steady: int | None = None
+    # seconds per iteration it has measured lately where it runs now (its
+    # whole epochs, evaluation and epoch end included, beside whatever
+    # shares its machines): the median over its last epochs on its current
+    # machine count (None: fewer than 2 such epochs)
+    iter_s: float | None = None
     # epochs it may still run: its --max-epochs less those done (None: not known)
     epochs_left: int | None = None
     # (iterations done, objective) after each of its last PROGRESS_POINTS

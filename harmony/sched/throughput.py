@@ -35,7 +35,12 @@ move costs a pause or a block migration and a restart):
   its group for idle machines (up to its best DoP) when the jobs' summed
   rate grows by ``tol`` and the time it saves over its iterations left
   repays two moves. (Without it a pair of COMP-heavy jobs kept sharing 2
-  machines to the end while 6 sat idle: bench/cluster_e2e.py.)
+  machines to the end while 6 sat idle: bench/cluster_e2e.py.) The time
+  saved is counted from the job's iterations as measured where it runs
+  (``measured``), where known, not from the model's group time: its
+  lockstep assumption had a Lasso beside an MLR on one machine at the
+  MLR's 0.3 s an iteration, so moving it was to save 17 s; it ran at
+  0.09 s there, and its move of 68 MiB took 7.6 s and set the makespan.
 * **Narrowing.** A group on more machines than its best DoP (within the
   machines it has: e.g. a network-bound job profiled in a wide group, or a
   job whose COMP turned out not to shrink with more machines, see
@@ -113,6 +118,13 @@ def alone_time(p: Profile, cap: int, tol: float = 0.05) -> float:
     return job_iter_time(p, best_dop(p, cap, tol))
 
 
+def _whole(p: Profile, m: int) -> float:
+    """A job's seconds per iteration alone on ``m`` machines with its epoch's
+    end shared out over the epoch's iterations (what ``JobView.iter_s``
+    measures)."""
+    return job_iter_time(p, m) + (p.end_cpu + p.end_other) / max(1.0, p.iters)
+
+
 def efficiency(profiles: Sequence[Profile], m: int) -> float:
     """Σ_j T_j(m) / T_g(m): how much faster the group runs its jobs' iterations
     than running them one after another on the same m machines."""
@@ -145,7 +157,8 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
          profiles: Mapping[str, Profile], caps: Mapping[str, int], tol: float = 0.05,
          movable: Sequence[str] = (), pending: int = 0,
          iters_left: Mapping[str, float] | None = None,
-         move_cost: float = 0.0, arrival_gap: float = 0.0) -> tuple[Current, list[str], list[str]]:
+         move_cost: float = 0.0, arrival_gap: float = 0.0,
+         measured: Mapping[str, float] | None = None) -> tuple[Current, list[str], list[str]]:
     """The next grouping: (groups, jobs left waiting, notes).
 
     ``cur`` holds what runs, the ``arrivals`` (profiled just now) still in the
@@ -158,7 +171,10 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
     to end (measured): a group is lent machines only if the time its iterations
     save repays two moves (the lending and the giving back), counting only
     the iterations it runs before the next job is expected (``arrival_gap``
-    seconds, 0: not known), which takes the machines back."""
+    seconds, 0: not known), which takes the machines back. ``measured``: the
+    seconds per iteration (whole epochs) running jobs measured lately where
+    they run (``JobView.iter_s``): a split is judged by what the job would
+    save against that rather than against the model's group time."""
     groups = list(cur.groups)
     notes: list[str] = []
     left: list[str] = []
@@ -297,7 +313,9 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
                         + alone_time(p, caps.get(p.id, 1), tol) / t_k
                     left_iters = iters_left.get(p.id, 0.0) if iters_left is not None \
                         else float("inf")
-                    if after < (1 + tol) * before or (t_g - t_k) * left_iters <= 2 * move_cost:
+                    now = (measured or {}).get(p.id)
+                    saved = (now - _whole(p, k)) if now is not None else (t_g - t_k)
+                    if after < (1 + tol) * before or saved * left_iters <= 2 * move_cost:
                         continue
                     if best is None or after / before > best[0]:
                         best = (after / before, i, p.id, k)

@@ -41,7 +41,7 @@ class Views(CoreState):
         return P.JobView(j.id, j.machines, j.submitted, j.group, state=j.state.value,
                          workers=tuple(j.workers), sched_group=j.sched_group,
                          epochs=len(epochs), epochs_left=j.epochs_left(),
-                         steady=_steady(j),
+                         steady=_steady(j), iter_s=_iter_s(j),
                          progress=tuple(progress[-P.PROGRESS_POINTS:]),
                          deadline=j.deadline, utility=j.utility, **kw)
 
@@ -122,6 +122,28 @@ class Views(CoreState):
                 if job.sched_group in dec.predicted:
                     job.predicted = dec.predicted_jobs.get(job.id,
                                                            dec.predicted[job.sched_group])
+
+
+#: epochs (at most) whose intervals give JobView.iter_s
+ITER_S_EPOCHS = 5
+
+
+def _iter_s(j: Job) -> float | None:
+    """Seconds per iteration over the job's last epochs on its current
+    machine count (``_steady`` of them, at most ``ITER_S_EPOCHS`` + 1): the
+    median of the intervals between their ends over their iterations. None
+    with fewer than 2 such epochs."""
+    n = min(_steady(j), ITER_S_EPOCHS + 1, len(j.epochs))
+    if n < 2:
+        return None
+    last = j.epochs[-n:]
+    xs = []
+    for a, b in zip(last, last[1:]):
+        ta, tb = a.get("time"), b.get("time")
+        iters = float((b.get("timings") or {}).get("iters") or 1.0)
+        if isinstance(ta, (int, float)) and isinstance(tb, (int, float)) and tb > ta:
+            xs.append((tb - ta) / max(1.0, iters))
+    return statistics.median(xs) if xs else None
 
 
 def _steady(j: Job) -> int:
