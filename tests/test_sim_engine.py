@@ -233,3 +233,21 @@ def test_the_synchronizers_delay_slows_queued_jobs_by_about_its_rounds():
     assert iso[1]["mean_jct"] > 1.05 * iso[0]["mean_jct"]
     with pytest.raises(ValueError):
         simulate(trace, 16, "harmony", sync_s=-1.0)
+
+
+def test_a_narrowing_moves_the_input_over_the_receivers_link():
+    """A job on 4 machines narrowed to 1 (Lasso-like: its COMM grows with
+    the DoP) receives three machines' input over one link: the move lasts
+    at least those bytes over the link (before, the receiver counted only
+    model blocks, and the move took one sender's share: 0.95 s here)."""
+    import re
+    tj = TraceJob(id="lasso", arrival=0.0, app="lasso", iterations=60, cpu_s=0.02, bytes=3e6,
+                  ref_dop=2, machines=4, iters_per_epoch=1, input_bytes=5.12e7)
+    r = simulate([tj], 4, "harmony", bandwidth=1.6e7, statuses=True,
+                 contention=Contention(bandwidth=1.6e7))
+    (st,) = r.meta["statuses"]
+    moved = [e[2] for e in st["events"] if "now on m0" in e[2]]
+    assert moved, st["events"]
+    mib, took = map(float, re.search(r"([\d.]+) MiB moved; took ([\d.]+)s", moved[0]).groups())
+    assert mib * 2**20 >= 0.7 * 5.12e7                 # three of the four machines' input
+    assert took >= mib * 2**20 / 1.6e7

@@ -383,7 +383,10 @@ class _Exec:
         nb, mb = self.sim.input_blocks, self.sim.model_blocks
         size = {"input": self.job.input_bytes / nb, "model": self.job.model_bytes / mb}
         out = sum(size[k] for k, _, _ in f["sends"])
-        inn = size["model"] * f["expect"]      # an estimate: expect counts blocks
+        for k, _, n in f["sends"]:          # what each receiver gets, by its senders
+            tally = self.sim.move_in.setdefault((self.jid, f["epoch"], n), [0.0, 0])
+            tally[0] += size[k]
+            tally[1] += 1
         # in force once reconfigured
         self.new = (f["index"], f["count"], list(f["owner"]), list(f["machines"]))
         self.seq = f["seq"]
@@ -400,20 +403,41 @@ class _Exec:
         bw = self.sim.contention.bandwidth
         if f.get("paced"):      # the sends come as the master's move commands
             self._moving = {"t0": self.sim.now, "free": self.sim.now, "out": 0.0,
-                            "in_s": inn / bw, "inn": inn, "size": size}
+                            "key": (self.jid, f["epoch"], f["index"]), "expect": f["expect"],
+                            "size": size}
             return
-        secs = max(out, inn) / bw
-        self.sim._later(secs, lambda: self.sim._send_master(
-            self, "migrated", bytes_out=int(out), bytes_in=int(inn), seconds=secs))
+        key, expect = (self.jid, f["epoch"], f["index"]), f["expect"]
+
+        def start() -> None:
+            # after every executor of the plan had its part (they come in one
+            # instant, senders and receivers in any order)
+            inn = self._incoming(key, expect, size)
+            secs = max(out, inn) / bw
+            self.sim._later(secs, lambda: self.sim._send_master(
+                self, "migrated", bytes_out=int(out), bytes_in=int(inn), seconds=secs))
+        self.sim._later(0.0, start)
+
+    def _incoming(self, key: tuple, expect: int, size: dict) -> float:
+        """The bytes a resize brings this executor (new index ``key[2]``):
+        what its senders' parts of the plan send it, and any of the
+        ``expect`` blocks not yet seen (a sender whose part comes later in
+        the same instant) at a model block's size. The receiving link
+        takes them all: a job narrowed from 4 machines to 1 receives three
+        machines' input over one link (before, only ``expect`` model
+        blocks were counted, and the simulated narrowing of Lasso took
+        1.3 s where the runtime's took 4.1 s)."""
+        got, seen = self.sim.move_in.pop(key, (0.0, 0))
+        return got + size["model"] * max(0, expect - seen)
 
     def _move(self, f: dict) -> None:
         """One move of a paced resize: the link sends one move after the
         other; op -1: every move sent, migrated once the arrivals are in."""
         mv, now = self._moving, self.sim.now
         if f["op"] < 0:
-            end = max(now, mv["t0"] + mv["in_s"])
+            inn = self._incoming(mv["key"], mv["expect"], mv["size"])
+            end = max(now, mv["t0"] + inn / self.sim.contention.bandwidth)
             self.sim._at(end, lambda: self.sim._send_master(
-                self, "migrated", bytes_out=int(mv["out"]), bytes_in=int(mv["inn"]),
+                self, "migrated", bytes_out=int(mv["out"]), bytes_in=int(inn),
                 seconds=end - mv["t0"]))
             return
         nbytes = sum(mv["size"][k] for k, _, _ in f["sends"])
