@@ -255,10 +255,12 @@ def test_steady_epochs_restart_at_a_move():
     assert _steady(j) == 1
 
 
-def test_iter_s_is_the_recent_epochs_on_the_current_width():
+def test_iter_s_is_the_recent_epochs_since_the_job_was_placed():
     """JobView.iter_s: the median interval between the last epochs' ends
-    over their iterations, only among the epochs at the job's current width
-    (none just after a move, or with one epoch there)."""
+    over their iterations, only among the epochs that ended after the job
+    was last placed (its machines or its mates changed: the first of them
+    only a starting point), at least 3 intervals, at most the latest 5; an
+    epoch without an iteration count counts the profile's."""
     from harmony.master.core.views import _iter_s
     from harmony.master.jobs import Job
     j = Job("j", "a.py", "", [], 1)
@@ -269,5 +271,33 @@ def test_iter_s_is_the_recent_epochs_on_the_current_width():
         j.epochs.append({"epoch": k, "timings": step, "time": t})
         j.update_profile(step, 1)
     assert _iter_s(j) == pytest.approx(0.2)      # median of 0.2, 0.2, 1.6, 0.2
-    j.workers = ["m0", "m1"]                   # moved to 2 machines: nothing there yet
-    assert _iter_s(j) is None
+    assert _iter_s(j, since=10.8) is None        # placed at 10.8: 2 intervals since
+    for k, t in enumerate([15.4, 16.4, 17.4, 18.4, 19.4, 20.4], start=5):
+        j.epochs.append({"epoch": k, "timings": {"train": 1.0}, "time": t})  # no iters
+    assert _iter_s(j) == pytest.approx(0.5)      # the latest 5, over the profile's 2
+    assert _iter_s(j, since=17.0) == pytest.approx(0.5)
+    assert _iter_s(j, since=19.0) is None
+
+
+def test_a_placement_stamps_the_job_and_its_mates():
+    """The core stamps when a job's machines change, and when a job beside
+    it comes or goes: its epochs before then are not where it runs now."""
+    from harmony.master.core import MasterCore
+    from harmony.master.jobs import Job, JobState
+    core = MasterCore()
+    a, b = Job("a", "a.py", "", [], 1), Job("b", "b.py", "", [], 1)
+    for j in (a, b):
+        j.state = JobState.RUNNING
+        core.jobs[j.id] = j
+    core.now = 5.0
+    core._set_workers(a, ["m0"])
+    assert core._placed_at == {"a": 5.0}
+    core.now = 9.0
+    core._set_workers(b, ["m0"])                 # a mate joins a's machine
+    assert core._placed_at == {"a": 9.0, "b": 9.0}
+    core.now = 12.0
+    core._set_workers(b, ["m0"])                 # no change: no stamp
+    assert core._placed_at["b"] == 9.0
+    b.state = JobState.FINISHED
+    core._set_workers(b, [])                     # b ends: a's mates changed
+    assert core._placed_at == {"a": 12.0}

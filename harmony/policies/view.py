@@ -47,8 +47,8 @@ class JobView:
     steady: int | None = None
     # seconds per iteration it has measured lately where it runs now (its
     # whole epochs, evaluation and epoch end included, beside whatever
-    # shares its machines): the median over its last epochs on its current
-    # machine count (None: fewer than 2 such epochs)
+    # shares its machines): the median over its last epochs since its
+    # machines or the jobs beside it last changed (None: too few of them)
     iter_s: float | None = None
     # epochs it may still run: its --max-epochs less those done (None: not known)
     epochs_left: int | None = None

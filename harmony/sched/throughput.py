@@ -324,6 +324,8 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
             gain, i, job, k = best
             g = groups[i]
             groups[i] = RunningGroup(g.id, tuple(x for x in g.jobs if x != job), g.machines)
+            if measured:        # the mates left behind no longer run as measured
+                measured = {x: v for x, v in measured.items() if x not in g.jobs}
             groups.append(RunningGroup(_fresh(groups, f"g:{job}"), (job,), tuple(free[:k])))
             notes.append(f"{job}: leaves {g.id} for {k} idle machine(s) (x {gain:.2f}x)")
     # widening: idle machines, nothing waiting

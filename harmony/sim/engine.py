@@ -170,7 +170,7 @@ class Simulator:
                                  liveness_every=INF, cruise=cruise, max_moves=max_moves)
         self.block_work = block_work or cruise
         self.incoming: dict[tuple[str, int, int], list] = {}   # blocks a move sends
-        # (job, epoch, new index) -> [bytes, blocks] a resize's plan sends to
+        # (job, the resize's seq, new index) -> [bytes, blocks] its plan sends to
         # that executor, as its senders learn their parts (SimExecutor._migrate)
         self.move_in: dict[tuple[str, int, int], list] = {}
         self.mode, self.policy = mode, self.core.policy_name

@@ -384,7 +384,7 @@ class _Exec:
         size = {"input": self.job.input_bytes / nb, "model": self.job.model_bytes / mb}
         out = sum(size[k] for k, _, _ in f["sends"])
         for k, _, n in f["sends"]:          # what each receiver gets, by its senders
-            tally = self.sim.move_in.setdefault((self.jid, f["epoch"], n), [0.0, 0])
+            tally = self.sim.move_in.setdefault((self.jid, f["seq"], n), [0.0, 0])
             tally[0] += size[k]
             tally[1] += 1
         # in force once reconfigured
@@ -403,10 +403,10 @@ class _Exec:
         bw = self.sim.contention.bandwidth
         if f.get("paced"):      # the sends come as the master's move commands
             self._moving = {"t0": self.sim.now, "free": self.sim.now, "out": 0.0,
-                            "key": (self.jid, f["epoch"], f["index"]), "expect": f["expect"],
+                            "key": (self.jid, f["seq"], f["index"]), "expect": f["expect"],
                             "size": size}
             return
-        key, expect = (self.jid, f["epoch"], f["index"]), f["expect"]
+        key, expect = (self.jid, f["seq"], f["index"]), f["expect"]
 
         def start() -> None:
             # after every executor of the plan had its part (they come in one

@@ -148,6 +148,8 @@ class Resize(Lifecycle):
                       seq=seq, epoch=epoch, replicas=replicas, workers=workers,
                       replica_alts=self._replica_alts(to, replicas),
                       mode="queued" if self.queued else "free")
+        # (the simulator counts what each receiver gets from the senders'
+        # parts: every part of a plan goes out in this one list of commands)
         for i in range(len(old)):
             rc.sends[run.idents[i]] = sends[i]
             self._send(run.idents[i], _msg("migrate", index=remap[i], sends=sends[i],

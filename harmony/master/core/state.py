@@ -158,6 +158,10 @@ class CoreState:
         # shell replaces ``jobs`` (a restart, before ``recover``).
         self._on: dict[str, dict[str, Job]] = {}
         self._rank: dict[str, int] = {}
+        # job id -> when its machines or the jobs beside it last changed
+        # (``_set_workers``): its epochs before that do not measure where it
+        # runs now (``views._iter_s``); gone when the job ends
+        self._placed_at: dict[str, float] = {}
         self._reindex()
 
     # -- outputs -----------------------------------------------------------------------------
@@ -243,11 +247,21 @@ class CoreState:
     # -- the machine -> jobs index ------------------------------------------------------------
     def _set_workers(self, job: Job, machines: list[str]) -> None:
         """``job`` now runs on ``machines`` (index order; [] when it leaves
-        them): every change of a job's ``workers`` goes through here."""
+        them): every change of a job's ``workers`` goes through here. It
+        stamps the job and every job on its old or new machines as placed
+        now (their mates changed)."""
+        if list(machines) != job.workers:
+            stamp, now = self._placed_at, self.now
+            for n in (*job.workers, *machines):
+                for other in (self._on.get(n) or {}).values():
+                    stamp[other.id] = now
+            stamp[job.id] = now
         self._unindex(job)
         job.workers = list(machines)
         if not job.state.terminal:
             self._index(job)
+        else:
+            self._placed_at.pop(job.id, None)
 
     def _index(self, job: Job) -> None:
         jid, on = job.id, self._on

@@ -41,7 +41,8 @@ class Views(CoreState):
         return P.JobView(j.id, j.machines, j.submitted, j.group, state=j.state.value,
                          workers=tuple(j.workers), sched_group=j.sched_group,
                          epochs=len(epochs), epochs_left=j.epochs_left(),
-                         steady=_steady(j), iter_s=_iter_s(j),
+                         steady=_steady(j),
+                         iter_s=_iter_s(j, self._placed_at.get(j.id, 0.0)),
                          progress=tuple(progress[-P.PROGRESS_POINTS:]),
                          deadline=j.deadline, utility=j.utility, **kw)
 
@@ -124,26 +125,32 @@ class Views(CoreState):
                                                            dec.predicted[job.sched_group])
 
 
-#: epochs (at most) whose intervals give JobView.iter_s
-ITER_S_EPOCHS = 5
+#: intervals between epoch ends that JobView.iter_s needs (at least) and
+#: takes (the latest, at most)
+ITER_S_MIN, ITER_S_MAX = 3, 5
 
 
-def _iter_s(j: Job) -> float | None:
-    """Seconds per iteration over the job's last epochs on its current
-    machine count (``_steady`` of them, at most ``ITER_S_EPOCHS`` + 1): the
-    median of the intervals between their ends over their iterations. None
-    with fewer than 2 such epochs."""
-    n = min(_steady(j), ITER_S_EPOCHS + 1, len(j.epochs))
-    if n < 2:
-        return None
-    last = j.epochs[-n:]
-    xs = []
-    for a, b in zip(last, last[1:]):
-        ta, tb = a.get("time"), b.get("time")
-        iters = float((b.get("timings") or {}).get("iters") or 1.0)
-        if isinstance(ta, (int, float)) and isinstance(tb, (int, float)) and tb > ta:
-            xs.append((tb - ta) / max(1.0, iters))
-    return statistics.median(xs) if xs else None
+def _iter_s(j: Job, since: float = 0.0) -> float | None:
+    """Seconds per iteration the job measured where it runs now: the median
+    of the intervals between its epochs' ends, each over its iterations,
+    among the epochs that ended after ``since`` (when its machines or the
+    jobs beside them last changed: the first such epoch, whose interval
+    spans the change, is only a starting point), the latest
+    ``ITER_S_MAX``; None with fewer than ``ITER_S_MIN`` intervals. An epoch
+    without an iteration count counts the profile's."""
+    last: list[tuple[float, float]] = []
+    default = float(j.profile.get("iters") or 1.0) if j.profile else 1.0
+    for e in reversed(j.epochs):
+        t = e.get("time")
+        if not isinstance(t, (int, float)) or t < since:
+            break
+        iters = (e.get("timings") or {}).get("iters")
+        last.append((float(t), float(iters) if isinstance(iters, (int, float)) and iters > 0
+                     else default))
+        if len(last) > ITER_S_MAX:
+            break
+    xs = [(tb - ta) / max(1.0, n) for (tb, n), (ta, _) in zip(last, last[1:]) if tb > ta]
+    return statistics.median(xs) if len(xs) >= ITER_S_MIN else None
 
 
 def _steady(j: Job) -> int:
