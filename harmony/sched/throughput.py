@@ -178,6 +178,7 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
     groups = list(cur.groups)
     notes: list[str] = []
     left: list[str] = []
+    measured = dict(measured or {})
 
     def idle() -> list[str]:
         used = {m for g in groups for m in g.machines}
@@ -313,7 +314,7 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
                         + alone_time(p, caps.get(p.id, 1), tol) / t_k
                     left_iters = iters_left.get(p.id, 0.0) if iters_left is not None \
                         else float("inf")
-                    now = (measured or {}).get(p.id)
+                    now = measured.get(p.id)
                     saved = (now - _whole(p, k)) if now is not None else (t_g - t_k)
                     if after < (1 + tol) * before or saved * left_iters <= 2 * move_cost:
                         continue
@@ -324,8 +325,8 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
             gain, i, job, k = best
             g = groups[i]
             groups[i] = RunningGroup(g.id, tuple(x for x in g.jobs if x != job), g.machines)
-            if measured:        # the mates left behind no longer run as measured
-                measured = {x: v for x, v in measured.items() if x not in g.jobs}
+            for x in g.jobs:    # the mates left behind no longer run as measured
+                measured.pop(x, None)
             groups.append(RunningGroup(_fresh(groups, f"g:{job}"), (job,), tuple(free[:k])))
             notes.append(f"{job}: leaves {g.id} for {k} idle machine(s) (x {gain:.2f}x)")
     # widening: idle machines, nothing waiting

@@ -401,12 +401,11 @@ class _Exec:
         self.inputs = [x for x in self.inputs if x[0] not in moved]
         self.epoch = f["epoch"] + 1
         bw = self.sim.contention.bandwidth
+        key, expect = (self.jid, f["seq"], f["index"]), f["expect"]
         if f.get("paced"):      # the sends come as the master's move commands
             self._moving = {"t0": self.sim.now, "free": self.sim.now, "out": 0.0,
-                            "key": (self.jid, f["seq"], f["index"]), "expect": f["expect"],
-                            "size": size}
+                            "key": key, "expect": expect, "size": size}
             return
-        key, expect = (self.jid, f["seq"], f["index"]), f["expect"]
 
         def start() -> None:
             # after every executor of the plan had its part (they come in one
