@@ -128,3 +128,35 @@ def test_full_disks_skip_or_move_checkpoints_and_never_fail_the_job(disks, tmp_p
         for f in fillers:
             f.release()
         cl.stop()
+
+
+def test_a_periodic_checkpoint_is_replicated_behind_the_job(tmp_path):
+    """A periodic checkpoint's part crosses a slow link (200 KB/s; the part,
+    16 input blocks and the model, is about 0.6 MB: 3 s) to its replica while the job trains on: epochs after the
+    checkpoint's are reported before the master counts it complete. (In
+    line, the executor reported the part before it began the next epoch,
+    so no later epoch could come first.) The part is complete all the same,
+    with its replica on the other machine."""
+    cl = LocalCluster(2, str(tmp_path / "c"), port=0, net_bandwidth="200k")
+    cl.start()
+    try:
+        with Client(cl.endpoint, timeout_s=10, keys=cl.keys) as c:
+            job = c.submit("toy.py", TOY_APP, LONG[:2] + ["--sleep", "0.02",
+                                                         "--keys", "4000"],
+                           machines=1, checkpoint_every=3)
+            deadline = time.monotonic() + 120
+            st = c.status(job)
+            while not st.get("checkpoint") and time.monotonic() < deadline:
+                assert st["state"] in ("queued", "profiling", "running"), st.get("error")
+                time.sleep(0.2)
+                st = c.status(job)
+            ck = st["checkpoint"]
+            assert ck and ck["replicas"] == 1 and ck["bytes"] > 300_000, ck
+            assert ck["periodic_bytes"] == ck["bytes"]
+            later = [e["epoch"] for e in st["epochs"]
+                     if e["epoch"] > ck["epoch"] and e["time"] < ck["time"]]
+            assert len(later) >= 2, (ck, [(e["epoch"], e["time"]) for e in st["epochs"]])
+            c.cancel(job)
+            wait_state(c, job, ("cancelled", "failed", "finished"))
+    finally:
+        cl.stop()

@@ -36,25 +36,31 @@ def test_isolated_runs_jobs_one_after_another_to_the_simulated_second():
 
 def test_checkpoints_hold_the_executor_as_the_runtime_does():
     """The periodic checkpoint (every 10 epochs) writes the input and the
-    model, and copies them to the replica, at the epoch boundary before the
-    next epoch starts; the final one writes ``final_bytes``. 21 epochs of
-    1 s: two checkpoints of 4 MB at 2 MB/s (disk 1e12) hold it 2 s each,
-    the final 1 MB 0.5 s."""
+    model, and copies them to the replica, behind the job: the next epoch
+    starts at once, and only what ends the attempt (the final checkpoint,
+    a pause, a resize) waits for it. The final one writes ``final_bytes``
+    at the boundary. 21 epochs of 1 s: the periodic parts of 4 MB at 2 MB/s
+    (disk 1e12) take 2 s each; the one after epoch 20 is still 1 s from
+    done when the last epoch ends, the final 1 MB takes 0.5 s."""
     c = Contention(startup=0.0, bandwidth=2e6, disk=1e12)
 
-    def jct(**kw) -> float:
-        j = SimJob(id="a", app="nmf", arrival=0.0, epochs=21, machines=1, iters=1,
+    def jct(epochs: int = 21, **kw) -> float:
+        j = SimJob(id="a", app="nmf", arrival=0.0, epochs=epochs, machines=1, iters=1,
                    profile=lambda m: (1.0, 0.0), **kw)
         (r,) = Simulator([j], 1, mode="isolated", contention=c).run().jobs
         return r["end"] - r["start"]
 
     bare = jct()
-    assert jct(input_bytes=3e6, model_bytes=1e6) == pytest.approx(bare + 4.0, abs=1e-3)
+    assert jct(input_bytes=3e6, model_bytes=1e6) == pytest.approx(bare + 1.0, abs=1e-3)
     assert jct(final_bytes=1e6) == pytest.approx(bare + 0.5, abs=1e-3)
+    assert jct(final_bytes=1e6, input_bytes=3e6, model_bytes=1e6) == \
+        pytest.approx(bare + 1.5, abs=1e-3)
+    # done before the job ends: it costs nothing
+    assert jct(24, input_bytes=3e6, model_bytes=1e6) == pytest.approx(jct(24), abs=1e-3)
     # a job that declares what its periodic checkpoints write (ckpt_bytes 2 MB,
-    # 1 s each) is held by that, not by its model and whole input
+    # 1 s each) takes that, not its model and whole input: done as it ends
     assert jct(input_bytes=3e6, model_bytes=1e6, ckpt_bytes=2e6) == \
-        pytest.approx(bare + 2.0, abs=1e-3)
+        pytest.approx(bare, abs=1e-3)
 
 
 def test_a_start_up_shares_the_cpu_with_what_runs_on_its_machine():
@@ -226,7 +232,9 @@ def test_the_synchronizers_delay_slows_queued_jobs_by_about_its_rounds():
     runs = {s: summarize(simulate(trace, 16, "harmony", bandwidth=PAPER_BANDWIDTH, sync_s=s))
             for s in (0.0, 0.5)}
     base, slow = runs[0.0], runs[0.5]
-    assert slow["mean_jct"] > 1.05 * base["mean_jct"]
+    # +4.9% since periodic checkpoints run behind the job (+5.7% before;
+    # the policy's decisions moved with the boundaries' timing)
+    assert slow["mean_jct"] > 1.03 * base["mean_jct"]
     # isolated jobs' barriers go through the master too (free mode)
     iso = [summarize(simulate(trace, 16, "isolated", bandwidth=PAPER_BANDWIDTH, sync_s=s))
            for s in (0.0, 0.5)]

@@ -132,6 +132,11 @@ def test_importer_takes_medians_and_the_periodic_checkpoint_from_the_records():
     bare = record("b", 0.0, ts, [(1.0, R, "")], ended=t + 0.1)
     (jb,), _ = importer.jobs_from_status([bare])
     assert jb.cpu_s == pytest.approx(bare["profile"]["t_cpu"]) and jb.ckpt_bytes is None
+    # a master that records what its periodic checkpoints wrote (written
+    # behind the job, they hold nothing to measure): that, not the hold
+    rec["checkpoint"] = {"final": True, "bytes": 4e6, "periodic_bytes": 7e6}
+    (j,), _ = importer.jobs_from_status([rec])
+    assert j.ckpt_bytes == 7e6 and j.final_bytes == 4e6
 
 
 def _bench(name: str):

@@ -61,6 +61,7 @@ class _Exec:
         self.inputs: list[list] = []
         self.join = join
         self.pending_sums: dict | None = None
+        self.ckpt_done_at = 0.0     # a periodic part written behind the job is done
         self._t0 = 0.0              # the running subtask's start
         self._remote = 0.0          # and the part of its transfer that crosses the link
         # work per unit of the profile's: COMP (this machine's speed; with
@@ -305,11 +306,14 @@ class _Exec:
 
     def _boundary(self, cmds: list) -> None:
         """Do an epoch boundary's commands (harmony.worker.executor_core), in
-        order; a checkpoint part takes its simulated seconds first: as the
-        runtime's executor, the part is written (and copied to its replica)
-        at the boundary, before the next epoch or the reconfig."""
-        for i, cmd in enumerate(cmds):
+        order. As the runtime's executor: a periodic checkpoint's part is
+        written (and copied to its replica) behind the job, which goes on at
+        once, and reported when done; a pause's part and the final one take
+        their simulated seconds at the boundary, after the part behind the
+        job, which a reconfig also waits for."""
+        for cmd in cmds:
             kind = type(cmd)
+            behind = max(0.0, self.ckpt_done_at - self.sim.now)
             if kind is core.Report:
                 if cmd.to_master:
                     self.sim._send_master(self, "epoch_report", epoch=self.epoch,
@@ -317,16 +321,19 @@ class _Exec:
                                           stop=cmd.stop)
                 self.epoch += 1
             elif kind is core.FinalCheckpoint:
-                self.sim._later(self._ckpt_seconds(final=True), self._finish, cmd.epoch)
+                self.sim._later(behind + self._ckpt_seconds(final=True), self._finish,
+                                cmd.epoch)
                 return
             elif kind is core.Pause:
-                return self.sim._later(self._ckpt_seconds(), self._paused, cmd.epoch)
+                return self.sim._later(behind + self._ckpt_seconds(), self._paused, cmd.epoch)
             elif kind is core.Checkpoint:
-                return self.sim._later(self._ckpt_seconds(), self._checkpointed, cmd.epoch,
-                                       cmds[i + 1:])
+                secs = behind + self._ckpt_seconds()
+                self.ckpt_done_at = self.sim.now + secs
+                self.sim._later(secs, self._ckpt_part, cmd.epoch)
             elif kind is core.Reconfigure:
-                return self.sim._send_master(self, "at_boundary", epoch=cmd.epoch,
-                                             seq=self.seq, inputs=self.inputs)
+                if behind > 0:
+                    return self.sim._later(behind, self._at_boundary, cmd.epoch)
+                return self._at_boundary(cmd.epoch)
             elif kind is core.Continue:
                 over = self.sim.contention.epoch_overhead
                 if over > 0:
@@ -335,10 +342,10 @@ class _Exec:
                     self._begin_epoch()
             # SetPrio: the simulated syncs carry no priority
 
-    def _checkpointed(self, ep: int, rest: list) -> None:
+    def _at_boundary(self, epoch: int) -> None:
         if self.alive:
-            self._ckpt_part(ep)
-            self._boundary(rest)
+            self.sim._send_master(self, "at_boundary", epoch=epoch, seq=self.seq,
+                                  inputs=self.inputs)
 
     def _objective(self) -> float:
         """What the app prints after this epoch: its loss after the real

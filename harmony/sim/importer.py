@@ -39,7 +39,10 @@ model_bytes     the sum over its machines of ``store[m]["shard_mb"]`` (MiB; the
 final_bytes     ``checkpoint["bytes"]`` of a finished job's final checkpoint
                 (its model and the input arrays the app exports); empty
                 where it has none
-ckpt_bytes      what its periodic checkpoints wrote, all parts, as measured
+ckpt_bytes      what its periodic checkpoints wrote, all parts:
+                ``checkpoint["periodic_bytes"]`` (the last one's) where the
+                master recorded it; else, for records from before periodic
+                parts were written behind the job, as measured
                 (``checkpoint_hold``): the median time a periodic checkpoint
                 held its executors at the epoch boundary (beyond an ordinary
                 boundary) x the link x its machines; empty where its records
@@ -218,6 +221,8 @@ def job_from_status(rec: Mapping[str, Any], t0: float,
     link = float(p.get("link") or 0.0)
     hold = checkpoint_hold(rec)
     periodic = hold * link * ref if hold is not None and link > 0 else None
+    if isinstance(ckpt.get("periodic_bytes"), (int, float)):
+        periodic = float(ckpt["periodic_bytes"])   # as recorded (written behind the job)
     net = float(p.get("t_net", 0.0))
     startup, startup_cpu = job_startup(rec)
     return TraceJob(

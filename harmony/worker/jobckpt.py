@@ -7,6 +7,9 @@ every executor of the job writes one *part* at the same epoch boundary
 rows, grouped by model block, and its input blocks, which carry the app's
 mutable per-record state (NMF's user factors, LDA's topic assignments).
 
+* The part's content is taken at the boundary; a periodic part is then
+  written and replicated behind the job, which trains on
+  (:mod:`harmony.worker.executor.checkpoints`), a pause's part in line.
 * The part is a :class:`CheckpointStore` (SHA-256 manifest) on the
   executor's own machine, ``WORKER_STATE/ckpt/JOB/e<epoch>-p<index>``.
 * The same exported blocks are streamed to one other machine's data service

@@ -75,6 +75,9 @@ class Checkpoints(CoreState):
                           "bytes": int(sum(b for _, _, b in parts.values())),
                           "holders": sorted({h for m, r, _ in parts.values()
                                              for h in (m, r) if h})}
+        # what a periodic checkpoint writes, kept past the final one (the
+        # simulator's import reads it: harmony.sim.importer)
+        job.checkpoint["periodic_bytes"] = job.checkpoint["bytes"]
         self._persist("save", job)
         self._gc_checkpoints(job.id, epoch, job.checkpoint["holders"])
         self.snapshots.discard(job.id)      # a fresh model export has its checkpoint
@@ -172,6 +175,7 @@ class Checkpoints(CoreState):
             return "; ".join(errors) or (f"final checkpoint incomplete: {len(parts)} of "
                                          f"{len(job.workers)} part(s) at epochs {sorted(epochs)}")
         ep = epochs.pop()
+        periodic = (job.checkpoint or {}).get("periodic_bytes")
         job.checkpoint = {
             "epoch": ep, "time": self.now, "parts": len(parts),
             "replicas": sum(1 for p in parts.values() if p[1]),
@@ -180,6 +184,8 @@ class Checkpoints(CoreState):
             "final": True,
             "model": [{"index": i, "epoch": ep, "holders": [m] + ([r] if r else [])}
                       for i, (m, r, _, _, _) in sorted(parts.items())]}
+        if periodic is not None:
+            job.checkpoint["periodic_bytes"] = periodic
         self._gc_checkpoints(job.id, ep, job.checkpoint["holders"])
         return None
 

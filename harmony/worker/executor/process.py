@@ -200,6 +200,7 @@ class Executor(Training):
             # here on stays in the heap from one iteration to the next
             keep_working_memory()
             self._train(app, opts, inp, table, first)
+            self._ckpt_wait()     # a periodic part still written behind the job
             self.send("exec_finished")
             return 0
         except Left as exc:

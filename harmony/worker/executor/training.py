@@ -231,6 +231,7 @@ class Training(Layout, Checkpoints):
             tm["alpha"] = inp.alpha            # the disk ratio it ran with
             mem_peak = self.watch.take() if self.watch is not None else own_memory()[1]
             store = self._adapt(inp, tot, mem_peak, len(all_ids) / max(1, len(groups)))
+            self._ckpt_report()     # a part written behind the job, once done
             self.send("epoch_done", epoch=epoch, sums=sums,
                       timings=dil.undilate_timings(tm, self.dil), store=store)
             total = self.wait("epoch_sums")
@@ -250,22 +251,23 @@ class Training(Layout, Checkpoints):
                                                  if math.isfinite(v)},
                              store["alpha"], store["next_alpha"], tot.stall_s,
                              store["machine_mb"], store["budget_mb"], store["reason"])
-                elif kind is core.FinalCheckpoint:
+                elif kind is not core.Continue:
+                    # the part written behind the job is reported before a
+                    # pause, a resize, the final checkpoint or the next one
+                    self._ckpt_wait()
+                if kind is core.FinalCheckpoint:
                     self._final_checkpoint(app, inp, table, epoch, len(groups))
                     return
                 elif kind is core.Checkpoint:
                     # a periodic checkpoint degrades: one that cannot be written
                     # (a full disk) or replicated is skipped and the job goes on
+                    # (its disk write and replica run behind the job: _ckpt_report)
                     try:
-                        version, replica, nbytes, secs = self._checkpoint(inp, table, epoch,
-                                                                          len(groups), app)
+                        self._checkpoint(inp, table, epoch, len(groups), app, behind=True)
                     except CKPT_ERRORS as exc:
                         log.warning("checkpoint after epoch %d skipped: %s", epoch, exc)
                         self.send("ckpt_part", epoch=epoch, version=0, bytes=0,
                                   error=f"{exc.__class__.__name__}: {str(exc)[:1000]}")
-                    else:
-                        self.send("ckpt_part", epoch=epoch, version=version, replica=replica,
-                                  bytes=nbytes)
                 elif kind is core.Pause:
                     version, replica, nbytes, secs = self._checkpoint(inp, table, epoch,
                                                                       len(groups), app)
