@@ -6,6 +6,7 @@ next one is complete again once there is room. Every worker's disk is a
 small tmpfs of its own (root needed to mount them)."""
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import threading
@@ -136,13 +137,14 @@ def test_a_periodic_checkpoint_is_replicated_behind_the_job(tmp_path):
     checkpoint's are reported before the master counts it complete. (In
     line, the executor reported the part before it began the next epoch,
     so no later epoch could come first.) The part is complete all the same,
-    with its replica on the other machine."""
+    with its replica on the other machine, and what it wrote is kept past
+    the final checkpoint (the simulator's import reads it)."""
     cl = LocalCluster(2, str(tmp_path / "c"), port=0, net_bandwidth="200k")
     cl.start()
     try:
         with Client(cl.endpoint, timeout_s=10, keys=cl.keys) as c:
-            job = c.submit("toy.py", TOY_APP, LONG[:2] + ["--sleep", "0.02",
-                                                         "--keys", "4000"],
+            job = c.submit("toy.py", TOY_APP, ["--max-epochs", "300", "--sleep", "0.02",
+                                               "--keys", "4000"],
                            machines=1, checkpoint_every=3)
             deadline = time.monotonic() + 120
             st = c.status(job)
@@ -156,7 +158,40 @@ def test_a_periodic_checkpoint_is_replicated_behind_the_job(tmp_path):
             later = [e["epoch"] for e in st["epochs"]
                      if e["epoch"] > ck["epoch"] and e["time"] < ck["time"]]
             assert len(later) >= 2, (ck, [(e["epoch"], e["time"]) for e in st["epochs"]])
-            c.cancel(job)
-            wait_state(c, job, ("cancelled", "failed", "finished"))
+            # what a periodic checkpoint wrote stays beside the final one
+            st = wait_state(c, job, ("finished", "failed"))
+            assert st["state"] == "finished", st["error"]
+            assert st["checkpoint"]["final"] and \
+                st["checkpoint"]["periodic_bytes"] == ck["bytes"], st["checkpoint"]
+    finally:
+        cl.stop()
+
+
+def test_the_final_checkpoint_supersedes_a_part_still_behind_the_job(tmp_path):
+    """The job ends two epochs after a periodic checkpoint whose part needs
+    about 3 s over the 200 KB/s link: the final checkpoint (the model
+    only, about 0.1 MB) drops it instead of waiting, so the job finishes
+    without a complete periodic checkpoint, and only the final one's parts
+    stay on the machines."""
+    cl = LocalCluster(2, str(tmp_path / "c"), port=0, net_bandwidth="200k")
+    cl.start()
+    try:
+        with Client(cl.endpoint, timeout_s=10, keys=cl.keys) as c:
+            job = c.submit("toy.py", TOY_APP, ["--max-epochs", "5", "--sleep", "0.02",
+                                               "--keys", "4000"],
+                           machines=1, checkpoint_every=3)
+            st = wait_state(c, job, ("finished", "failed"))
+            assert st["state"] == "finished", st["error"]
+            ck = st["checkpoint"]
+            assert ck["final"] and ck["epoch"] == 4 and ck["replicas"] == 1, ck
+            assert "periodic_bytes" not in ck, ck
+            deadline = time.monotonic() + 10
+            while True:
+                parts = sorted(os.path.basename(p) for p in glob.glob(
+                    os.path.join(cl.state_dir, "workers", "*", "ckpt", job, "*")))
+                if parts == ["e4-p0", "e4-p0"] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert parts == ["e4-p0", "e4-p0"]
     finally:
         cl.stop()

@@ -62,6 +62,7 @@ class _Exec:
         self.join = join
         self.pending_sums: dict | None = None
         self.ckpt_done_at = 0.0     # a periodic part written behind the job is done
+        self.ckpt_seq = 0           # which part behind the job counts (a dropped one not)
         self._t0 = 0.0              # the running subtask's start
         self._remote = 0.0          # and the part of its transfer that crosses the link
         # work per unit of the profile's: COMP (this machine's speed; with
@@ -309,8 +310,9 @@ class _Exec:
         order. As the runtime's executor: a periodic checkpoint's part is
         written (and copied to its replica) behind the job, which goes on at
         once, and reported when done; a pause's part and the final one take
-        their simulated seconds at the boundary, after the part behind the
-        job, which a reconfig also waits for."""
+        their simulated seconds at the boundary, a pause's after the part
+        behind the job, which a reconfig also waits for, and which the
+        final one drops (its link time is then not counted)."""
         for cmd in cmds:
             kind = type(cmd)
             behind = max(0.0, self.ckpt_done_at - self.sim.now)
@@ -321,15 +323,16 @@ class _Exec:
                                           stop=cmd.stop)
                 self.epoch += 1
             elif kind is core.FinalCheckpoint:
-                self.sim._later(behind + self._ckpt_seconds(final=True), self._finish,
-                                cmd.epoch)
+                self.ckpt_seq += 1
+                self.sim._later(self._ckpt_seconds(final=True), self._finish, cmd.epoch)
                 return
             elif kind is core.Pause:
                 return self.sim._later(behind + self._ckpt_seconds(), self._paused, cmd.epoch)
             elif kind is core.Checkpoint:
                 secs = behind + self._ckpt_seconds()
                 self.ckpt_done_at = self.sim.now + secs
-                self.sim._later(secs, self._ckpt_part, cmd.epoch)
+                self.ckpt_seq += 1
+                self.sim._later(secs, self._ckpt_part, cmd.epoch, self.ckpt_seq)
             elif kind is core.Reconfigure:
                 if behind > 0:
                     return self.sim._later(behind, self._at_boundary, cmd.epoch)
@@ -379,8 +382,8 @@ class _Exec:
                               bytes=part)
         self.kill()
 
-    def _ckpt_part(self, ep: int) -> None:
-        if self.alive:
+    def _ckpt_part(self, ep: int, seq: int) -> None:
+        if self.alive and seq == self.ckpt_seq:
             part = int(self._ckpt_total() / self.count)
             self.sim._send_master(self, "ckpt_part", epoch=ep, version=1, bytes=part)
 

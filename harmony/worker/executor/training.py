@@ -251,9 +251,11 @@ class Training(Layout, Checkpoints):
                                                  if math.isfinite(v)},
                              store["alpha"], store["next_alpha"], tot.stall_s,
                              store["machine_mb"], store["budget_mb"], store["reason"])
+                elif kind is core.FinalCheckpoint:
+                    self._ckpt_drop()      # superseded: no resume after the end
                 elif kind is not core.Continue:
                     # the part written behind the job is reported before a
-                    # pause, a resize, the final checkpoint or the next one
+                    # pause, a resize or the next one
                     self._ckpt_wait()
                 if kind is core.FinalCheckpoint:
                     self._final_checkpoint(app, inp, table, epoch, len(groups))
