@@ -1288,3 +1288,28 @@ def test_a_daemon_that_registers_again_reports_its_executors_gone():
         c.tick(2.0)
         c.msg(b"d:m0b", "heartbeat", name="m0", executors=[], launches=0)
     assert c.core.runs.get(jid) is not run
+
+
+def test_a_checkpoints_replica_goes_to_a_machine_no_move_is_using():
+    """A 1-machine job's checkpoint is replicated on a machine whose link
+    carries no live move (chosen as the checkpoint is ordered), before the
+    one with the fewest jobs: here job b grows from m1 onto m2 and m3, idle
+    until now, and a's replica goes to m4, not to m2."""
+    c = Cluster(machines=5)
+    a = c.submit()
+    exa = c.start(a)
+    b = c.submit()
+    c.start(b)
+    ja, jb = c.core.jobs[a], c.core.jobs[b]
+    assert (ja.workers, jb.workers) == (["m0"], ["m1"])
+    c.msg(b"client", "resize", job=b, machines=3)
+    assert c.core.runs[b].reconfig.to == ["m1", "m2", "m3"]
+    c.core.snapshots.add(a)           # a checkpoint is due at a's next epoch end
+    c.msg(exa[0], "epoch_done", job=a, index=0, epoch=0, sums={}, timings={})
+    sums = c.to(exa[0], "epoch_sums")[-1].fields
+    assert sums["checkpoint"]
+    assert sums["replicas"] == [["m4", c.core.workers["m4"].data_endpoint]]
+    assert all(h[0] != "m0" for h in sums["replica_alts"][0])
+    # the part's holders as the executor reports them are what gc tells
+    c.msg(exa[0], "ckpt_part", job=a, index=0, epoch=0, version=1, bytes=100, replica="m4")
+    assert ja.checkpoint["holders"] == ["m0", "m4"]

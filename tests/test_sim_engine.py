@@ -37,8 +37,8 @@ def test_isolated_runs_jobs_one_after_another_to_the_simulated_second():
 def test_checkpoints_hold_the_executor_as_the_runtime_does():
     """The periodic checkpoint (every 10 epochs) writes the input and the
     model, and copies them to the replica, behind the job: the next epoch
-    starts at once, and only what ends the attempt (the final checkpoint,
-    a resize) waits for it, and the final checkpoint drops it. The final
+    starts at once, a pause or a resize waits for it, and the final
+    checkpoint drops it. The final
     one writes ``final_bytes`` at the boundary. 21 epochs of 1 s: the
     periodic parts of 4 MB at 2 MB/s (disk 1e12) take 2 s each and cost
     nothing (the one after epoch 20 is dropped 1 s before it is done), the

@@ -137,6 +137,10 @@ def test_importer_takes_medians_and_the_periodic_checkpoint_from_the_records():
     rec["checkpoint"] = {"final": True, "bytes": 4e6, "periodic_bytes": 7e6}
     (j,), _ = importer.jobs_from_status([rec])
     assert j.ckpt_bytes == 7e6 and j.final_bytes == 4e6
+    # none completed (each dropped by the final one): not the hold's ~0
+    rec["checkpoint"]["periodic_bytes"] = None
+    (j,), _ = importer.jobs_from_status([rec])
+    assert j.ckpt_bytes is None
 
 
 def _bench(name: str):

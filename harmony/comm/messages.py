@@ -238,6 +238,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "epoch_sums": {"epoch": int, "sums": dict, "pause": (bool, _OPT),
                    "reconfig": (bool, _OPT), "checkpoint": (bool, _OPT),
                    "stop": (bool, _OPT),
+                   # with a checkpoint, a pause or the stop: its parts' replica
+                   # machines and alternates, chosen now (as in migrate)
+                   "replicas": (list, _OPT), "replica_alts": (list, _OPT),
                    # the job's expected COMP and network subtask seconds (the
                    # subtask priorities that leader-synchronized syncs carry)
                    "prio": (list, _OPT)},

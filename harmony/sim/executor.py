@@ -334,8 +334,8 @@ class _Exec:
                 self.ckpt_seq += 1
                 self.sim._later(secs, self._ckpt_part, cmd.epoch, self.ckpt_seq)
             elif kind is core.Reconfigure:
-                if behind > 0:
-                    return self.sim._later(behind, self._at_boundary, cmd.epoch)
+                if behind > 0:     # at that instant: after the part's report
+                    return self.sim._at(self.ckpt_done_at, self._at_boundary, cmd.epoch)
                 return self._at_boundary(cmd.epoch)
             elif kind is core.Continue:
                 over = self.sim.contention.epoch_overhead

@@ -41,7 +41,8 @@ final_bytes     ``checkpoint["bytes"]`` of a finished job's final checkpoint
                 where it has none
 ckpt_bytes      what its periodic checkpoints wrote, all parts:
                 ``checkpoint["periodic_bytes"]`` (the last one's) where the
-                master recorded it; else, for records from before periodic
+                master records it (empty where it is None: none completed);
+                else, for records from before periodic
                 parts were written behind the job, as measured
                 (``checkpoint_hold``): the median time a periodic checkpoint
                 held its executors at the epoch boundary (beyond an ordinary
@@ -221,8 +222,9 @@ def job_from_status(rec: Mapping[str, Any], t0: float,
     link = float(p.get("link") or 0.0)
     hold = checkpoint_hold(rec)
     periodic = hold * link * ref if hold is not None and link > 0 else None
-    if isinstance(ckpt.get("periodic_bytes"), (int, float)):
-        periodic = float(ckpt["periodic_bytes"])   # as recorded (written behind the job)
+    if "periodic_bytes" in ckpt:   # as recorded (parts written behind the job hold nothing)
+        got = ckpt["periodic_bytes"]
+        periodic = float(got) if isinstance(got, (int, float)) and got > 0 else None
     net = float(p.get("t_net", 0.0))
     startup, startup_cpu = job_startup(rec)
     return TraceJob(

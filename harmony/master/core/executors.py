@@ -214,6 +214,8 @@ class Executors(Cruise):
             run.ckpt_epoch, run.ckpt_parts = ep, {}
         out = {"epoch": ep, "sums": total, "pause": run.pausing or None,
                "reconfig": reconfig or None, "checkpoint": ckpt or None, "stop": end or None}
+        if ckpt or end or run.pausing:     # where its parts go: chosen now (_replicas)
+            out.update(self._fresh_replicas(job))
         if run.sync_leader is not None:    # the syncs carry their subtasks' priority
             out["prio"] = self._prio(job)
         send = self._out.append

@@ -77,11 +77,13 @@ class Checkpoints(Links):
     state into exported bytes; the disk write and the replica's transfer run
     in a thread while the next epochs train, and ``ckpt_part`` goes to the
     master at the first epoch end after it is done (the master orders no
-    other checkpoint until then). Before a pause, a resize or the end, the
-    executor waits for it; the final checkpoint supersedes it (a finished
-    job resumes from nothing): its replica's transfer stops at its next
-    chunk, the part is never reported, and the holder drops what it got
-    (an idle transfer, ``dataservice.IDLE_S``). Written in line, a
+    other checkpoint until then). Before a pause or a resize the executor
+    waits for it; the final checkpoint supersedes it (a finished job
+    resumes from nothing): its replica's transfer stops at its next step
+    (``DROP_STEP``), the part is not reported, and the holder drops what
+    it got (an idle transfer, ``dataservice.IDLE_S``). The part's exported
+    bytes (the shard's rows and the input state it writes) stay in memory
+    until it is done, across the epochs it overlaps. Written in line, a
     1-machine job stood 1.3-2.6 s per checkpoint at D = 8 while its replica
     crossed the 16 MB/s emulated link behind other jobs' moves
     (bench/cluster_e2e.py, session 23: about 12 of the 28 s its jobs spent
@@ -130,9 +132,11 @@ class Checkpoints(Links):
                 self.index < len(self.replica_alts) else []
             holders = [replica] + [a for a in alts if a]
 
-        def finish(wait: Callable[[str, int], float] | None) -> tuple:
+        def finish(wait: Callable[[str, int], float] | None,
+                   dropped: Callable[[], None] = lambda: None) -> tuple:
             version, digest = jobckpt.write_payloads(path, self.job, payloads, epoch=epoch,
                                                      iteration=iters - 1, meta=meta)
+            dropped()
             held = self._replicate(epoch, iters, payloads, digest, holders, wait) \
                 if holders else None
             secs = time.perf_counter() - t0
@@ -144,24 +148,28 @@ class Checkpoints(Links):
         if not behind:
             return finish(None)
         self._ckpt_wait()        # one at a time (the master orders none before)
-        pend = self._pending = Pending(epoch)
+        pend = Pending(epoch)
+
+        def dropped() -> None:
+            if pend.drop.is_set():
+                raise Superseded("superseded by the final checkpoint")
 
         def work() -> None:
-            # a link emulation of its own: NetEm's lock is a flock, which
-            # does not exclude another thread on the same open file
-            netem = NetEm(self.netem.path) if self.netem is not None else None
-            link = None if netem is None else self._link_wait(netem)
-
-            def wait(to: str, n: int) -> None:
-                # paced in steps (a chunk of send_payloads is up to 8 MiB,
-                # seconds on a slow link): a drop stops it at the next step
-                for off in range(0, max(1, n), DROP_STEP):
-                    if pend.drop.is_set():
-                        raise Superseded("superseded by the final checkpoint")
-                    if link is not None:
-                        link(to, min(DROP_STEP, n - off))
+            netem = None
             try:
-                pend.result = finish(wait)
+                # a link emulation of its own: NetEm's lock is a flock, which
+                # does not exclude another thread on the same open file
+                netem = NetEm(self.netem.path) if self.netem is not None else None
+                link = None if netem is None else self._link_wait(netem)
+
+                def wait(to: str, n: int) -> None:
+                    # paced in steps (a chunk of send_payloads is up to 8 MiB,
+                    # seconds on a slow link): a drop stops it at the next step
+                    for off in range(0, max(1, n), DROP_STEP):
+                        dropped()
+                        if link is not None:
+                            link(to, min(DROP_STEP, n - off))
+                pend.result = finish(wait, dropped)
             except BaseException as exc:      # reported by _ckpt_report
                 pend.error = exc
             finally:
@@ -171,7 +179,27 @@ class Checkpoints(Links):
 
         pend.thread = threading.Thread(target=work, name=f"ckpt-e{epoch}", daemon=True)
         pend.thread.start()
+        self._pending = pend
         return 0, None, nbytes, time.perf_counter() - t0
+
+    def _take_replicas(self, msg: M.Message) -> None:
+        """The replica machines (and alternates) the master chose for the
+        checkpoint it orders at this boundary, where it sends them; kept
+        only if they are well formed (one per executor: None or [machine,
+        data endpoint], alternates a list of those per executor)."""
+        reps, alts = msg.get("replicas"), msg.get("replica_alts")
+        if reps is None:
+            return
+
+        def holder(h) -> bool:
+            return isinstance(h, list) and len(h) == 2 and all(isinstance(x, str) for x in h)
+        if not (isinstance(reps, list) and len(reps) == self.count
+                and all(r is None or holder(r) for r in reps)
+                and isinstance(alts, list) and len(alts) == self.count
+                and all(isinstance(a, list) and all(holder(h) for h in a) for a in alts)):
+            log.warning("epoch_sums: malformed replicas ignored (the attempt's are kept)")
+            return
+        self.replicas, self.replica_alts = reps, alts
 
     def _link_wait(self, netem: NetEm) -> Callable[[str, int], float]:
         me, token = self.spec["worker"], job_token(self.job)
@@ -185,13 +213,19 @@ class Checkpoints(Links):
 
     def _ckpt_drop(self) -> None:
         """Drop the part behind the job, if any (the final checkpoint
-        supersedes it): its transfer stops at its next chunk."""
-        pend, self._pending = self._pending, None
-        if pend is not None and not pend.done.is_set():
-            pend.drop.set()
-            pend.done.wait()
-            log.info("checkpoint after epoch %d dropped: the final one supersedes it",
-                     pend.epoch)
+        supersedes it): its transfer stops at its next step (a local write
+        or a replica's acknowledgement under way is waited for). A part
+        done by then is reported all the same (its holders are then known
+        to the master, whose gc removes them)."""
+        pend = self._pending
+        if pend is None:
+            return
+        pend.drop.set()
+        pend.done.wait()
+        if pend.result is not None:
+            return self._ckpt_report()
+        self._pending = None
+        log.info("checkpoint after epoch %d dropped: the final one supersedes it", pend.epoch)
 
     def _ckpt_report(self) -> None:
         """Report the part written behind the job (``ckpt_part``) once it is

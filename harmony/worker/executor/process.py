@@ -200,7 +200,7 @@ class Executor(Training):
             # here on stays in the heap from one iteration to the next
             keep_working_memory()
             self._train(app, opts, inp, table, first)
-            self._ckpt_wait()     # a periodic part still written behind the job
+            self._ckpt_wait()     # (none: the final checkpoint dropped or reported it)
             self.send("exec_finished")
             return 0
         except Left as exc:
@@ -282,6 +282,12 @@ class Executor(Training):
         return [_subst(a, paths) for a in args]
 
     def close(self) -> None:
+        # a part still behind the job (an abort, a failure, SIGTERM): stopped
+        # at its next step before the context goes, and not reported
+        pend, self._pending = self._pending, None
+        if pend is not None:
+            pend.drop.set()
+            pend.done.wait(5.0)
         if self.watch is not None:
             self.watch.close()
         if self.input is not None:

@@ -235,6 +235,7 @@ class Training(Layout, Checkpoints):
             self.send("epoch_done", epoch=epoch, sums=sums,
                       timings=dil.undilate_timings(tm, self.dil), store=store)
             total = self.wait("epoch_sums")
+            self._take_replicas(total)    # a checkpoint's holders, chosen as it is ordered
             metrics = _plain(app.metrics(total["sums"]))
             # the app's own stop rule (the scheduler's, to end the job early,
             # is in the answer): what comes next is the core's (executor_core)
