@@ -1313,3 +1313,11 @@ def test_a_checkpoints_replica_goes_to_a_machine_no_move_is_using():
     # the part's holders as the executor reports them are what gc tells
     c.msg(exa[0], "ckpt_part", job=a, index=0, epoch=0, version=1, bytes=100, replica="m4")
     assert ja.checkpoint["holders"] == ["m0", "m4"]
+    # the last epoch its --max-epochs allows (10 by default): the executor
+    # stops by its own rule and writes the final checkpoint; its holders are
+    # chosen then too (none at an epoch without a checkpoint)
+    for ep in range(1, 10):
+        c.msg(exa[0], "epoch_done", job=a, index=0, epoch=ep, sums={}, timings={})
+        sums = c.to(exa[0], "epoch_sums")[-1].fields
+        assert sums["epoch"] == ep and ("replicas" in sums) == (ep == 9), sums
+    assert sums["replicas"] == [["m4", c.core.workers["m4"].data_endpoint]]

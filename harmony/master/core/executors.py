@@ -214,7 +214,9 @@ class Executors(Cruise):
             run.ckpt_epoch, run.ckpt_parts = ep, {}
         out = {"epoch": ep, "sums": total, "pause": run.pausing or None,
                "reconfig": reconfig or None, "checkpoint": ckpt or None, "stop": end or None}
-        if ckpt or end or run.pausing:     # where its parts go: chosen now (_replicas)
+        if ckpt or end or run.pausing or ep + 1 >= job.epoch_budget():
+            # where its parts go, chosen now (_replicas); at its last declared
+            # epoch the executor's own stop writes the final checkpoint
             out.update(self._fresh_replicas(job))
         if run.sync_leader is not None:    # the syncs carry their subtasks' priority
             out["prio"] = self._prio(job)
