@@ -45,6 +45,21 @@ def wait_state(client: Client, job: str, states: tuple[str, ...], timeout: float
         time.sleep(0.1)
 
 
+def ckpt_parts_left(state_dir: str, job: str, want: list[str], timeout: float = 10) -> list[str]:
+    """The checkpoint parts of ``job`` left on every worker's disk of a
+    local cluster (``e<epoch>-p<index>`` directories, sorted), once they are
+    ``want`` or ``timeout`` seconds have passed (old parts go when the
+    master's gc reaches the daemons)."""
+    import glob
+    deadline = time.time() + timeout
+    while True:
+        parts = sorted(os.path.basename(p) for p in glob.glob(
+            os.path.join(state_dir, "workers", "*", "ckpt", job, "*")))
+        if parts == want or time.time() > deadline:
+            return parts
+        time.sleep(0.1)
+
+
 @pytest.fixture(scope="session")
 def ratings(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("data") / "ratings.txt"

@@ -6,7 +6,7 @@ next one is complete again once there is room. Every worker's disk is a
 small tmpfs of its own (root needed to mount them)."""
 from __future__ import annotations
 
-import glob
+import contextlib
 import os
 import subprocess
 import threading
@@ -17,7 +17,7 @@ import pytest
 from harmony.client import Client
 from harmony.cluster import LocalCluster
 from apps_for_tests import TOY_APP
-from conftest import wait_state
+from conftest import ckpt_parts_left, wait_state
 
 LONG = ["--max-epochs", "100000", "--sleep", "0.05"]
 
@@ -131,40 +131,49 @@ def test_full_disks_skip_or_move_checkpoints_and_never_fail_the_job(disks, tmp_p
         cl.stop()
 
 
-def test_a_periodic_checkpoint_is_replicated_behind_the_job(tmp_path):
-    """A periodic checkpoint's part crosses a slow link (200 KB/s; the part,
-    16 input blocks and the model, is about 0.6 MB: 3 s) to its replica while the job trains on: epochs after the
-    checkpoint's are reported before the master counts it complete. (In
-    line, the executor reported the part before it began the next epoch,
-    so no later epoch could come first.) The part is complete all the same,
-    with its replica on the other machine, and what it wrote is kept past
-    the final checkpoint (the simulator's import reads it)."""
+@contextlib.contextmanager
+def _slow_link(tmp_path, epochs: int):
+    """A 2-machine cluster with 200 KB/s links, running a toy job of
+    ``epochs`` epochs on 1 machine, a periodic checkpoint every 3 epochs:
+    yields (client, cluster, job)."""
     cl = LocalCluster(2, str(tmp_path / "c"), port=0, net_bandwidth="200k")
     cl.start()
     try:
         with Client(cl.endpoint, timeout_s=10, keys=cl.keys) as c:
-            job = c.submit("toy.py", TOY_APP, ["--max-epochs", "300", "--sleep", "0.02",
-                                               "--keys", "4000"],
-                           machines=1, checkpoint_every=3)
-            deadline = time.monotonic() + 120
-            st = c.status(job)
-            while not st.get("checkpoint") and time.monotonic() < deadline:
-                assert st["state"] in ("queued", "profiling", "running"), st.get("error")
-                time.sleep(0.2)
-                st = c.status(job)
-            ck = st["checkpoint"]
-            assert ck and ck["replicas"] == 1 and ck["bytes"] > 300_000, ck
-            assert ck["periodic_bytes"] == ck["bytes"]
-            later = [e["epoch"] for e in st["epochs"]
-                     if e["epoch"] > ck["epoch"] and e["time"] < ck["time"]]
-            assert len(later) >= 2, (ck, [(e["epoch"], e["time"]) for e in st["epochs"]])
-            # what a periodic checkpoint wrote stays beside the final one
-            st = wait_state(c, job, ("finished", "failed"))
-            assert st["state"] == "finished", st["error"]
-            assert st["checkpoint"]["final"] and \
-                st["checkpoint"]["periodic_bytes"] == ck["bytes"], st["checkpoint"]
+            yield c, cl, c.submit("toy.py", TOY_APP, ["--max-epochs", str(epochs), "--sleep",
+                                                      "0.02", "--keys", "4000"],
+                                  machines=1, checkpoint_every=3)
     finally:
         cl.stop()
+
+
+def test_a_periodic_checkpoint_is_replicated_behind_the_job(tmp_path):
+    """A periodic checkpoint's part crosses a slow link (200 KB/s; the part,
+    16 input blocks and the model, is about 0.6 MB: 3 s) to its replica
+    while the job trains on: epochs after the checkpoint's are reported
+    before the master counts it complete. (In
+    line, the executor reported the part before it began the next epoch,
+    so no later epoch could come first.) The part is complete all the same,
+    with its replica on the other machine, and what it wrote is kept past
+    the final checkpoint (the simulator's import reads it)."""
+    with _slow_link(tmp_path, 300) as (c, cl, job):
+        deadline = time.monotonic() + 120
+        st = c.status(job)
+        while not st.get("checkpoint") and time.monotonic() < deadline:
+            assert st["state"] in ("queued", "profiling", "running"), st.get("error")
+            time.sleep(0.2)
+            st = c.status(job)
+        ck = st["checkpoint"]
+        assert ck and ck["replicas"] == 1 and ck["bytes"] > 300_000, ck
+        assert ck["periodic_bytes"] == ck["bytes"]
+        later = [e["epoch"] for e in st["epochs"]
+                 if e["epoch"] > ck["epoch"] and e["time"] < ck["time"]]
+        assert len(later) >= 2, (ck, [(e["epoch"], e["time"]) for e in st["epochs"]])
+        # what a periodic checkpoint wrote stays beside the final one
+        st = wait_state(c, job, ("finished", "failed"))
+        assert st["state"] == "finished", st["error"]
+        assert st["checkpoint"]["final"] and \
+            st["checkpoint"]["periodic_bytes"] == ck["bytes"], st["checkpoint"]
 
 
 def test_the_final_checkpoint_supersedes_a_part_still_behind_the_job(tmp_path):
@@ -173,25 +182,11 @@ def test_the_final_checkpoint_supersedes_a_part_still_behind_the_job(tmp_path):
     only, about 0.1 MB) drops it instead of waiting, so the job finishes
     without a complete periodic checkpoint, and only the final one's parts
     stay on the machines."""
-    cl = LocalCluster(2, str(tmp_path / "c"), port=0, net_bandwidth="200k")
-    cl.start()
-    try:
-        with Client(cl.endpoint, timeout_s=10, keys=cl.keys) as c:
-            job = c.submit("toy.py", TOY_APP, ["--max-epochs", "5", "--sleep", "0.02",
-                                               "--keys", "4000"],
-                           machines=1, checkpoint_every=3)
-            st = wait_state(c, job, ("finished", "failed"))
-            assert st["state"] == "finished", st["error"]
-            ck = st["checkpoint"]
-            assert ck["final"] and ck["epoch"] == 4 and ck["replicas"] == 1, ck
-            assert ck["periodic_bytes"] is None, ck
-            deadline = time.monotonic() + 10
-            while True:
-                parts = sorted(os.path.basename(p) for p in glob.glob(
-                    os.path.join(cl.state_dir, "workers", "*", "ckpt", job, "*")))
-                if parts == ["e4-p0", "e4-p0"] or time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
-            assert parts == ["e4-p0", "e4-p0"]
-    finally:
-        cl.stop()
+    with _slow_link(tmp_path, 5) as (c, cl, job):
+        st = wait_state(c, job, ("finished", "failed"))
+        assert st["state"] == "finished", st["error"]
+        ck = st["checkpoint"]
+        assert ck["final"] and ck["epoch"] == 4 and ck["replicas"] == 1, ck
+        assert ck["periodic_bytes"] is None, ck
+        assert ckpt_parts_left(cl.state_dir, job, ["e4-p0", "e4-p0"]) == \
+            ["e4-p0", "e4-p0"]

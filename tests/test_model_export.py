@@ -4,7 +4,6 @@ fetched from the workers' data services and written by the app's exporter.
 On one machine a job's model equals run_local's bit for bit, so the export
 of a finished job, and of a running job's snapshot at an epoch end, is
 checked against run_local's model run through the same exporter."""
-import glob
 import math
 import os
 import time
@@ -19,7 +18,7 @@ from harmony.datagen.lasso import gen_lasso
 from harmony.datagen.lda import gen_lda
 from harmony.datagen.mlr import gen_mlr
 from harmony.export import ExportError, export_arrays
-from conftest import NMF_APP, ROOT, run_cli, wait_state
+from conftest import NMF_APP, ROOT, ckpt_parts_left, run_cli, wait_state
 
 NMF_SRC = NMF_APP.read_text()
 NMF_ARGS = ["--rank", "6", "--blocks", "8"]
@@ -66,14 +65,8 @@ def test_finished_nmf_export_is_run_locals_model(client, cluster, ratings):
     ck = st["checkpoint"]
     assert ck["final"] and ck["epoch"] == 4 and ck["replicas"] == 1
     # only the final checkpoint is left on the machines (the periodic ones went)
-    deadline = time.time() + 10
-    while True:
-        parts = sorted(os.path.basename(p) for p in glob.glob(
-            os.path.join(cluster.state_dir, "workers", "*", "ckpt", job, "*")))
-        if parts == ["e4-p0", "e4-p0"] or time.time() > deadline:
-            break
-        time.sleep(0.1)
-    assert parts == ["e4-p0", "e4-p0"]      # the part and its replica
+    assert ckpt_parts_left(cluster.state_dir, job, ["e4-p0", "e4-p0"]) == \
+        ["e4-p0", "e4-p0"]      # the part and its replica
     model = client.model(job)
     assert model.source.final and model.source.epoch == 4
     got = export_arrays(model)
