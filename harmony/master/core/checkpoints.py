@@ -39,28 +39,34 @@ class Checkpoints(CoreState):
                 out.update(rc.to)
         return out
 
-    def _replica_alts(self, machines: list[str], replicas: list) -> list:
-        """Per executor, up to 2 more live machines to replicate its part on
-        when its replica machine cannot take it (machines not in a live
-        move first, then fewest parts placed)."""
+    def _holders_ranked(self) -> list[str]:
+        """The live machines with a data service that best take a replica,
+        best first: not in a live move, then fewest jobs placed. The first 5
+        are enough (a replica and 2 alternates, skipping at most the part's
+        own machine and its replica; not a sort of the whole fleet)."""
         placed, moving = self._placed(), self._moving()
-        # the 4 least loaded are enough: at most 2 of them are skipped (not
-        # a sort of the whole fleet at every launch)
-        live = heapq.nsmallest(4, ((w.name in moving, len(placed.get(w.name, ())), w.name)
-                                   for w in self.workers.values()
-                                   if w.alive and w.data_endpoint))
+        return [m for _, _, m in heapq.nsmallest(
+            5, ((w.name in moving, len(placed.get(w.name, ())), w.name)
+                for w in self.workers.values() if w.alive and w.data_endpoint))]
+
+    def _replica_alts(self, machines: list[str], replicas: list,
+                      ranked: list[str] | None = None) -> list:
+        """Per executor, up to 2 more live machines to replicate its part on
+        when its replica machine cannot take it (``_holders_ranked``)."""
+        ranked = self._holders_ranked() if ranked is None else ranked
         out = []
         for name, rep in zip(machines, replicas):
             skip = {name, rep[0] if rep else None}
-            out.append([[m, self.workers[m].data_endpoint] for _, _, m in live
+            out.append([[m, self.workers[m].data_endpoint] for m in ranked
                         if m not in skip][:2])
         return out
 
-    def _replicas(self, machines: list[str]) -> list:
+    def _replicas(self, machines: list[str], ranked: list[str] | None = None) -> list:
         """Where each executor's checkpoint part is replicated: the next
         machine of the job, or, for a job on one machine, another live one,
         one whose link carries no live move first, then the one with the
-        fewest jobs (none: the part is kept on its own machine only).
+        fewest jobs (``_holders_ranked``; none: the part is kept on its own
+        machine only).
 
         Decision: the link first. In bench/cluster_e2e.py (D = 8) the final
         checkpoints of 1-machine jobs went to the machine with the fewest
@@ -73,11 +79,8 @@ class Checkpoints(CoreState):
             if len(machines) > 1:
                 other = machines[(i + 1) % len(machines)]
             else:
-                placed, moving = self._placed(), self._moving()
-                least = min(((w.name in moving, len(placed.get(w.name, ())), w.name)
-                             for w in self.workers.values()
-                             if w.alive and w.name != name and w.data_endpoint), default=None)
-                other = least[2] if least is not None else None
+                ranked = self._holders_ranked() if ranked is None else ranked
+                other = next((m for m in ranked if m != name), None)
             w = self.workers.get(other) if other else None
             out.append([other, w.data_endpoint] if w is not None else None)
         return out
@@ -86,9 +89,11 @@ class Checkpoints(CoreState):
         """The replica machines for a checkpoint ordered now (its holders as
         of now: a move may have started since the attempt did), as the
         fields of ``epoch_sums``."""
-        replicas = self._replicas(job.workers)
+        ranked = self._holders_ranked()      # one ranking for both
+        replicas = self._replicas(job.workers, ranked)
         self._may_hold_parts(job.id, [r[0] for r in replicas if r])
-        return {"replicas": replicas, "replica_alts": self._replica_alts(job.workers, replicas)}
+        return {"replicas": replicas,
+                "replica_alts": self._replica_alts(job.workers, replicas, ranked)}
 
     def _checkpointed(self, job: Job, epoch: int, parts: dict[int, tuple]) -> None:
         """Every part of the checkpoint after ``epoch`` (and its replica) is

@@ -92,8 +92,9 @@ class Executors(Cruise):
         if not run.started:     # (not again for a duplicate ready)
             run.enter(Phase.RUNNING)
         run.last_ckpt = (job.resume["epoch"] if job.resume else 0, self.now)
-        replicas = self._replicas(job.workers)
-        alts = self._replica_alts(job.workers, replicas)
+        ranked = self._holders_ranked()
+        replicas = self._replicas(job.workers, ranked)
+        alts = self._replica_alts(job.workers, replicas, ranked)
         self._may_hold_parts(job.id, [r[0] for r in replicas if r])
         gen = self._sync_plan(job, run)
         for i in sorted(run.idents):

@@ -142,11 +142,12 @@ class Resize(Lifecycle):
         rc.planned, rc.owner = True, model_owner
         rc.blocks = sum(len(v) for v in sends.values())
         job.move.update({"state": "moving blocks", "blocks": rc.blocks, "epoch": epoch})
-        replicas = self._replicas(to)
+        ranked = self._holders_ranked()
+        replicas = self._replicas(to, ranked)
         self._may_hold_parts(job.id, [r[0] for r in replicas if r])
         common = dict(count=len(to), peers=peers, owner=model_owner, machines=list(to),
                       seq=seq, epoch=epoch, replicas=replicas, workers=workers,
-                      replica_alts=self._replica_alts(to, replicas),
+                      replica_alts=self._replica_alts(to, replicas, ranked),
                       mode="queued" if self.queued else "free")
         # (the simulator counts what each receiver gets from the senders'
         # parts: every part of a plan goes out in this one list of commands)
