@@ -18,9 +18,10 @@ duration alone (``harmony.sim.trace.iteration_profile``); a job on m
 machines runs its subtasks on all of them and moves on when the slowest
 machine is done (BSP), which the engine handles.
 
-Harmony's mode needs no such model: its queues run one COMP and one
-primary transfer at a time per machine, so they do not contend (a
-secondary transfer only uses what the primary leaves idle).
+Harmony's mode needs it for the link only: its queues run one COMP at a
+time per machine, but the NET queue's primary and secondary transfer share
+the link as two transfers of the naive mode do (the runtime's pairs of
+network-heavy jobs slowed alike, issue #31).
 
 Calibration (``calibrate``): a small fluid simulation (``replay_pairs``)
 of ``bench/colocation.py``'s setting, four NMF jobs on two machines run two

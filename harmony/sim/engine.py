@@ -89,15 +89,15 @@ class Contention:
     ``model``: without Harmony's queues, n COMPs (or n transfers) running at
     once on a machine each progress at ``model.rate(kind, n)`` of their speed
     alone (:mod:`harmony.sim.contention`: processor sharing plus an
-    interference factor calibrated from measured runs). ``secondary_share``:
-    the part of the link a secondary transfer gets while a primary runs in
-    Harmony's NET queue (the bandwidth the primary leaves idle).
+    interference factor calibrated from measured runs); under the queues
+    one COMP runs, and the NET queue's two transfers share the link by the
+    same model (its primary does not keep the link on jobs spread over
+    machines: :meth:`harmony.sim.machine._Machine.rates`).
     ``startup``: seconds from launch to a ready executor, plus its input
     part read at ``disk`` bytes/s; checkpoints write at ``disk`` and copy
     their replica, and moved blocks cross links, at ``bandwidth``.
     """
     model: ContentionModel = field(default_factory=lambda: CALIBRATED)
-    secondary_share: float = 0.0
     startup: float = 1.0            # s from launch to exec_ready
     startup_cpu: float = 0.0        # s of it that are CPU work on the machine (imports,
                                     # reading the input): it shares the machine's CPU
