@@ -295,3 +295,40 @@ def test_primary_gets_the_link_and_secondary_yields(netem):
     # the secondary gets 1 chunk per 3 of the primary: primary ~1.33x, secondary ~2x
     assert out["prim"] < 1.5 * alone
     assert out["sec"] > 1.6 * alone
+
+
+def test_an_all_to_all_exchange_keeps_every_link_busy(tmp_path):
+    """4 machines each send 1 MB to each of the 3 others at once (a PS
+    pull of DoP 4), each flow one chunk at a time as ``transfer_many``
+    books them, in one virtual clock. Every egress and ingress carries 3 MB,
+    so 0.3 s at 10 MB/s is the ideal. When a chunk waited for both of its
+    links to be free at once, the link free first kept a hole that no other
+    flow could fill, and the exchange took 1.2-1.5x the ideal."""
+    clk = FakeClock()
+    path = str(tmp_path / "a2a.bin")
+    names = ["m0", "m1", "m2", "m3"]
+    NetEm.create(path, names, 10e6).close()
+    em = NetEm(path, clock=clk, sleep=clk.sleep)
+    try:
+        left = {(s, d): 1_000_000 for s in names for d in names if s != d}
+        due = [(clk.t, f) for f in sorted(left)]
+        t0 = last = clk.t
+        while due:
+            due.sort()
+            at, f = due.pop(0)
+            if at > clk.t:
+                clk.t = at
+            n = min(CHUNK, left[f])
+            end, ok = em.reserve(f[0], f[1], n)
+            assert ok
+            left[f] -= n
+            if left[f]:
+                due.append((end, f))
+            last = max(last, end)
+        took = last - t0
+        assert 0.3 - 2 * CHUNK / 10e6 <= took <= 1.08 * 0.3
+        for m in names:
+            eg, ing, _ = em.counters(m)
+            assert eg == ing == 3_000_000
+    finally:
+        em.close()
