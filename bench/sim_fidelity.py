@@ -11,7 +11,8 @@ local cluster and in the simulator, side by side, in one command.
    and the epoch
    boundary's overhead (time between epoch reports not spent in the
    epoch's iterations and evaluation); naive co-location's contention model
-   is harmony.sim.contention.CALIBRATED (fitted on bench/colocation.py).
+   is harmony.sim.contention.CALIBRATED (fitted on bench/colocation.py), for
+   a dilated run (D > 1: a host not oversubscribed) its quiet pair's QUIET.
 3. The simulator replays each mode's arrivals with those profiles on the
    same machine count and link rate, through the master's own core.
 
@@ -104,8 +105,11 @@ def calibrate(statuses: list[dict], jobs_log: list[dict] | None = None,
         trace = [dataclasses.replace(t, startup_cpu_s=0.0) for t in trace]
     link = statistics.median(t.link for t in trace if t.link) if any(t.link for t in trace) \
         else 12e6
-    cont = Contention(startup=startup, startup_cpu=startup_cpu, epoch_overhead=boundary,
-                      bandwidth=link)
+    # a dilated cluster is sized to its host (N machines on N/D cores): the
+    # quiet pair's interference (CM.QUIET), not the 2-vCPU local cluster's
+    model = CM.QUIET if d > 1 else CM.CALIBRATED
+    cont = Contention(model=model, startup=startup, startup_cpu=startup_cpu,
+                      epoch_overhead=boundary, bandwidth=link)
     return Calibration({t.dataset: t for t in trace}, cont, link)
 
 

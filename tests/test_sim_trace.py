@@ -394,6 +394,9 @@ def test_contention_model_and_calibration():
     model, fit = contention.calibrate()
     assert model.cpu_k == contention.CALIBRATED.cpu_k == contention.CALIBRATED.net_k
     assert abs(fit["naive_makespan_err"]) < 0.1 and abs(fit["naive_mean_jct_err"]) < 0.1
+    quiet, fit = contention.calibrate(use=("pair",))
+    assert quiet.cpu_k == contention.QUIET.cpu_k == contention.QUIET.net_k
+    assert all(abs(v) < 0.02 for key, v in fit.items() if key.endswith("_err"))
     # more interference, slower naive
     assert contention.replay_pairs(jobs, contention.PAPER_LIKE)[0] > \
         contention.replay_pairs(jobs, contention.IDEAL)[0]
