@@ -160,7 +160,7 @@ def test_a_periodic_checkpoint_is_replicated_behind_the_job(tmp_path):
         deadline = time.monotonic() + 120
         st = c.status(job)
         while not st.get("checkpoint") and time.monotonic() < deadline:
-            assert st["state"] in ("queued", "profiling", "running"), st.get("error")
+            assert st["state"] in ("waiting", "profiling", "running"), st.get("error")
             time.sleep(0.2)
             st = c.status(job)
         ck = st["checkpoint"]
