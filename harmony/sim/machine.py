@@ -186,7 +186,8 @@ class _Machine:
         # alone, where a primary at the full link would have kept one near
         # 1x. A flow leads where either end's primary is its job, so on jobs
         # spread over machines the priority washes out; the model calibrated
-        # on naive co-location (two transfers at 0.38 each) fits those runs
+        # on naive co-location fits those runs (two transfers at 0.45 of the
+        # link each with the quiet pair's k, bench/cluster_replay.py)
         rate = c.model.rate(res.kind, n)
         for r in run.values():
             r[1] = rate

@@ -9,8 +9,9 @@ of n bytes occupies each link for n/rate seconds, from when that link is
 free, and is through when both are done: the switch holds it between the
 two, so neither link idles while a flow needs it). The transferring thread
 then sleeps until its reservation ends. A pull or push to several peers is
-several flows that run in parallel, as on a NIC (:meth:`NetEm.transfer_many`). Traffic within one machine is free, as
-on real hardware.
+several flows that run in parallel, as on a NIC
+(:meth:`NetEm.transfer_many`). Traffic within one machine is free, as on
+real hardware.
 
 Why this and not network namespaces with ``tc``: it needs no root or
 CAP_NET_ADMIN (CI may have neither), it is deterministic, and it can express
