@@ -189,12 +189,13 @@ def test_an_arrival_beside_a_job_still_profiling_stays_until_that_one_is_profile
     assert cur.group_of("cpu").jobs == ("cpu", "net") and left == ["cpu2"]
 
 
-def test_a_group_wider_than_its_best_dop_is_narrowed_when_it_repays_the_move():
+def test_a_group_wider_than_its_best_dop_is_narrowed_when_it_repays_one_move():
     """CHATTY alone on 4 machines: 1.05 s per iteration on 1, 1.8 s on 4
     (its remote traffic grows with the DoP). With work left it is narrowed
-    to 1 and the 3 machines it frees take a waiting job; with 1 iteration
-    left the 0.75 s saved does not repay two 1 s moves; a job not yet
-    movable (too few epochs) stays."""
+    to 1 and the 3 machines it frees take a waiting job; with 2 iterations
+    left the 1.5 s saved repays one 1 s move (nothing gives the machines
+    back: it is not lending), with 1 left the 0.75 s does not; a job not
+    yet movable (too few epochs) stays."""
     profiles = {"chatty": CHATTY, "cpu": CPU}
     caps = {"chatty": 4, "cpu": 1}
     cur0 = _cur(("g1", ("chatty",), ("m0", "m1", "m2", "m3")))
@@ -203,6 +204,9 @@ def test_a_group_wider_than_its_best_dop_is_narrowed_when_it_repays_the_move():
     assert cur.group_of("chatty").machines == ("m0",), notes
     assert left == [] and cur.group_of("cpu").machines == ("m1",)
     assert any("narrowed to 1" in n for n in notes)
+    cur, _, _ = TP.plan(cur0, [], [], profiles, caps, movable=["chatty"],
+                        iters_left={"chatty": 2}, move_cost=1.0)
+    assert cur.group_of("chatty").machines == ("m0",)
     cur, _, _ = TP.plan(cur0, [], [], profiles, caps, movable=["chatty"],
                         iters_left={"chatty": 1}, move_cost=1.0)
     assert len(cur.group_of("chatty").machines) == 4
