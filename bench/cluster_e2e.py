@@ -14,6 +14,9 @@ dilation D (``--modes``):
                  profile with the scheduler's own speed-up model
                  (``harmony.sched.throughput.best_dop``: the smallest DoP within 5%
                  of its fastest on N machines), not measured
+  isolated-1     FIFO, every job alone on one machine (the narrowest DoP: on
+                 slow links, where most of these jobs are network-bound, the
+                 DoP sizing that harmony does, without its co-location)
   naive-K        every job at its DoP on the least-loaded machines, at most K
                  jobs per machine (``--naive-cap``; 2 is the best cap in the
                  simulator at paper scale, README "Simulator")
@@ -40,7 +43,7 @@ harmony sim import s.json --out run.csv`` imports one.
 
     python bench/cluster_e2e.py --quick                  # ~21 min: 1 round at all-at-once
     python bench/cluster_e2e.py [--machines 8] [--dilation 8] [--jobs 8] [--rounds 3]
-        [--loads 0,0.25,1] [--modes isolated,isolated-best,naive-2,match,harmony]
+        [--loads 0,0.25,1] [--modes isolated,isolated-best,isolated-1,naive-2,match,harmony]
     python bench/cluster_e2e.py --quick --merge a.json b.json [--out all.json]
 
 (``--merge`` joins runs made in separate invocations, e.g. other modes or
@@ -73,7 +76,7 @@ from harmony.worker.executor.startup import startup_nice  # noqa: E402
 from harmony.worker.netem import parse_rate  # noqa: E402
 from harmony.cluster import stop_clusters_on_sigterm  # noqa: E402
 
-MODES = ("isolated", "isolated-best", "naive-2", "match", "harmony")
+MODES = ("isolated", "isolated-best", "isolated-1", "naive-2", "match", "harmony")
 
 
 def setup_of(mode: str) -> dict:
@@ -190,7 +193,8 @@ def main() -> None:
                     order.reverse()
                 for mode in order:
                     jobs = [(j.id, mapped[j.id][1], mapped[j.id][0],
-                             best[j.id] if mode == "isolated-best" else j.machines)
+                             best[j.id] if mode == "isolated-best"
+                             else 1 if mode == "isolated-1" else j.machines)
                             for j in jobs_t]
                     t0 = time.time()
 

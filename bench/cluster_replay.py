@@ -9,7 +9,7 @@ first isolated run of the load, or from another such file's
 start-up, epoch boundary, link. Each run of each mode is then simulated on
 the file's N machines of 1 core (``cpus=1``), every job arriving when it
 was submitted and asking for the machines it asked for, under the mode's
-setup (``bench/cluster_e2e.py``'s ``setup_of``: isolated and isolated-best
+setup (``bench/cluster_e2e.py``'s ``setup_of``: isolated, isolated-best, isolated-1
 -> ``isolated``; naive-K -> ``naive``, at most K jobs per machine; match ->
 ``match@harmony``; harmony -> ``harmony``). Status records are in
 undilated seconds (the master's clock at dilation D) and the simulator's

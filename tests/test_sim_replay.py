@@ -168,9 +168,9 @@ def test_a_simulated_isolated_run_replays_itself():
     assert rep.sim_makespan == pytest.approx(rep.run_makespan, rel=0.05)
     assert rep.err_max < 0.05
     cr = _bench("cluster_replay")
-    assert [cr.sim_setup(m) for m in ("isolated", "isolated-best", "naive-2", "match",
-                                      "harmony")] == [
-        ("isolated", 0), ("isolated", 0), ("naive", 2), ("match@harmony", 0),
+    assert [cr.sim_setup(m) for m in ("isolated", "isolated-best", "isolated-1", "naive-2",
+                                      "match", "harmony")] == [
+        ("isolated", 0), ("isolated", 0), ("isolated", 0), ("naive", 2), ("match@harmony", 0),
         ("harmony@harmony", 0)]
 
 
