@@ -132,7 +132,7 @@ def main() -> None:
                          "the rest; at 4 the host saturated, see README)")
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--bandwidth", default="16MB/s", help="undilated link per machine")
+    ap.add_argument("--bandwidth", default="48MB/s", help="undilated link per machine")
     ap.add_argument("--modes", default=None,
                     help=f"default {','.join(MODES)}; --quick: isolated,match,harmony")
     ap.add_argument("--loads", default=None,
