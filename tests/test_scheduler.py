@@ -342,3 +342,23 @@ def test_the_policy_is_asked_again_when_a_job_may_move():
     from harmony.policies import harmony as H
     from harmony.policies.view import PROFILE_SAMPLES
     assert H.SETTLE <= PROFILE_SAMPLES and H.WIDEN_AFTER <= PROFILE_SAMPLES
+
+
+def test_a_batch_is_profiled_on_one_machine_each():
+    """Jobs submitted together (less than ``BATCH_GAP`` apart) are profiled
+    on one machine each, as the paper does with the jobs a cluster starts
+    with; a job submitted alone gets the machines it asked for, and so does
+    the first of a batch when the others are not in yet."""
+    from harmony.policies.harmony import BATCH_GAP
+    m4 = tuple(WorkerView(f"m{i}", 1, 1 << 30, 0) for i in range(4))
+    first = JobView("job-0001", 2, 10.0)
+    assert harmony(ClusterView(m4, (first,))).profile == {"job-0001": ["m0", "m1"]}
+    near = JobView("job-0002", 2, 10.0 + BATCH_GAP / 10)
+    assert harmony(ClusterView(m4, (first, near))).profile == {"job-0001": ["m0"],
+                                                               "job-0002": ["m1"]}
+    late = JobView("job-0002", 2, 10.0 + BATCH_GAP * 10)
+    assert harmony(ClusterView(m4, (first, late))).profile == {"job-0001": ["m0", "m1"],
+                                                               "job-0002": ["m2", "m3"]}
+    running = JobView("job-0001", 2, 10.0, state="profiling", workers=("m0", "m1"),
+                      sched_group="g:job-0001")
+    assert harmony(ClusterView(m4, (near,), (running,))).profile == {"job-0002": ["m2"]}
