@@ -367,7 +367,9 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
     # machine at 80 jobs / 100 machines in the simulator: their profiling
     # epochs took 50 hours and the scheduler waited on their pauses.)
     frees = _frees_in(view.active, profiles)
-    times = sorted(k.submitted for k in view.waiting + view.active)
+    # submission times, for _in_batch: only where a new job waits to be profiled
+    times = sorted(k.submitted for k in view.waiting + view.active) \
+        if any(j.profile is None for j in view.waiting) else []
     for i, j in enumerate(view.waiting):
         if j.profile is not None:
             continue
