@@ -230,9 +230,15 @@ class CoreDriver:
         return f"job-{self._seq:04d}"
 
     def tick(self) -> list[dict]:
-        """The shell's timer (the scheduler runs on it): the decisions it made."""
+        """The shell's timer (the scheduler runs on it): the decisions it made.
+        Where the policy asked to decide again later (``Decision.again_at``:
+        a lone new job held for the rest of a batch), that time passes with
+        nothing else happening, and the timer fires then too."""
         n = len(self.decisions)
         self.handle(C.Tick())
+        while self.core.wake_at > self.t:
+            self.t = self.core.wake_at
+            self.handle(C.Tick())
         return self.decisions[n:]
 
     def ready(self, jid: str) -> None:

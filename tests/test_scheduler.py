@@ -347,18 +347,24 @@ def test_the_policy_is_asked_again_when_a_job_may_move():
 def test_a_batch_is_profiled_on_one_machine_each():
     """Jobs submitted together (less than ``BATCH_GAP`` apart) are profiled
     on one machine each, as the paper does with the jobs a cluster starts
-    with; a job submitted alone gets the machines it asked for, and so does
-    the first of a batch when the others are not in yet."""
+    with; a job submitted alone gets the machines it asked for once the gap
+    has passed with no other submission (``Decision.again_at``: the master
+    asks again then)."""
     from harmony.policies.harmony import BATCH_GAP
     m4 = tuple(WorkerView(f"m{i}", 1, 1 << 30, 0) for i in range(4))
     first = JobView("job-0001", 2, 10.0)
-    assert harmony(ClusterView(m4, (first,))).profile == {"job-0001": ["m0", "m1"]}
+    # alone, it waits out the gap for the rest of a batch, then takes its 2
+    held = harmony(ClusterView(m4, (first,), now=10.0 + BATCH_GAP / 2))
+    assert held.profile == {} and held.again_at == 10.0 + BATCH_GAP
+    assert "batch" in held.wait["job-0001"]
+    assert harmony(ClusterView(m4, (first,), now=10.0 + BATCH_GAP)).profile == {
+        "job-0001": ["m0", "m1"]}
     near = JobView("job-0002", 2, 10.0 + BATCH_GAP / 10)
     assert harmony(ClusterView(m4, (first, near))).profile == {"job-0001": ["m0"],
                                                                "job-0002": ["m1"]}
     late = JobView("job-0002", 2, 10.0 + BATCH_GAP * 10)
-    assert harmony(ClusterView(m4, (first, late))).profile == {"job-0001": ["m0", "m1"],
-                                                               "job-0002": ["m2", "m3"]}
+    apart = ClusterView(m4, (first, late), now=20.0)
+    assert harmony(apart).profile == {"job-0001": ["m0", "m1"], "job-0002": ["m2", "m3"]}
     running = JobView("job-0001", 2, 10.0, state="profiling", workers=("m0", "m1"),
                       sched_group="g:job-0001")
     assert harmony(ClusterView(m4, (near,), (running,))).profile == {"job-0002": ["m2"]}

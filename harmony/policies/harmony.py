@@ -132,7 +132,7 @@ def _room(g: RunningGroup, profiles: dict[str, Profile], profiling: dict) -> flo
 
 #: jobs submitted less than this many seconds apart are a batch: each is
 #: profiled on one machine (``_in_batch``)
-BATCH_GAP = 0.5
+BATCH_GAP = 0.1
 
 
 def _in_batch(t: float, times: list[float]) -> bool:
@@ -144,7 +144,10 @@ def _in_batch(t: float, times: list[float]) -> bool:
     for each job, to minimize the communication overhead and get
     information from as many jobs as possible", dissertation §4.3.2), so
     that a batch as large as the cluster is measured at once, without the
-    network; the throughput rules then widen a job where that pays.
+    network; the throughput rules then widen a job where that pays. A new
+    job that would take more than one machine waits ``BATCH_GAP`` after its
+    submission (``Decision.again_at``) for others, so that the first of a
+    batch is placed with the rest.
 
     Decision: with 8 jobs submitted at once on 8 machines
     (bench/cluster_e2e.py, D = 8), the first three took all 8 machines to
@@ -374,6 +377,14 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
         if j.profile is not None:
             continue
         idle = cur.idle
+        if idle and j.machines > 1 and view.now < j.submitted + BATCH_GAP and \
+                not _in_batch(j.submitted, times):
+            # it may be the first of a batch: the rest come within the gap
+            # (later submissions are later in the queue: it is the only new one)
+            dec.wait[j.id] = (f"waits up to {BATCH_GAP:g} s for jobs submitted with it "
+                              f"(a batch is profiled on one machine each)")
+            dec.again_at = j.submitted + BATCH_GAP
+            break
         roomy = [] if idle else [g for g in cur.groups
                                  if _room(g, profiles, dec.profile) >= MIN_GAIN
                                  and not _frees_first(g, frees, profiles, j.machines)]

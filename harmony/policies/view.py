@@ -99,4 +99,7 @@ class Decision:
     stop: dict[str, str] = field(default_factory=dict)
     # job -> why it still waits, where the policy knows (``harmony status``)
     wait: dict[str, str] = field(default_factory=dict)
+    # ask the policy again at this time of the master's clock even if nothing
+    # happens before (0: on the next event only)
+    again_at: float = 0.0
     note: str = ""

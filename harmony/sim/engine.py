@@ -372,6 +372,7 @@ class Simulator:
             self._at(job.arrival, self._submit, job)
         tick = C.Tick()
         events = 0
+        woken = 0.0
         last_progress = 0.0
         q, pop, handle, carry = self._q, heapq.heappop, self.core.handle, self._carry
         while q:
@@ -386,6 +387,10 @@ class Simulator:
             cmds = handle(tick, t)
             if cmds:
                 carry(cmds)
+            wake = self.core.wake_at
+            if wake > t and wake != woken:      # the policy asked to decide again then
+                woken = wake
+                self._at(wake, _nothing)
             if self.validate:
                 self.core.validate()
             if events - last_progress >= 5000:
@@ -415,6 +420,10 @@ class Simulator:
                        decisions=self.decisions, wall=wall, events=events,
                        messages=self.messages, policy=self.policy, mode=self.mode,
                        sim_time=self.now)
+
+
+def _nothing() -> None:
+    """An event that only makes the engine tick the master core."""
 
 
 def per_machine(speeds: list[float] | None, machines: int, what: str) -> list[float]:

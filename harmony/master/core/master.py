@@ -43,6 +43,8 @@ class MasterCore(Dispatch, Clients, Daemons, Scheduling, Executors):
                     self._check_liveness(now)
                 except Exception:   # a bug here must not stop the master either
                     log.exception("the liveness check failed")
+            if self.wake_at and now >= self.wake_at:
+                self.wake_at, self._dirty = 0.0, True
             if self._dirty and now >= self.rejoin_until:
                 self._dirty = False
                 try:

@@ -105,6 +105,8 @@ class Scheduling(Resize):
         if not live or any(r.pausing or r.reconfig for r in self.runs.values()):
             return
         dec = self.policy.decide(self._view(live, waiting))
+        if dec.again_at > self.now:
+            self.wake_at = min(self.wake_at or dec.again_at, dec.again_at)
         self._ended = []
         for job in waiting:
             if job.state == JobState.WAITING:

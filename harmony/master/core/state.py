@@ -139,6 +139,8 @@ class CoreState:
         # across restarts (a restarted master retries it at once)
         self.mem_wait: dict[str, int] = {}
         self._dirty = True
+        # the policy asked to decide again at this time (Decision.again_at; 0: not)
+        self.wake_at = 0.0
         self._last_check = float("-inf")
         self.liveness_every = liveness_every
         self.bad_messages = 0
