@@ -328,6 +328,11 @@ def report(load: float, runs: dict[str, list[dict]], modes: list[str], jobs_t, t
               f"{'/'.join(iso_runs)}): makespan {bound['makespan']:.1f}s, mean JCT "
               f"{bound['mean_jct']:.1f}s: at most {b['makespan'] / bound['makespan']:.2f}x / "
               f"{b['mean_jct'] / bound['mean_jct']:.2f}x over isolated")
+        # how far each mode is from it: no mode can beat another by more
+        # than its own distance to the ceiling
+        print("each mode's makespan / mean JCT over the ceiling's: " + ", ".join(
+            f"{m} {med[m]['makespan'] / bound['makespan']:.2f} / "
+            f"{med[m]['mean_jct'] / bound['mean_jct']:.2f}" for m in modes if m in med))
     if ok.get("isolated"):
         prof = ok["isolated"][0]["profiles"]
         print("per job: trace COMP/COMM per iteration (at its DoP, by the model) vs measured "
