@@ -36,6 +36,9 @@ def obs_cluster(tmp_path_factory, ratings):
             # with it (subtasks wait in the queues there)
             long = c.submit("toy.py", TOY_APP, ["--max-epochs", "100000", "--sleep", "0.02"],
                             2, name="long")
+            # placed before the short one comes: submitted together, the two
+            # would be a batch, profiled on one machine each
+            wait_state(c, long, ("profiling", "running"))
             short = c.submit("nmf.py", NMF_APP.read_text(),
                              ["--input", ratings, "--max-epochs", "4"], 1)
             wait_state(c, short, ("finished",))
