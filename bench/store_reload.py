@@ -8,6 +8,8 @@ outside the repo) it measures, interleaved, REPS times each:
   reload   : ReloadPipeline over all blocks as disk-blocks (α = 1), consumer
              doing nothing: background thread, CRC-32 check, Block objects
   no-check : reload without the integrity check (what the check costs)
+  fresh    : reload with every block copied into new arrays, none reused
+             from the blocks dropped before (what ``ArrayPool`` gains)
   mutable  : the executor's path for input that the app changes (LocalInput,
              α = 1): the consumer changes one array (``i``, 11% of a block)
              of every block in every pass; after the first pass it is pinned
@@ -67,7 +69,7 @@ from harmony.store.local import LocalInput
 from harmony.store.reload import ReloadPipeline, choose_disk_blocks
 
 
-KINDS = ("raw", "reload", "no-check", "mutable", "rewrite", "frozen", "declared", "raw-crc")
+KINDS = ("raw", "reload", "fresh", "no-check", "mutable", "rewrite", "frozen", "declared", "raw-crc")
 DBS = ("input", "local", "frozen", "declared")
 
 
@@ -105,6 +107,8 @@ class Bench:
         self.env = LmdbEnv(self.path, job="bench", sync=False, map_size=4 << 30)
         self.store = LmdbBlockStore(self.env, "input")
         self.unverified = LmdbBlockStore(self.env, "input", verify=False)
+        self.fresh = LmdbBlockStore(self.env, "input")
+        self.fresh.pool = None
         for name in ("local", "frozen", "declared"):
             if hasattr(self, name):
                 getattr(self, name).disk = LmdbBlockStore(self.env, name)
@@ -135,10 +139,10 @@ class Bench:
                 n += len(bytes(v))
         return n
 
-    def pipeline(self, writeback: bool, verify: bool = True) -> int:
+    def pipeline(self, writeback: bool, verify: bool = True, reuse: bool = True) -> int:
         n = 0
-        with ReloadPipeline(self.ids, self.ids, BlockStore(),
-                            self.store if verify else self.unverified,
+        disk = self.unverified if not verify else self.store if reuse else self.fresh
+        with ReloadPipeline(self.ids, self.ids, BlockStore(), disk,
                             writeback=writeback) as pipe:
             for blk in pipe:
                 n += blk.nbytes
@@ -186,7 +190,8 @@ class Bench:
             return self.read_only()
         if kind == "raw-crc":
             return self.raw_crc()
-        return self.pipeline(kind == "rewrite", verify=kind != "no-check")
+        return self.pipeline(kind == "rewrite", verify=kind != "no-check",
+                             reuse=kind != "fresh")
 
 
 def measure(b: Bench, kind: str, cache: str) -> tuple[float, float]:

@@ -140,11 +140,13 @@ def _arrays(payload: memoryview, meta: list, off: int, make) -> dict[str, np.nda
     return arrays
 
 
-def decode_block(value: bytes | memoryview, verify: bool = True) -> Block:
+def decode_block(value: bytes | memoryview, verify: bool = True, pool=None) -> Block:
     """Check the trailer of a stored block and import it: each array is
     copied out of the map (the one copy) in chunks, and the CRC runs over
     each chunk right after it is copied, while it is in cache, so the map is
-    read once and the check costs a CRC of cache-hot data. Raises
+    read once and the check costs a CRC of cache-hot data. With ``pool`` (an
+    :class:`~harmony.store.recycle.ArrayPool`), arrays of dropped blocks of
+    the same dtype and shape are copied into instead of new ones. Raises
     ``ValueError``/``BlockFormatError`` with the reason if damaged."""
     payload, stored = _split_trailer(value)
     bid, meta, off = parse_header(payload)
@@ -153,7 +155,9 @@ def decode_block(value: bytes | memoryview, verify: bool = True) -> Block:
 
     def make(dt, shape, at, nbytes):
         nonlocal crc
-        arr = np.empty(shape, dtype=dt)
+        arr = pool.take(dt, shape) if pool is not None and nbytes else None
+        if arr is None:
+            arr = np.empty(shape, dtype=dt)
         if nbytes:
             crc = _copy_crc(arr.reshape(-1).view(np.uint8), src[at:at + nbytes], crc)
         return arr

@@ -71,6 +71,7 @@ from harmony.store.errors import BlockLoadError, StoreBusyError, StoreError
 from harmony.store.framing import (_TRAILER, decode_block, decode_view, frame, frame_block,
                                    unframe)
 from harmony.store.lmdb_env import DEFAULT_MAP_SIZE, MiB, LmdbEnv, ReadLease
+from harmony.store.recycle import ArrayPool
 from harmony.util import names
 
 log = logging.getLogger("harmony.store.lmdb")
@@ -99,6 +100,9 @@ class LmdbBlockStore:
         self.env, self.name = env, name
         self.txn_bytes, self.verify = txn_bytes, verify
         self._db = env.db(name)
+        # arrays of blocks the reader is done with (``recycle``), copied into
+        # by later ``get``s instead of new ones (None: always new ones)
+        self.pool: ArrayPool | None = ArrayPool()
 
     def _where(self) -> str:
         return f"job {self.env.job}, {self.env.path} [{self.name}]"
@@ -184,10 +188,18 @@ class LmdbBlockStore:
 
     def get(self, block_id: int) -> Block:
         """Load a block (one copy: from the map straight into its arrays)."""
-        blk = self._read(block_id, lambda v: decode_block(v, self.verify))
+        blk = self._read(block_id, lambda v: decode_block(v, self.verify, self.pool))
         if blk.id != block_id:
             raise BlockLoadError(block_id, self._where(), f"holds block {blk.id} instead")
         return blk
+
+    def recycle(self, block: Block) -> None:
+        """The caller is done with ``block`` (from :meth:`get`): its arrays
+        that nothing else refers to may back later loads
+        (:class:`~harmony.store.recycle.ArrayPool`; they leave the block).
+        Nothing is reused where ``pool`` is None."""
+        if self.pool is not None:
+            self.pool.give(block)
 
     def get_view(self, block_id: int) -> tuple[Block, ReadLease]:
         """Load a block without copying it: its arrays are read-only views of

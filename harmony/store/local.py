@@ -153,6 +153,13 @@ class _DiskSide:
         self.owner._release(block)
         return 0
 
+    def recycle(self, block: Block) -> None:
+        """After ``put``: a copied block's arrays that nothing refers to
+        (pinned ones are held by the residue) back later loads."""
+        disk = self.owner.disk
+        if not self.owner.zero_copy and hasattr(disk, "recycle"):
+            disk.recycle(block)
+
 
 class LocalInput:
     """This job's input blocks on this machine (see the module doc).
@@ -422,6 +429,9 @@ class LocalInput:
             self.disk.discard(bid)
         if spill or back:
             release_scratch()
+            pool = getattr(self.disk, "pool", None)
+            if pool is not None and spill:
+                pool.clear()      # memory is wanted back: no free arrays kept
             trim_heap()
         return spill, back
 
@@ -546,6 +556,9 @@ class LocalInput:
     def close(self) -> None:
         self.closed = True
         self.memory = BlockStore()
+        pool = getattr(self.disk, "pool", None)
+        if pool is not None:
+            pool.clear()
         with self._lock:
             self._residue.clear()
             for lease in self._lingering:

@@ -44,6 +44,8 @@ class DiskBlocks(Protocol):
     """What the pipeline needs from the disk side (LmdbBlockStore has it)."""
     def get(self, block_id: int) -> Block: ...
     def put(self, block: Block) -> int: ...
+    # optional: ``recycle(block)``, called once the pass is done with a
+    # disk-block (dropped, or written back): its arrays may back later loads
 
 
 class PipelineClosed(StoreError):
@@ -303,6 +305,8 @@ class ReloadPipeline:
         except BaseException as exc:
             err = WritebackError(blk.id, exc)
             err.__cause__ = exc
+        if err is None:
+            self._recycle(blk)
         dt = time.perf_counter() - t0
         with self._cv:
             self.stats.store_s.append(dt)
@@ -310,6 +314,14 @@ class ReloadPipeline:
                 self._wb_error = err
             self._resident -= 1
             self._cv.notify_all()
+
+    def _recycle(self, blk: Block) -> None:
+        recycle = getattr(self.disk, "recycle", None)
+        if recycle is not None:
+            try:
+                recycle(blk)
+            except Exception:     # an optimization: never the pass's failure
+                log.exception("recycling block %d's arrays failed", blk.id)
 
     # -- consumer ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[Block]:
@@ -330,6 +342,8 @@ class ReloadPipeline:
             if self.writeback:
                 self._wb.append(blk)
             else:
+                # before the loader is let on: its next load can reuse these
+                self._recycle(blk)
                 self._resident -= 1
             self._cv.notify_all()
 
