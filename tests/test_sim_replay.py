@@ -192,6 +192,20 @@ def test_evaluation_is_imported_as_its_cpu_on_one_machine():
     assert importer.eval_per_epoch(rec({"eval": 0.092})) == [0.092] * 3
 
 
+def test_the_simulated_evaluation_takes_the_measured_cpu_per_machine():
+    """With ``eval_at``, each machine's evaluation CPU per epoch is the
+    measurement at the nearest DoP, not eval_s split over the machines."""
+    def run(**kw):
+        trace = [TraceJob(id="j", arrival=0.0, app="mlr", iterations=6, cpu_s=0.1, bytes=1e5,
+                          ref_dop=2, machines=1, net_s=0.01, link=10e6, eval_s=0.2, **kw)]
+        sts = simulate(trace, 1, "isolated", bandwidth=10e6, grain=10 ** 6, cpus=1,
+                       statuses=True).meta["statuses"]
+        return sorted({round(e["timings"]["eval_cpu"], 9) for e in sts[0]["epochs"]})
+    assert run() == [0.2]                                    # eval_s / 1
+    assert run(eval_at=((1, 0.05), (2, 0.04))) == [0.05]
+    assert run(eval_at=((2, 0.04), (4, 0.01))) == [0.04]     # the nearest: 2
+
+
 def test_a_dilated_runs_stretched_startups_are_replayed_as_waits():
     """At D > 1 an executor sleeps until its start-up has lasted D x its
     CPU seconds; the CPU ran on the host's idle cores, not its emulated

@@ -38,7 +38,8 @@ def test_round_trip_all_columns(tmp_path):
             job(id="b", app="lasso", curve=LossCurve("points", (0, 1.0, 10, 0.5, 20, 0.25))),
             job(id="c", app="lda", utility=Utility("const", (2.0,)),
                 curve=LossCurve("linear", (0.9, -1.0, 0.1)), cpu_s=1 / 3,
-                cpu_at=((1, 1.25), (4, 0.3)), net_at=((1, 0.005), (4, 0.35)))]
+                cpu_at=((1, 1.25), (4, 0.3)), net_at=((1, 0.005), (4, 0.35)),
+                eval_at=((1, 0.054), (2, 0.044)))]
     path = tmp_path / "t.csv"
     save_trace(jobs, path)
     assert load_trace(path) == jobs
@@ -147,6 +148,24 @@ def test_dop_table_from_runs_at_two_dops():
     assert got[0].cpu_at == ((1, pytest.approx(0.25 * 0.5 / 0.4)),)
     assert got[0].net_at == ((1, pytest.approx(0.002)),)
     assert got[1] == b
+
+
+def test_eval_table_from_runs_at_two_dops_and_the_nearest_per_machine():
+    """The evaluation's CPU per machine at each DoP the runs measured (at
+    two or more), and at another DoP the nearest one's, unscaled: MLR's
+    took 0.054 s on 1 machine and 0.044 s on each of 2, where eval_s / m
+    says 0.089 on 1. One DoP: eval_s / m as before."""
+    from harmony.sim.trace import eval_per_machine
+    a = job(id="a", dataset="mlr-a", cpu_s=0.25, ref_dop=2, eval_s=0.088)
+    got = importer.with_dop_table([a], [[_rec("mlr-a", 2, 0.4, eval_cpu=0.044)],
+                                        [_rec("mlr-a", 1, 0.5, eval_cpu=0.054)]])[0]
+    assert got.eval_at == ((1, pytest.approx(0.054)), (2, pytest.approx(0.044)))
+    assert [eval_per_machine(got, m) for m in (1, 2, 3, 8)] == [
+        pytest.approx(x) for x in (0.054, 0.044, 0.044, 0.044)]
+    one = importer.with_dop_table([a], [[_rec("mlr-a", 2, 0.4, eval_cpu=0.044)]])[0]
+    assert one.eval_at is None
+    assert eval_per_machine(one, 1) == pytest.approx(0.088)
+    assert eval_per_machine(one, 4) == pytest.approx(0.022)
 
 
 def test_dop_table_takes_comm_only_where_the_job_ran_alone():

@@ -47,6 +47,9 @@ class SimJob:
     iters: int                      # iterations per epoch (if no plan)
     profile: Callable[[int], tuple[float, float]]   # m -> (t_cpu, t_net) per iteration
     eval_cpu: float = 0.0           # s per epoch at DoP 1 (the objective's pass)
+    # m -> the evaluation's CPU s per epoch on each machine (measured, where
+    # the trace has eval_at); None: eval_cpu / m
+    eval_at: Callable[[int], float] | None = None
     net_local: float = 0.0          # s of each iteration's COMM that is CPU work (traffic
                                     # to the machine's own shard), at any DoP
     bytes: float = 0.0              # PULL + PUSH bytes per iteration of one machine

@@ -192,6 +192,11 @@ class _Exec:
         self.waiting = None
         self._run("cpu" if self.step in (1, 4) else "net")
 
+    def eval_work(self) -> float:
+        """The evaluation's CPU seconds on this executor's machine."""
+        at = self.job.eval_at
+        return at(self.count) if at is not None else self.job.eval_cpu / self.count
+
     def _run(self, kind: str) -> None:
         t_cpu, t_net = self.job.profile(self.count)
         k = self.job.plan[self.epoch][1]
@@ -205,7 +210,7 @@ class _Exec:
         elif self.step == 3:            # the evaluation pulls the model once
             work, local = t_net / 2, self.job.net_local / 2
         else:
-            work = self.job.eval_cpu / self.count
+            work = self.eval_work()
         # one subtask at a time: its start and remote part live on the
         # executor, and the callbacks are bound once (no closure per subtask)
         t0 = self._t0 = self.sim.now
@@ -269,7 +274,7 @@ class _Exec:
             if self.it >= self.job.plan[self.epoch][0]:
                 self.t_train = self.sim.now      # the training part ends (as the executor's)
             self.step = 0 if self.it < self.job.plan[self.epoch][0] else \
-                3 if self.job.eval_cpu > 0 else None
+                3 if self.job.eval_cpu > 0 or self.job.eval_at is not None else None
             if self.step is None:
                 return self._epoch_done()
         elif self.step == 4:
@@ -286,7 +291,7 @@ class _Exec:
         timings = {"pull": tm["pull"] * e, "push": tm["push"] * e,
                    "comp": max(0.0, tm["comp"] - stood) * e, "stood": stood,
                    "train": (self.t_train - self.t_epoch) * e, "iters": iters,
-                   "eval": tm["eval"], "eval_cpu": self.job.eval_cpu / self.count,
+                   "eval": tm["eval"], "eval_cpu": self.eval_work(),
                    "bytes": self.job.bytes * iters * e,
                    "link": self.job.link * self.machine.net_speed, "sync": 0.0}
         if self.job.comm_cpu is not None:

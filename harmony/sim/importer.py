@@ -358,10 +358,18 @@ def with_dop_table(jobs: Iterable[TraceJob], runs: Iterable[Sequence[Mapping[str
       took 5 ms an iteration where the model's split of its COMM at DoP 2
       says 12.
 
+    - ``eval_at``: the evaluation's CPU seconds per epoch of each machine
+      (``eval_cpu``), at each machine count, where the runs have it at two
+      or more. The evaluations did not split over the machines as
+      ``eval_s`` / m says: MLR's took 0.054 s on 1 machine and 0.044 s on
+      each of 2 (the replays had isolated-1's evaluations at 24.6 s summed
+      against 14-15 s run).
+
     DoPs a job already has in a table are kept. ``comm=False``: ``cpu_at``
     only (``net_at`` as the job has it)."""
     cpu: dict[str, dict[int, list[float]]] = {}
     net: dict[str, dict[int, list[float]]] = {}
+    evals: dict[str, dict[int, list[float]]] = {}
     for records in runs:
         records = list(records)
         alone = {(x.job, x.epoch) for x in epoch_samples(records) if x.size == 1}
@@ -377,6 +385,8 @@ def with_dop_table(jobs: Iterable[TraceJob], runs: Iterable[Sequence[Mapping[str
                 if isinstance(tm.get("comp_cpu"), (int, float)):
                     cpu.setdefault(name, {}).setdefault(n, []).append(
                         float(tm["comp_cpu"]) / iters)
+                if isinstance(tm.get("eval_cpu"), (int, float)):
+                    evals.setdefault(name, {}).setdefault(n, []).append(float(tm["eval_cpu"]))
                 if comm and (sample, int(row.get("epoch") or 0)) in alone and all(
                         isinstance(tm.get(k), (int, float)) for k in ("pull", "push")):
                     net.setdefault(name, {}).setdefault(n, []).append(
@@ -393,8 +403,14 @@ def with_dop_table(jobs: Iterable[TraceJob], runs: Iterable[Sequence[Mapping[str
         for m, xs in net.get(j.dataset, {}).items():
             if m != j.ref_dop and m not in comm:
                 comm[m] = statistics.median(xs)
+        ev = dict(j.eval_at or ())
+        measured = evals.get(j.dataset, {})
+        if len(set(measured) | set(ev)) > 1:
+            for m, xs in measured.items():
+                ev.setdefault(m, statistics.median(xs))
         out.append(replace(j, cpu_at=tuple(sorted(table.items())) or None,
-                           net_at=tuple(sorted(comm.items())) or None))
+                           net_at=tuple(sorted(comm.items())) or None,
+                           eval_at=tuple(sorted(ev.items())) if len(ev) > 1 else j.eval_at))
     return out
 
 

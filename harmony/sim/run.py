@@ -22,7 +22,7 @@ from harmony.sim.engine import Contention, Outcome, SimJob, Simulator
 from harmony.sim.report import JobResult, SimDecision, SimResult, UtilSample
 from harmony.policies.curves import Utility
 from harmony.sched.model import Profile, comm_cpu_at
-from harmony.sim.trace import TraceJob, iteration_profile, sched_profile
+from harmony.sim.trace import TraceJob, eval_per_machine, iteration_profile, sched_profile
 
 #: at most this many simulated epochs per job after its profiling epochs: a
 #: simulated epoch is one simulated iteration of k real ones (k x the COMP
@@ -106,7 +106,9 @@ def sim_jobs(trace: list[TraceJob], bandwidth: float, grain: int = GRAIN,
                           deadline=tj.deadline,
                           utility=tj.utility.spec() if tj.utility is not None else "",
                           startup=tj.startup_s, startup_cpu=tj.startup_cpu_s,
-                          comm_cpu=comm_cpu))
+                          comm_cpu=comm_cpu,
+                          eval_at=(lambda m, tj=tj: eval_per_machine(tj, m))
+                          if tj.eval_at else None))
     return out
 
 

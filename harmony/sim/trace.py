@@ -78,6 +78,14 @@ net_at              no        COMM seconds per iteration measured at other
                               only split off a measurement at DoP 2 by
                               assumption (Lasso's: 5 ms measured, 12 ms by
                               the split). Empty: the model from ``net_s``
+eval_at             no        evaluation CPU seconds per epoch of each
+                              machine, measured at DoPs, the same form: at
+                              any DoP the nearest measurement's, unscaled.
+                              The apps' evaluations do not split over their
+                              machines as ``eval_s`` assumes: MLR's took
+                              0.054 s on 1 machine and 0.044 s on each of 2,
+                              NMF's 0.011 s on 1 and 0.009 s on each of 4.
+                              Empty: ``eval_s`` / m
 utility             no        a number (a constant utility / weight) or
                               ``sigmoid:g1,g2,g3`` (OASiS: g1/(1+exp(g2(t-g3)))
                               of the JCT t)
@@ -128,7 +136,7 @@ APPS = ("nmf", "lda", "mlr", "lasso", "torch_mlp", "minimal", "synthetic")
 COLUMNS = ("id", "arrival", "app", "dataset", "iterations", "iters_per_epoch", "curve",
            "target", "cpu_s", "bytes", "ref_dop", "net_s", "link", "eval_s", "input_bytes",
            "model_bytes", "final_bytes", "ckpt_bytes", "machines", "deadline", "utility",
-           "startup_s", "startup_cpu_s", "comm_cpu_s", "cpu_at", "net_at")
+           "startup_s", "startup_cpu_s", "comm_cpu_s", "cpu_at", "net_at", "eval_at")
 REQUIRED = ("id", "arrival", "app", "cpu_s", "bytes", "ref_dop", "machines")
 HEADER_COMMENT = "# harmony trace v1"
 
@@ -170,6 +178,7 @@ class TraceJob:
     comm_cpu_s: float | None = None
     cpu_at: tuple[tuple[int, float], ...] | None = None
     net_at: tuple[tuple[int, float], ...] | None = None
+    eval_at: tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self) -> None:
         bad = [f.name for f in fields(self) if f.name != "target"
@@ -184,7 +193,7 @@ class TraceJob:
             raise ValueError(f"job {self.id}: link must be > 0")
         if self.app not in APPS:
             raise ValueError(f"job {self.id}: unknown app {self.app!r} (one of {', '.join(APPS)})")
-        for col in ("cpu_at", "net_at"):
+        for col in ("cpu_at", "net_at", "eval_at"):
             table = getattr(self, col)
             if table is not None and not all(
                     isinstance(m, int) and m >= 1 and math.isfinite(c) and c >= 0
@@ -252,6 +261,15 @@ def _nearest(ref: int, at_ref: float, table: tuple[tuple[int, float], ...], m: f
     """The (DoP, seconds) of ``table`` or (``ref``, ``at_ref``) nearest m,
     the smaller DoP on a tie."""
     return min(((ref, at_ref), *table), key=lambda x: (abs(x[0] - m), x[0]))
+
+
+def eval_per_machine(job: TraceJob, m: int) -> float:
+    """The evaluation's CPU seconds per epoch on each of ``m`` machines: the
+    ``eval_at`` measurement at the DoP nearest m (the smaller on a tie),
+    else ``eval_s`` / m."""
+    if job.eval_at:
+        return min(job.eval_at, key=lambda x: (abs(x[0] - m), x[0]))[1]
+    return job.eval_s / m
 
 
 @dataclass(frozen=True)
@@ -406,7 +424,7 @@ def _row(row: dict[str, str], where: str) -> TraceJob:
                 kw[col] = Utility.parse(s)
             except ValueError as exc:
                 raise err(col, str(exc)) from None
-        elif col in ("cpu_at", "net_at"):
+        elif col in ("cpu_at", "net_at", "eval_at"):
             try:
                 kw[col] = _dop_table(s)
             except ValueError as exc:
@@ -442,7 +460,7 @@ def dumps_trace(jobs: Iterable[TraceJob]) -> str:
                 out.append("")
             elif isinstance(v, (LossCurve, Utility)):
                 out.append(v.spec())
-            elif col in ("cpu_at", "net_at"):
+            elif col in ("cpu_at", "net_at", "eval_at"):
                 out.append(",".join(f"{m}:{num_spec(c)}" for m, c in v))
             elif isinstance(v, (int, float)):
                 out.append(num_spec(v))
