@@ -268,7 +268,8 @@ def eval_per_machine(job: TraceJob, m: int) -> float:
     ``eval_at`` measurement at the DoP nearest m (the smaller on a tie),
     else ``eval_s`` / m."""
     if job.eval_at:
-        return min(job.eval_at, key=lambda x: (abs(x[0] - m), x[0]))[1]
+        (ref, at_ref), *rest = job.eval_at
+        return _nearest(ref, at_ref, tuple(rest), m)[1]
     return job.eval_s / m
 
 
