@@ -73,6 +73,12 @@ class InputError(AppError):
         super().__init__(f"{where}: {reason}")
         self.path, self.line, self.reason = path, line, reason
 
+    def __reduce__(self):
+        # pickled by its fields (a multiprocessing pool, a process pool's
+        # result): the default rebuilds it from the message alone, which
+        # this __init__ cannot take, and the pool's result thread dies
+        return type(self), (self.path, self.line, self.reason)
+
 
 @dataclass(frozen=True)
 class Option:

@@ -53,6 +53,15 @@ def test_nmf_bad_input_lines_name_file_and_line(tmp_path, body, line, text):
     assert ei.value.line == line and ei.value.path == str(p)
 
 
+def test_input_error_survives_pickling():
+    # a multiprocessing pool sends a worker's exception back pickled; one
+    # that cannot be rebuilt hangs the pool instead of raising
+    import pickle
+    e = pickle.loads(pickle.dumps(InputError("/d/r.txt", 7, "not a number: 'x'")))
+    assert (e.path, e.line, e.reason) == ("/d/r.txt", 7, "not a number: 'x'")
+    assert str(e) == "/d/r.txt:7: not a number: 'x'"
+
+
 def test_nmf_missing_and_empty_input(tmp_path):
     with pytest.raises(InputError, match="cannot open input"):
         _read(tmp_path / "nope.txt")
