@@ -9,7 +9,8 @@ kernels. Where the dilation holds, a job's time on B is its time on A
 times that ratio, whatever the dilations. This prints, per mode both files
 ran and per job: the JCTs, the COMP CPU ratio, the JCT ratio, and the
 ratio of each part of an epoch (COMP, PULL, PUSH, the barrier, the
-evaluation; undilated seconds) to show which part scales differently.
+evaluation; undilated seconds) to show which part scales differently, and
+each job's time from its submission to its first epoch's end (start-up).
 
     python bench/cluster_hosts.py A.json B.json [--modes isolated-1]
 
@@ -30,17 +31,20 @@ def _per_job(runs: list[dict]) -> dict[str, dict[str, float]]:
     start-up) of each part per iteration, COMP CPU per iteration, and the
     median JCT over the runs."""
     jct: dict[str, list[float]] = {}
+    start: dict[str, list[float]] = {}
     parts: dict[str, dict[str, list[float]]] = {}
     for r in runs:
         for s in r["statuses"]:
             jct.setdefault(s["name"], []).append(s["ended"] - s["submitted"])
+            if s["epochs"]:     # submitted to the first epoch's end: the start-up's share
+                start.setdefault(s["name"], []).append(s["epochs"][0]["time"] - s["submitted"])
             acc = parts.setdefault(s["name"], {})
             for e in s["epochs"][1:]:
                 t = e["timings"]
                 it = max(1.0, float(t.get("iters") or 1.0))
                 for k in PARTS + ("comp_cpu",):
                     acc.setdefault(k, []).append(float(t.get(k, 0.0)) / it)
-    return {n: {"jct": statistics.median(jct[n]),
+    return {n: {"jct": statistics.median(jct[n]), "start": statistics.median(start.get(n, [0.0])),
                 **{k: statistics.median(v) for k, v in parts[n].items() if v}}
             for n in jct if parts.get(n)}
 
@@ -63,7 +67,7 @@ def compare(a: dict, b: dict, modes: list[str] | None = None) -> None:
             print(f"\nload {load}, {mode}: {len(runs_a)} run(s) on A, {len(runs_b)} on B; "
                   f"core = B/A COMP CPU per iteration; error = JCT B / (JCT A x core) - 1")
             print(f"{'job':22s} {'JCT A':>7s} {'JCT B':>7s} {'B/A':>5s} {'core':>5s} "
-                  f"{'error':>6s}  " + " ".join(f"{p:>5s}" for p in PARTS) + "  (B/A per part)")
+                  f"{'error':>6s} {'first epoch A/B':>15s}  " + " ".join(f"{p:>5s}" for p in PARTS) + "  (B/A per part)")
             errs = []
             for n in sorted(set(ja) & set(jb)):
                 x, y = ja[n], jb[n]
@@ -71,7 +75,7 @@ def compare(a: dict, b: dict, modes: list[str] | None = None) -> None:
                 err = _ratio(y["jct"], x["jct"] * core) - 1
                 errs.append(err)
                 print(f"{n:22s} {x['jct']:6.1f}s {y['jct']:6.1f}s {_ratio(y['jct'], x['jct']):5.2f} "
-                      f"{core:5.2f} {100 * err:+5.1f}%  "
+                      f"{core:5.2f} {100 * err:+5.1f}% {x['start']:6.1f}/{y['start']:5.1f}s  "
                       + " ".join(f"{_ratio(y.get(p, 0.0), x.get(p, 0.0)):5.2f}" for p in PARTS))
             if errs:
                 print(f"median |error| {100 * statistics.median(abs(e) for e in errs):.1f}%, "
