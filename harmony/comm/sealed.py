@@ -56,6 +56,11 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from harmony.comm.zmqutil import make_socket
 
+if not hasattr(AESGCM, "encrypt_into"):     # sealing in place: cryptography >= 47
+    import cryptography
+    raise ImportError(f"harmony's data plane needs cryptography >= 47 (AESGCM.encrypt_into); "
+                      f"this is {cryptography.__version__}: pip install 'cryptography>=47'")
+
 MAGIC = b"HSD1"
 #: data plane modes: ``sealed`` (authenticated and encrypted, the default)
 #: and ``signed`` (authenticated, in plain text: an explicit choice)
