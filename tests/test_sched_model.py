@@ -7,7 +7,7 @@ import numpy as np
 
 from harmony.sched.model import (CPU_WEIGHT, Profile, cluster_util, comm_cpu_at,
                                  group_iter_time, group_util, job_iter_time, score, t_cpu_at,
-                                 t_net_at)
+                                 t_net_at, steady)
 from harmony.sched.synthetic import random_profiles
 
 
@@ -81,14 +81,20 @@ def test_profile_validation_and_the_masters_profile_of_a_job():
     assert j.sched_profile(need=2) is None             # one epoch of two
     p = j.sched_profile()
     # (t_cpu, t_net, dop, remote = bytes / link, overhead, iters, end_cpu,
-    # end_other = wall - train - eval, cpu_fixed, comm_cpu: none reported)
+    # end_other = wall - train - eval, cpu_fixed, comm_cpu: none reported,
+    # t_cpu_low: not from one sample)
     assert p.id == "j" and dataclasses.astuple(p)[1:] == pytest.approx(
-        (0.5, 0.25, 4, 0.1, 0.05, 2.0, 0.25, 0.15, 0.0, 0.0))
+        (0.5, 0.25, 4, 0.1, 0.05, 2.0, 0.25, 0.15, 0.0, 0.0, 0.0))
     assert j.sched_profile() is p                      # unchanged averages: the same one
     j.update_profile(tm, 4)
-    assert j.sched_profile(need=2) == p                # a second epoch alike
+    # a second epoch alike (now with a lowest recent COMP: the same)
+    assert j.sched_profile(need=2) == dataclasses.replace(p, t_cpu_low=0.5)
     j.update_profile(dict(tm, comp=2.0), 4)
     assert j.sched_profile().t_cpu == pytest.approx(0.65)   # 0.7 * 0.5 + 0.3 * 1.0
+    # the lowest COMP of the last COMP_KEPT epochs beside the average; what
+    # model.steady judges a move on
+    assert j.sched_profile().t_cpu_low == pytest.approx(0.5)
+    assert steady(j.sched_profile()).t_cpu == pytest.approx(0.5)
     # it is derived, not stored: the durable record holds the averages only
     assert "_sched_profile" not in j.to_record() and Job.from_record(
         j.to_record()).sched_profile() == j.sched_profile()
@@ -98,6 +104,30 @@ def test_profile_validation_and_the_masters_profile_of_a_job():
     assert j.sched_profile().comm_cpu == pytest.approx(0.2)
     j.update_profile(dict(tm, train_cpu=1.5, comp_cpu=0.9), 4)
     assert j.sched_profile().comm_cpu == pytest.approx(0.7 * 0.2 + 0.3 * 0.3)
+
+
+def test_the_lowest_recent_comp_keeps_a_window_and_restarts_at_a_new_dop():
+    from harmony.master.jobs import COMP_KEPT, Job
+    j = Job("j", "a.py", "", [], 2)
+    tm = {"comp": 0.2, "pull": 0.1, "push": 0.1, "train": 0.4, "iters": 1.0}
+    j.update_profile(tm, 2)
+    j.update_profile(dict(tm, comp=0.1), 2)               # one quiet epoch
+    for _ in range(COMP_KEPT - 1):
+        j.update_profile(dict(tm, comp=0.3), 2)           # then a crowded host
+    p = j.sched_profile()
+    assert p.t_cpu_low == pytest.approx(0.1) and p.t_cpu > 0.25
+    j.update_profile(dict(tm, comp=0.3), 2)               # the quiet one leaves the window
+    p = j.sched_profile()          # (never above the average, still a little below 0.3)
+    assert p.t_cpu_low == p.t_cpu and 0.28 < p.t_cpu < 0.3
+    j.update_profile(dict(tm, comp=0.5), 1)               # another DoP: from scratch
+    assert j.sched_profile().t_cpu_low == 0.0
+    # steady keeps a fixed part within the lower COMP, and a profile
+    # without one as it is
+    q = Profile("q", 0.4, 0.1, 2, cpu_fixed=0.3, t_cpu_low=0.2)
+    assert (steady(q).t_cpu, steady(q).cpu_fixed) == (0.2, 0.2)
+    assert steady(Profile("r", 0.4, 0.1, 2)) == Profile("r", 0.4, 0.1, 2)
+    with pytest.raises(ValueError):
+        Profile("s", 0.4, 0.1, 2, t_cpu_low=0.5)          # never above the average
 
 
 # ------------------------------------------------ COMM's CPU at a DoP

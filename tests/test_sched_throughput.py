@@ -98,6 +98,26 @@ def test_a_lone_job_widens_onto_idle_machines_only_when_it_pays_and_has_work_lef
     assert len(cur.group_of("chatty").machines) == 1        # wider would be slower
 
 
+def test_widening_is_judged_on_the_lowest_recent_comp_not_a_passing_high():
+    """The bench's MLR: 0.11 s of COMP an iteration alone on one machine,
+    0.1 s of remote traffic a machine at 2. For a few epochs its COMP read
+    0.16 s (jobs beside it on the host ending): on that, 2 machines predict
+    1.2x; on its lowest recent COMP, 1.07x, not worth a move."""
+    from dataclasses import replace
+    mlr = Profile("mlr", 0.16, 0.001, 1, remote=0.1, t_cpu_low=0.11)
+    cur0 = _cur(("g1", ("mlr",), ("m0",)))
+    cur, _, notes = TP.plan(cur0, [], [], {"mlr": mlr}, {"mlr": 2}, movable=["mlr"])
+    assert cur.group_of("mlr").machines == ("m0",), notes
+    # the same high COMP with no lower one known: widened, as before
+    cur, _, notes = TP.plan(cur0, [], [], {"mlr": replace(mlr, t_cpu_low=0.0)}, {"mlr": 2},
+                            movable=["mlr"])
+    assert len(cur.group_of("mlr").machines) >= 2 and "widened" in notes[-1]
+    # and where its COMP is steadily high, the gain is real: widened
+    cur, _, _ = TP.plan(cur0, [], [], {"mlr": replace(mlr, t_cpu_low=0.16)}, {"mlr": 2},
+                        movable=["mlr"])
+    assert len(cur.group_of("mlr").machines) >= 2
+
+
 def test_a_third_job_joins_a_pair_only_when_it_improves_the_interleaving():
     a, b = Profile("a", 1.0, 0.1, 1), Profile("b", 0.1, 0.5, 1)
     c, d = Profile("c", 0.05, 0.4, 1), Profile("d", 1.0, 0.1, 1)

@@ -161,6 +161,10 @@ class Job:
             p["cpu_prev"] = [int(p["machines"]), float(p["t_cpu"])]
         for k, v in sample.items():
             p[k] = v if fresh or k not in p else (1 - weight) * p[k] + weight * v
+        # the last COMP_KEPT samples of COMP at this machine count, for its
+        # lowest (Profile.t_cpu_low)
+        recent = [] if fresh else list(p.get("cpu_recent", []))
+        p["cpu_recent"] = (recent + [sample["t_cpu"]])[-COMP_KEPT:]
         p["machines"] = machines
         p["link"] = float(timings.get("link", 0.0))   # bytes/s of its machines' links
         # per-iteration time outside COMP and COMM (queue grants, the
@@ -190,7 +194,9 @@ class Job:
 
         ``remote`` is its bytes per iteration over its link rate (0: no link
         measured); ``cpu_fixed`` is fitted from the COMP measured at the
-        machine count it left (``model.fixed_part``; 0: none). The last one
+        machine count it left (``model.fixed_part``; 0: none);
+        ``t_cpu_low`` the lowest of its last ``COMP_KEPT`` COMP samples there
+        (0 until two). The last one
         made is kept (beside the record's fields, so it is not saved) and
         given again while the averages are unchanged: a view is built on
         every scheduling pass."""
@@ -205,7 +211,9 @@ class Job:
                float(p.get("overhead", 0.0)), float(p.get("iters", 0.0)),
                float(p.get("end_cpu", 0.0)), float(p.get("end_other", 0.0)),
                float(fixed_part(int(prev[0]), float(prev[1]), int(p["machines"]), t_cpu))
-               if prev else 0.0, float(p.get("comm_cpu", 0.0)))
+               if prev else 0.0, float(p.get("comm_cpu", 0.0)),
+               min(t_cpu, float(min(recent))) if len(recent := p.get("cpu_recent", ())) >= 2
+               else 0.0)
         last = self.__dict__.get("_sched_profile")
         if last is not None and last[0] == key and last[1].id == self.id:
             return last[1]
@@ -319,6 +327,11 @@ class Job:
 
 
 SETUPS_KEPT = 16
+#: COMP samples (epochs) a profile keeps at its machine count for the lowest
+#: of them (``Profile.t_cpu_low``): on the dilated 8-machine bench a COMP ran
+#: 30-55% over its usual for 2-4 epochs at a time while other jobs started
+#: and ended; 8 epochs hold at least one clean one
+COMP_KEPT = 8
 EVENTS_KEPT = 200
 
 _RECORD_TYPES: dict[str, Any] = {

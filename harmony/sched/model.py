@@ -26,7 +26,7 @@ Everything here is pure arithmetic on profiles: no clocks, no I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Decision: the paper says "CPU utilization rates are treated more importantly
 # than the network utilization in our model, since CPU resources directly
@@ -77,11 +77,17 @@ class Profile:
     # executor's CPU while training less its COMP thread's), measured at
     # ``dop``. It runs beside whatever COMP the machine runs (0: not known)
     comm_cpu: float = 0.0
+    # the lowest COMP per iteration among its last few epochs at ``dop`` (0:
+    # not known, take ``t_cpu``): what it computes when nothing else holds
+    # the machine's memory or its host's cores. A move is judged on it
+    # (``throughput.plan``'s widening): a COMP measured high for a few
+    # epochs while other jobs start or end is not a reason to move.
+    t_cpu_low: float = 0.0
 
     def __post_init__(self) -> None:
         if self.t_cpu < 0 or self.t_net < 0 or self.dop < 1 or not self.remote >= 0 \
                 or not self.overhead >= 0 or not 0 <= self.cpu_fixed <= self.t_cpu \
-                or not self.comm_cpu >= 0 \
+                or not self.comm_cpu >= 0 or not 0 <= self.t_cpu_low <= self.t_cpu \
                 or not all(x >= 0 for x in (self.iters, self.end_cpu, self.end_other)):
             raise ValueError(f"bad profile {self!r}: times must be >= 0 and dop >= 1")
 
@@ -99,6 +105,14 @@ class Profile:
         if self.remote == 0:
             return self.t_net
         return max(0.0, self.t_net - self.remote * (self.dop - 1) / self.dop)
+
+
+def steady(p: Profile) -> Profile:
+    """The profile with its lowest recent COMP (``t_cpu_low``) as its COMP,
+    the fixed part kept within it; itself where none is known."""
+    if not 0 < p.t_cpu_low < p.t_cpu:
+        return p
+    return replace(p, t_cpu=p.t_cpu_low, cpu_fixed=min(p.cpu_fixed, p.t_cpu_low))
 
 
 def t_cpu_at(p: Profile, m: float) -> float:

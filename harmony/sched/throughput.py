@@ -55,7 +55,12 @@ move costs a pause or a block migration and a restart):
   (``movable``) is widened by a live resize, beyond what its jobs asked
   for, up to its best DoP on the whole cluster, when its predicted
   iteration time falls by ≥ ``WIDEN_GAIN`` (a resize moves blocks and
-  stalls the job for an epoch boundary, so a small gain does not repay it).
+  stalls the job for an epoch boundary, so a small gain does not repay it),
+  predicted from the lowest COMP of its last epochs (``Profile.t_cpu_low``).
+  (On the EWMA, an MLR whose COMP rose from 0.11 to 0.15-0.17 s for a few
+  epochs while the jobs beside it on the host ended was widened from 1 to 2
+  machines for a predicted 1.2x; it ran at 1.0x there and ended 3-5 s later
+  than unwidened: bench/cluster_e2e.py, 2 of 3 rounds.)
   Lending beyond what the jobs asked for must also repay its cost: the
   seconds its iterations save over the iterations its jobs are expected to
   still run (as many as they ran this attempt: Cruise's assumption), and
@@ -74,7 +79,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from harmony.sched.model import Profile, group_iter_time, job_iter_time
+from harmony.sched.model import Profile, group_iter_time, job_iter_time, steady
 from harmony.sched.regroup import Current, RunningGroup
 
 ALONE_OK = 0.8      # alone on fewer machines than its best DoP: fine down to this x
@@ -332,7 +337,9 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
                 measured.pop(x, None)
             groups.append(RunningGroup(_fresh(groups, f"g:{job}"), (job,), tuple(free[:k])))
             notes.append(f"{job}: leaves {g.id} for {k} idle machine(s) (x {gain:.2f}x)")
-    # widening: idle machines, nothing waiting
+    # widening: idle machines, nothing waiting; judged on each job's lowest
+    # recent COMP (model.steady): the COMP it measured while others started
+    # or ended is not what it will compute on more machines
     if not left and not pending:
         for i, g in enumerate(groups):
             free = idle()
@@ -340,7 +347,7 @@ def plan(cur: Current, waiting: Sequence[str], arrivals: Sequence[str],
                 break
             if not all(x in profiles and x in movable for x in g.jobs):
                 continue
-            ps = [profiles[x] for x in g.jobs]
+            ps = [steady(profiles[x]) for x in g.jobs]
             m = len(g.machines)
             want = best_dop(ps, len(cur.machines), tol)
             if want <= m:
