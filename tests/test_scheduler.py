@@ -329,6 +329,15 @@ def test_a_new_job_waits_for_a_machine_that_frees_before_its_profile_would():
     ending = dataclasses.replace(one, epochs_left=1)
     dec = harmony(ClusterView(M2, (job(3),), (ending, two)))
     assert dec.profile == {} and "machines free in about 1 s" in dec.wait["job-0003"]
+    # ... or within that and the restart a poor pair would cost it (a move's
+    # measured cost, else DEFAULT_MOVE_COST): ends in about 2 s, one epoch
+    # of job 2's is 1.5 s, a restart 1 s
+    later = dataclasses.replace(one, epochs_left=2)
+    dec = harmony(ClusterView(M2, (job(3),), (later, two)))
+    assert dec.profile == {} and "machines free in about 2 s" in dec.wait["job-0003"]
+    # where moves are measured cheaper (0.2 s), it is profiled beside job 2
+    dec = harmony(ClusterView(M2, (job(3),), (later, two), move_cost=0.2))
+    assert dec.profile == {"job-0003": ["m1"]}
 
 
 def test_the_policy_is_asked_again_when_a_job_may_move():
