@@ -330,7 +330,7 @@ SETUPS_KEPT = 16
 #: COMP samples (epochs) a profile keeps at its machine count for the lowest
 #: of them (``Profile.t_cpu_low``): on the dilated 8-machine bench a COMP ran
 #: 30-55% over its usual for 2-4 epochs at a time while other jobs started
-#: and ended; 8 epochs hold at least one clean one
+#: and ended; 8 epochs mostly hold a clean one (once, 8 in a row ran high)
 COMP_KEPT = 8
 EVENTS_KEPT = 200
 
