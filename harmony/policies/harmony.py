@@ -387,8 +387,8 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
         if j.profile is not None:
             continue
         idle = cur.idle
-        if idle and j.machines > 1 and view.now < j.submitted + BATCH_GAP and \
-                not _in_batch(j.submitted, times):
+        batch = _in_batch(j.submitted, times)
+        if idle and j.machines > 1 and view.now < j.submitted + BATCH_GAP and not batch:
             # it may be the first of a batch: the rest come within the gap
             # (later submissions are later in the queue: it is the only new one)
             dec.wait[j.id] = (f"waits up to {BATCH_GAP:g} s for jobs submitted with it "
@@ -401,7 +401,7 @@ def harmony(view: ClusterView, objective: str = "throughput") -> Decision:
                                                       view.move_cost or DEFAULT_MOVE_COST)]
         if idle:
             gid = _fresh(cur, f"g:{j.id}")
-            n = 1 if _in_batch(j.submitted, times) else max(1, j.machines)
+            n = 1 if batch else max(1, j.machines)
             cur = Current(cur.groups + (RunningGroup(gid, (j.id,), tuple(idle[:n])),), live)
         elif roomy:
             def load(g: RunningGroup) -> tuple:

@@ -429,11 +429,17 @@ class LocalInput:
             self.disk.discard(bid)
         if spill or back:
             release_scratch()
-            pool = getattr(self.disk, "pool", None)
-            if pool is not None and spill:
-                pool.clear()      # memory is wanted back: no free arrays kept
+            if spill:
+                self._clear_pool()    # memory is wanted back: no free arrays kept
             trim_heap()
         return spill, back
+
+    def _clear_pool(self) -> None:
+        """Let go of the free arrays the disk side keeps for reuse (an LMDB
+        store's ``ArrayPool``; other disk sides keep none)."""
+        pool = getattr(self.disk, "pool", None)
+        if pool is not None:
+            pool.clear()
 
     def set_alpha(self, alpha: float) -> tuple[list[int], list[int]]:
         """Place ``disk_count(B, alpha)`` disk-blocks, spread over the passes
@@ -556,9 +562,7 @@ class LocalInput:
     def close(self) -> None:
         self.closed = True
         self.memory = BlockStore()
-        pool = getattr(self.disk, "pool", None)
-        if pool is not None:
-            pool.clear()
+        self._clear_pool()
         with self._lock:
             self._residue.clear()
             for lease in self._lingering:
