@@ -2,8 +2,9 @@
 
 A reload copies each disk-block out of LMDB into new arrays. Fresh arrays
 cost page faults and land in memory that is not in cache, while the block
-just dropped had arrays of the same shapes: copying into those instead ran
-at 1.18 of a raw scan against 0.72 into fresh ones (README, block store).
+just dropped had arrays of the same shapes: a CRC-checked warm reload that
+copies into those ran at 0.47-0.53 of a raw scan against 0.42 into fresh
+ones, with 10-19% less CPU (bench/store_reload.py, README "Block store").
 
 The hazard is reusing an array someone still reads. An array is reused only
 when nothing but this pool refers to it (``sys.getrefcount``): every view,
