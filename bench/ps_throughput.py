@@ -7,6 +7,8 @@ with the server in its own process:
   PS  pull : PSClient.pull(keys) against a ShardServer owning those keys
   raw push : DEALER sends keys + payload, ROUTER answers a small ack
   PS  push : PSClient.push(keys, deltas); the shard applies ``rows += deltas``
+  PS+jit push : the same, the shard's finite check compiled (an executor
+             whose app loaded numba kernels: harmony.kernels.finite)
 
 and prints MB/s, the ratio PS/raw (goal: >= 0.8 from 16 MB up; a push:
 >= 0.95 at 16 and 64 MB, >= 0.8 at 1 MB) and the CPU seconds per GB of the
@@ -71,10 +73,15 @@ def raw_server(port_q, n_bytes_list):
 
 
 def ps_server(port_q, rows_total, dim, keys_dir=None, shards=1, io_threads=1,
-              data_key=None, chunk=None, reply_q=None):
+              data_key=None, chunk=None, reply_q=None, compiled_check=False):
     """One process serving ``rows_total`` rows in ``shards`` shards (keys by
     block, owner map ``arange(shards)``), on a context of ``io_threads`` I/O
-    threads; with ``keys_dir`` CurveZMQ, with ``data_key`` (key, mode) sealed."""
+    threads; with ``keys_dir`` CurveZMQ, with ``data_key`` (key, mode) sealed;
+    with ``compiled_check`` the finite check of pushes compiled, as in an
+    executor whose app loaded numba kernels (harmony.kernels.finite)."""
+    if compiled_check:
+        from harmony.kernels import finite
+        finite.load()
     from harmony.comm import sealed
     from harmony.ps.keymap import block_of
     from harmony.ps.server import ShardServer, ShardTable
@@ -369,11 +376,15 @@ def main() -> None:
         nrows = nbytes // (4 * a.dim)
         keys = np.arange(nrows, dtype=np.int64)
         deltas = np.full((nrows, a.dim), 0.5, dtype=np.float32)
-        pq = ctx.Queue()
-        pp = ctx.Process(target=ps_server, args=(pq, nrows, a.dim), daemon=True)
-        pp.start()
-        ep = pq.get(timeout=60)
-        client = ps_client.PSClient(zctx, ep, np.zeros(1, dtype=np.int64), a.dim)
+        shards = {}     # who -> (queue, process, client)
+        for who, compiled in (("PS", False), ("PS+jit", True)):
+            pq = ctx.Queue()
+            pp = ctx.Process(target=ps_server, args=(pq, nrows, a.dim),
+                             kwargs={"compiled_check": compiled}, daemon=True)
+            pp.start()
+            ep = pq.get(timeout=60)
+            shards[who] = (pq, pp, ps_client.PSClient(zctx, ep, np.zeros(1, dtype=np.int64),
+                                                      a.dim))
 
         def raw_pull():
             raw.send_multipart([b"pull%d" % nbytes, keys], copy=False)
@@ -384,23 +395,27 @@ def main() -> None:
             raw.send_multipart([b"push", keys, deltas], copy=False)
             raw.recv_multipart()
 
-        def ps_pull():
+        def ps_pull(client):
             r = client.pull(keys)
             assert r.nbytes == nbytes
 
-        def ps_push():
+        def ps_push(client):
             client.push(keys, deltas)
 
-        pulls = timed_many({"raw": (raw_pull, rp.pid), "PS": (ps_pull, pp.pid)}, a.reps)
-        def ps_sync():      # a round trip to the shard: after its write
+        def ps_sync(client):      # a round trip to the shard: after its write
             client.pull(keys[:1])
 
-        pushes = timed_many({"raw": (raw_push, rp.pid), "PS": (ps_push, pp.pid, ps_sync)},
-                            a.reps)
+        pulls = timed_many({"raw": (raw_pull, rp.pid),
+                            "PS": (lambda: ps_pull(shards["PS"][2]), shards["PS"][1].pid)},
+                           a.reps)
+        pushes = timed_many({"raw": (raw_push, rp.pid),
+                             **{who: (lambda c=c: ps_push(c), pp.pid, lambda c=c: ps_sync(c))
+                                for who, (_, pp, c) in shards.items()}}, a.reps)
         results.append((nbytes, pulls, pushes))
-        client.close()
-        pq.put("stop")
-        pp.join(timeout=10)
+        for pq, pp, client in shards.values():
+            client.close()
+            pq.put("stop")
+            pp.join(timeout=10)
 
     raw.send_multipart([b"stop"])
     raw.close()

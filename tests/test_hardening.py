@@ -347,12 +347,27 @@ def test_a_push_with_non_finite_values_is_refused(shard):
     assert np.isnan(t.rows).all()
 
 
+@pytest.fixture(params=["numpy", "compiled"])
+def finite_check(request, monkeypatch):
+    """Both ways a shard checks a push's values: numpy's sum (a process
+    without numba) and the compiled loop (harmony.kernels.finite, loaded)."""
+    from harmony.kernels import finite
+    if request.param == "compiled":
+        finite.load(("float16", "float32", "float64"))
+    monkeypatch.setattr(finite, "loaded", request.param == "compiled")
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "complex64"])
-def test_the_finite_check_is_exact_whatever_the_sum(dtype):
-    """The check sums the deltas and looks at every value only when the sum
-    is not finite: a NaN or an infinity anywhere (alone, or +inf with -inf)
-    is refused and changes nothing; finite values whose sum overflows pass."""
+def test_the_finite_check_is_exact_whatever_the_sum(dtype, finite_check):
+    """Either check refuses a NaN or an infinity anywhere (alone, or +inf
+    with -inf), and the push changes nothing; finite values whose sum
+    overflows pass. numpy's check sums the deltas and looks at every value
+    only when the sum is not finite; the compiled one tests exponent bits."""
+    from harmony.kernels import finite
     t = ShardTable(8, dtype, None)
+    probe = np.ones((2, 8), dtype)      # which check this process runs
+    assert (finite.all_finite(probe) is None) == (finite_check == "numpy")
     n = 3000                                    # past numpy's pairwise blocks
     t.load(np.arange(n), np.zeros((n, 8), dtype))
     big = float(np.finfo(dtype).max) / 2
@@ -367,6 +382,24 @@ def test_the_finite_check_is_exact_whatever_the_sum(dtype):
     d[0, :4] = big                              # the sum overflows; every value is finite
     t.push(np.arange(n), d)
     assert np.isfinite(t.rows).all() and t.rows[0, 0] == np.array(big, dtype)
+
+
+def test_the_compiled_check_declines_what_it_cannot_read():
+    """Arrays the compiled loop would misread go to numpy's check: not
+    contiguous, another byte order, not floats, a width it has no mask for."""
+    from harmony.kernels import finite
+    finite.load()
+    d = np.ones((6, 4), np.float32)
+    assert finite.all_finite(d) is True
+    d[5, 3] = np.nan
+    assert finite.all_finite(d) is False
+    assert finite.all_finite(d[:, :2]) is None                  # not contiguous
+    assert finite.all_finite(d.astype(">f4")) is None           # big-endian
+    assert finite.all_finite(np.ones(4, np.int32)) is None
+    assert finite.all_finite(np.ones(4, np.longdouble)) is None
+    ro = np.full(33, np.inf, np.float64)                        # a received frame's array
+    ro.flags.writeable = False
+    assert finite.all_finite(ro) is False
 
 
 NAN_APP = TOY_APP.replace("        return np.full(rows.shape, 0.1, dtype=np.float32)",

@@ -1,4 +1,5 @@
-"""Compiled inner loops of the bundled apps (``apps/*.py``).
+"""Compiled inner loops of the bundled apps (``apps/*.py``), and the PS
+shard's check of pushed values (:mod:`harmony.kernels.finite`).
 
 The kernels are plain Python functions compiled by numba (``nopython``, one
 core, no threads) on their first call and cached on disk beside this package

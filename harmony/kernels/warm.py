@@ -53,12 +53,14 @@ USES = {"harmony.kernels.nmf": "nmf.py", "harmony.kernels.lda": "lda.py",
 
 def warm(apps: Path = APPS) -> float:
     """Compile (or load) every kernel; returns the CPU seconds it took."""
+    from harmony.kernels import finite
     c0 = time.process_time()
     with tempfile.TemporaryDirectory(prefix="harmony-warm-") as tmp:
         for name, runs in _tiny_runs(tmp).items():
             app = load_app((apps / name).read_text(), name)
             for args in runs:
                 run_local(app, args)
+    finite.load()           # the PS shard's check of pushes
     return time.process_time() - c0
 
 

@@ -4,6 +4,7 @@ by a live resize (kept as they arrived, merged off the request path).
 :mod:`harmony.ps.server` serves it."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Callable
@@ -467,6 +468,17 @@ class ShardTable:
         cost of the add it guards)."""
         if not self.finite or deltas.size == 0:
             return
+        # the compiled loop where this process already runs numba (see
+        # harmony.kernels.finite: never imported here, it would load numba)
+        compiled = sys.modules.get("harmony.kernels.finite")
+        ok = compiled.all_finite(deltas) if compiled is not None else None
+        if ok or (ok is None and self._check_sum(deltas)):
+            return
+        self._refuse_nonfinite(keys, deltas)
+
+    @staticmethod
+    def _check_sum(deltas: np.ndarray) -> bool:
+        """numpy's check: True where the deltas' sum proves them finite."""
         # a NaN or an infinity makes the sum NaN or infinite (IEEE arithmetic
         # never turns either back into a number), so a finite sum proves all
         # values finite: one read of the deltas, no temporary. The sum is in
@@ -478,8 +490,13 @@ class ShardTable:
         acc = None if deltas.dtype.itemsize >= 4 else np.float32
         with np.errstate(over="ignore", invalid="ignore"):     # no warning: checked below
             total = np.add.reduce(deltas, axis=None, dtype=acc)
-        if np.isfinite(total):
-            return
+        return bool(np.isfinite(total))
+
+    @staticmethod
+    def _refuse_nonfinite(keys: np.ndarray, deltas: np.ndarray) -> None:
+        """Raise NonFiniteUpdate naming the first bad key, if any value is
+        not finite (the full, slow check: only for a push that failed the
+        fast one)."""
         bad = ~np.isfinite(deltas)
         if not bad.any():
             return

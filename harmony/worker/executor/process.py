@@ -260,8 +260,14 @@ class Executor(Training):
         # costs an executor ~20 MiB); after the options and the input are
         # read, so that a job that fails on them does not load them first
         if any(m.startswith("harmony.kernels.") for m in sys.modules):
+            from harmony.kernels import finite
             from harmony.kernels.warm import preload
             preload(cls, s["app_name"])
+            try:        # the shard's check of pushes: ~3 ms now (the compiler is loaded)
+                finite.load()
+            except Exception:       # noqa: BLE001 (best effort: numpy's check stays)
+                log.warning("compiled finite check not loaded: pushes checked by numpy",
+                            exc_info=True)
         trim_heap()
         restored = (jobckpt.Restored(self.ctx, self.job, s["resume"], me=s.get("worker", ""))
                     if s.get("resume") else None)
