@@ -293,6 +293,45 @@ def test_a_shard_serves_a_move_at_once_and_merges_it_once_the_move_is_over():
         ctx.term()
 
 
+def test_the_merge_waits_for_a_pause_in_requests_and_is_not_starved_by_them():
+    """After the move the merge's steps (each holds the table) run once no
+    request came for MERGE_IDLE_S, so the first pull after a move does not
+    wait behind one; requests that never pause still let a step run every
+    MERGE_EVERY_S. Gates of an hour and of none make it deterministic."""
+    ctx = zmq.Context()
+    blocks = _blocks(nkeys=20000)
+    t = _table([0, 1], blocks)
+    srv = ShardServer(ctx, "127.0.0.1", t)
+    srv.MERGE_IDLE_S = srv.MERGE_EVERY_S = 3600.0
+    srv.start()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(srv.endpoint)
+    client = PSClient(ctx, [srv.endpoint], np.zeros(NB, np.int64), DIM)
+    try:
+        srv.set_layout(np.zeros(NB, np.int64), 0, [srv.endpoint])
+        srv.expect(set(range(2, NB)))
+        send_payloads([sock], "mv:g", [Payload("model", b, block=_blk(b, blocks))
+                                       for b in range(2, NB)])
+        wait_acks(lambda d: sock, {(0, "model", b) for b in range(2, NB)}, "mv:g", 10)
+        keys, rows = _reference(blocks, range(NB))
+        srv.end_arrivals()
+        assert np.array_equal(client.pull(keys), rows)
+        time.sleep(0.3)
+        assert t.moved_blocks == NB - 2 and t.merges == 0      # no pause long enough yet
+        srv.MERGE_EVERY_S = 0.0                 # a step between any two requests
+        srv.end_arrivals()                      # (wakes the shard's thread)
+        deadline = time.monotonic() + 10
+        while t.moved_blocks and time.monotonic() < deadline:
+            assert np.array_equal(client.pull(keys), rows)     # requests without a pause
+        assert t.moved_blocks == 0 and t.merges == 1
+        assert np.array_equal(client.pull(keys), rows)
+    finally:
+        client.close()
+        sock.close(0)
+        srv.stop()
+        ctx.term()
+
+
 def _blk(b, blocks):
     from harmony.store.blocks import Block
     return Block(b, {"keys": blocks[b][0], "rows": blocks[b][1]})

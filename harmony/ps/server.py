@@ -75,6 +75,11 @@ class ShardServer:
     thread merges the moved blocks into the sorted table in steps while no
     request waits (:meth:`ShardTable.merge_step`)."""
 
+    #: a merge step waits until no request has come for this long (s), or
+    #: until this long after the last step (_merge_due_in)
+    MERGE_IDLE_S = 0.005
+    MERGE_EVERY_S = 0.05
+
     def __init__(self, ctx: zmq.Context, host: str, table: ShardTable, tag: str = "",
                  key: DataKey | None = None) -> None:
         """``key``: the job attempt's data key: requests and block chunks are
@@ -124,6 +129,8 @@ class ShardServer:
         # sockets (made by start) end the thread's poll at once when it is
         self._ctx = ctx
         self._merge_due = False
+        self._last_request = 0.0        # monotonic times: the last request served,
+        self._last_step = 0.0           # the merge's last step (or the move's end)
         self._wake_lock = threading.Lock()
         self._wake_rx: zmq.Socket | None = None
         self._wake_tx: zmq.Socket | None = None
@@ -179,6 +186,7 @@ class ShardServer:
         them into its sorted table from now on, between requests (until a
         block of the next move arrives)."""
         self._merge_due = self.table.moved_blocks > 0
+        self._last_step = time.monotonic()
         with self._wake_lock:
             if self._wake_tx is not None:
                 try:
@@ -279,13 +287,18 @@ class ShardServer:
                         log.warning("transfer %s sent nothing for %.0fs: dropped",
                                     mid, self._asm.idle_s)
             merging = self._merge_due and self.table.moved_blocks > 0
-            events = dict(poller.poll(0 if merging else 100))
+            due_in = self._merge_due_in() if merging else 0.1
+            events = dict(poller.poll(max(0, int(due_in * 1000) + (due_in > 0))))
             if self._wake_rx in events:
                 while self._wake_rx.poll(0):
                     self._wake_rx.recv()
-            if self.sock not in events:
-                if merging:             # no request waits: one step of the merge
+            if merging:
+                now = time.monotonic()
+                if (self.sock not in events and now - self._last_request >= self.MERGE_IDLE_S) \
+                        or now - self._last_step >= self.MERGE_EVERY_S:
                     self._merge_step()
+                    self._last_step = time.monotonic()
+            if self.sock not in events:
                 continue
             try:
                 frames = self.sock.recv_multipart(copy=False)
@@ -315,6 +328,17 @@ class ShardServer:
             except zmq.ZMQError:
                 pass
 
+    def _merge_due_in(self) -> float:
+        """Seconds until the merge's next step may run: once no request has
+        come for MERGE_IDLE_S and none waits (a step holds the table for
+        ~2-15 ms, which a request right behind another would wait for: a
+        burst of an iteration's, the first pull after a move), or
+        MERGE_EVERY_S after the last step whatever waits (under requests
+        that never pause, the merge still ends)."""
+        now = time.monotonic()
+        return min(self.MERGE_IDLE_S - (now - self._last_request),
+                   self.MERGE_EVERY_S - (now - self._last_step))
+
     def _merge_step(self) -> None:
         t = self.table
         with self._serving:
@@ -330,6 +354,7 @@ class ShardServer:
     def _serve(self, ident: bytes, body: list) -> None:
         with self._serving:
             self._serve_locked(ident, body)
+            self._last_request = time.monotonic()
 
     @staticmethod
     def _request_error(exc: Exception) -> Exception:
@@ -357,6 +382,7 @@ class ShardServer:
         a remote client would get."""
         t = self.table
         with self._serving:
+            self._last_request = time.monotonic()
             if not t.ready:
                 return None
             self.requests += 1
