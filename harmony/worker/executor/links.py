@@ -145,6 +145,9 @@ class Links:
         subtask to the master's synchronizer, wait for this machine's
         daemon to grant the CPU or NET slot, run, and release the slot."""
         if not self.queued:
+            if kind == "cpu" and self.cpu_share is not None:
+                with self.cpu_share.busy():     # the emulated machine's cores, shared
+                    return fn()
             return fn()
         if self.sync_gen is None:
             self.send("sync", seq=self.seq, next=kind)

@@ -36,6 +36,7 @@ from harmony.store.errors import StoreError
 from harmony.store.lmdb_store import JobStorage
 from harmony.store.local import LocalInput
 from harmony.util.malloc import MemoryWatch, keep_working_memory, trim_heap
+from harmony.worker.cpushare import CPUShare
 from harmony.store.transfer import TransferError
 from harmony.worker import jobckpt
 from harmony.worker.executor.layout import Left
@@ -81,6 +82,10 @@ class Executor(Training):
         # the emulated machine's cores (its daemon's affinity, inherited)
         self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else (os.cpu_count() or 1)
+        # an emulated machine's cores shared by the CPU work of unqueued
+        # executors (naive mode), where it sleeps part of that work
+        self.cpu_share = CPUShare(os.path.join(spec["state_dir"], "cpu-share"), self.cores) \
+            if (self.dil > 1.0 or self.cpu_speed < 1.0) and spec.get("state_dir") else None
         self.MOVE_TIMEOUT_S = dil.wall(Executor.MOVE_TIMEOUT_S, self.dil)
         self.DAEMON_REPLY_S = dil.wall(Executor.DAEMON_REPLY_S, self.dil)
         self.ctx = zmq.Context()
@@ -308,6 +313,8 @@ class Executor(Training):
                 log.warning("closing the job's store: %s", exc)
         if self.netem is not None:
             self.netem.close()
+        if self.cpu_share is not None:
+            self.cpu_share.close()
         self.dsock.close(linger=100)
         if self.client is not None:
             self.client.close()

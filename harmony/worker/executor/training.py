@@ -115,7 +115,10 @@ class Training(Layout, Checkpoints):
         elapsed = time.perf_counter() - t0
         work = dil.work_seconds(elapsed, thread_cpu, time.process_time() - process_cpu0,
                                 self.cores)
-        dil.stretch_to(elapsed, factor * work)
+        if self.cpu_share is not None and self.cpu_share.active:
+            self.cpu_share.stretch_to(elapsed, factor * work)   # unqueued: cores shared
+        else:
+            dil.stretch_to(elapsed, factor * work)
 
     def _train(self, app: App, opts, inp: LocalInput, table: ShardTable,
                first_epoch: int = 0) -> None:
