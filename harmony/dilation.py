@@ -2,7 +2,9 @@
 
 With dilation D every emulated machine runs D times slower: a subtask's
 wall time is D times what it took (the executor sleeps the difference while
-it holds the machine's CPU or NET slot), each link's cap is divided by D,
+it holds the machine's CPU or NET slot; without the queues, naive mode's
+COMPs and evaluations share the machine's cores while they sleep:
+:mod:`harmony.worker.cpushare`), each link's cap is divided by D,
 and every interval and timeout of the control plane is D times longer. N
 machines then need about N/D real cores. Seen at 1/D speed, the cluster is
 the undilated one in slow motion.
