@@ -29,6 +29,8 @@ import os
 import time
 from collections.abc import Callable, Iterator
 
+import psutil
+
 
 class CPUShare:
     """The cores of the emulated machine whose state folder is ``folder``,
@@ -50,7 +52,7 @@ class CPUShare:
     def _sweep(self) -> None:
         """Remove the files of processes that are gone (never locked now)."""
         for name in os.listdir(self.folder):
-            if name.isdigit() and not _alive(int(name)):
+            if name.isdigit() and not psutil.pid_exists(int(name)):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.folder, name))
 
@@ -115,13 +117,3 @@ class CPUShare:
             os.close(self.fd)
         with contextlib.suppress(OSError):
             os.unlink(self.path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
