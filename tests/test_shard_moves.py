@@ -4,6 +4,7 @@ table later in steps (between requests) or at once where the flat arrays are
 read. Every state answers as one sorted table would."""
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -258,11 +259,17 @@ def test_any_sequence_of_moves_requests_and_merge_steps_answers_as_one_table(dat
     assert np.array_equal(t.rows, np.array([ref[int(k)] for k in ks]).reshape(-1, DIM))
 
 
-def test_a_shard_serves_a_move_at_once_and_merges_it_once_the_move_is_over():
+@contextlib.contextmanager
+def _moved_shard(mid, gate=None):
+    """A shard holding blocks 0 and 1 into which blocks 2.. were moved (every
+    block acknowledged, the move not declared over), and a client of it;
+    ``gate``: the merge's MERGE_IDLE_S and MERGE_EVERY_S."""
     ctx = zmq.Context()
     blocks = _blocks(nkeys=20000)
     t = _table([0, 1], blocks)
     srv = ShardServer(ctx, "127.0.0.1", t)
+    if gate is not None:
+        srv.MERGE_IDLE_S = srv.MERGE_EVERY_S = gate
     srv.start()
     sock = ctx.socket(zmq.DEALER)
     sock.connect(srv.endpoint)
@@ -271,8 +278,18 @@ def test_a_shard_serves_a_move_at_once_and_merges_it_once_the_move_is_over():
         srv.set_layout(np.zeros(NB, np.int64), 0, [srv.endpoint])
         srv.expect(set(range(2, NB)))
         payloads = [Payload("model", b, block=_blk(b, blocks)) for b in range(2, NB)]
-        send_payloads([sock], "mv:t", payloads)
-        wait_acks(lambda d: sock, {(0, "model", b) for b in range(2, NB)}, "mv:t", 10)
+        send_payloads([sock], mid, payloads)
+        wait_acks(lambda d: sock, {(0, "model", b) for b in range(2, NB)}, mid, 10)
+        yield t, srv, client, blocks
+    finally:
+        client.close()
+        sock.close(0)
+        srv.stop()
+        ctx.term()
+
+
+def test_a_shard_serves_a_move_at_once_and_merges_it_once_the_move_is_over():
+    with _moved_shard("mv:t") as (t, srv, client, blocks):
         keys, rows = _reference(blocks, range(NB))
         assert np.array_equal(client.pull(keys), rows)        # served before any merge
         time.sleep(0.2)
@@ -286,11 +303,6 @@ def test_a_shard_serves_a_move_at_once_and_merges_it_once_the_move_is_over():
         assert t.moved_blocks == 0 and t.merges == 1
         assert np.array_equal(client.pull(keys), rows)
         assert np.array_equal(t.keys, keys)
-    finally:
-        client.close()
-        sock.close(0)
-        srv.stop()
-        ctx.term()
 
 
 def test_the_merge_waits_for_a_pause_in_requests_and_is_not_starved_by_them():
@@ -298,21 +310,7 @@ def test_the_merge_waits_for_a_pause_in_requests_and_is_not_starved_by_them():
     request came for MERGE_IDLE_S, so the first pull after a move does not
     wait behind one; requests that never pause still let a step run every
     MERGE_EVERY_S. Gates of an hour and of none make it deterministic."""
-    ctx = zmq.Context()
-    blocks = _blocks(nkeys=20000)
-    t = _table([0, 1], blocks)
-    srv = ShardServer(ctx, "127.0.0.1", t)
-    srv.MERGE_IDLE_S = srv.MERGE_EVERY_S = 3600.0
-    srv.start()
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(srv.endpoint)
-    client = PSClient(ctx, [srv.endpoint], np.zeros(NB, np.int64), DIM)
-    try:
-        srv.set_layout(np.zeros(NB, np.int64), 0, [srv.endpoint])
-        srv.expect(set(range(2, NB)))
-        send_payloads([sock], "mv:g", [Payload("model", b, block=_blk(b, blocks))
-                                       for b in range(2, NB)])
-        wait_acks(lambda d: sock, {(0, "model", b) for b in range(2, NB)}, "mv:g", 10)
+    with _moved_shard("mv:g", gate=3600.0) as (t, srv, client, blocks):
         keys, rows = _reference(blocks, range(NB))
         srv.end_arrivals()
         assert np.array_equal(client.pull(keys), rows)
@@ -325,11 +323,6 @@ def test_the_merge_waits_for_a_pause_in_requests_and_is_not_starved_by_them():
             assert np.array_equal(client.pull(keys), rows)     # requests without a pause
         assert t.moved_blocks == 0 and t.merges == 1
         assert np.array_equal(client.pull(keys), rows)
-    finally:
-        client.close()
-        sock.close(0)
-        srv.stop()
-        ctx.term()
 
 
 def _blk(b, blocks):
