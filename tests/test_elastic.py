@@ -249,6 +249,44 @@ def test_shard_redirects_stale_requests_and_queues_until_data_arrives():
         ctx.term()
 
 
+def test_a_request_held_for_a_block_that_never_comes_is_answered_when_the_move_ends():
+    """A request for a block on its way is held at the new owner; if the
+    move ends without that block (its sender died), the request is answered
+    then (an error naming the keys), not left to the client's timeout."""
+    import threading
+    ctx = zmq.Context()
+    nblocks, dim = 8, 2
+    b = ShardTable(dim, "float64", None)
+    b.load(np.zeros(0, np.int64), np.zeros((0, dim)))
+    sb = ShardServer(ctx, "127.0.0.1", b)
+    sb.start()
+    client = PSClient(ctx, [sb.endpoint], np.zeros(nblocks, np.int64), dim, "float64",
+                      timeout_s=60)
+    try:
+        sb.set_layout(np.zeros(nblocks, np.int64), 0, [sb.endpoint])
+        sb.expect(set(range(nblocks)))
+        box = {}
+
+        def pull():
+            try:
+                client.pull(np.arange(4, dtype=np.int64))
+            except Exception as exc:        # noqa: BLE001 (the test reads it)
+                box["error"] = exc
+        t = threading.Thread(target=pull)
+        t.start()
+        time.sleep(0.3)
+        assert t.is_alive()                 # held: its blocks are on their way
+        t0 = time.monotonic()
+        sb.end_arrivals()                   # ... and never come
+        t.join(10)
+        assert not t.is_alive() and time.monotonic() - t0 < 10
+        assert "error" in box and "shard" in str(box["error"])
+    finally:
+        client.close()
+        sb.stop()
+        ctx.term()
+
+
 def test_nmf_widened_by_the_scheduler_on_a_shared_nothing_fleet(fleet, ratings):
     """The reported failure: a job profiled on one machine and then widened
     to two read a checkpoint part from another host's disk."""

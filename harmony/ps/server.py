@@ -129,6 +129,7 @@ class ShardServer:
         # sockets (made by start) end the thread's poll at once when it is
         self._ctx = ctx
         self._merge_due = False
+        self._release_held = False      # the move ended: serve the held requests again
         self._last_request = 0.0        # monotonic times: the last request served,
         self._last_step = 0.0           # the merge's last step (or the move's end)
         self._wake_lock = threading.Lock()
@@ -184,22 +185,27 @@ class ShardServer:
         """Stop accepting blocks; hand over the input blocks that came. The
         model blocks that came are served already; the shard's thread merges
         them into its sorted table from now on, between requests (until a
-        block of the next move arrives)."""
+        block of the next move arrives). Requests held for a block that did
+        not come are answered now (an error, or a redirect where another
+        shard owns it)."""
         self._merge_due = self.table.moved_blocks > 0
         self._last_step = time.monotonic()
-        with self._wake_lock:
-            if self._wake_tx is not None:
-                try:
-                    self._wake_tx.send(b"", zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass        # a wake-up is pending already
         with self._arrived:
             inputs, self.arrived_inputs = self.arrived_inputs, {}
             self.arrived_count = 0
             self._arrived_model.clear()
             self.incoming.clear()
             self.transfer_error = None
-            return inputs
+        # no block comes any more: what waited for one is answered now (a
+        # move that ended short would otherwise leave it to the client's timeout)
+        self._release_held = True
+        with self._wake_lock:
+            if self._wake_tx is not None:
+                try:
+                    self._wake_tx.send(b"", zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass        # a wake-up is pending already
+        return inputs
 
     def _on_block(self, ident: bytes, msg: M.Message) -> None:
         # only the job attempt's own executors move blocks here: every chunk
@@ -244,9 +250,16 @@ class ShardServer:
             self.arrived_bytes += blk.nbytes
             self._arrived.notify_all()
         self._send(ident, [M.encode("blk_ack", mid=mid, sec=sec, bid=bid, ok=True)])
-        if sec == "model" and self._held_requests:
+        if sec == "model":
+            self._serve_held()
+
+    def _serve_held(self) -> None:
+        """Serve again the requests held for blocks on their way (the new
+        owner's queue): answered now, or held again for a block still due.
+        The shard's thread only (its socket)."""
+        if self._held_requests:
             held, self._held_requests = self._held_requests, []
-            for who, body in held:       # the new owner's queue: now served
+            for who, body in held:
                 self._serve(who, body)
 
     def _send(self, ident: bytes, reply: list, live: bool = False) -> None:
@@ -292,6 +305,10 @@ class ShardServer:
             if self._wake_rx in events:
                 while self._wake_rx.poll(0):
                     self._wake_rx.recv()
+            if self._release_held:
+                self._release_held = False
+                with self._serving:
+                    self._serve_held()
             if merging:
                 now = time.monotonic()
                 if (self.sock not in events and now - self._last_request >= self.MERGE_IDLE_S) \
