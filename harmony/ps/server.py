@@ -76,7 +76,7 @@ class ShardServer:
     request waits (:meth:`ShardTable.merge_step`)."""
 
     #: a merge step waits until no request has come for this long (s), or
-    #: until this long after the last step (_merge_due_in)
+    #: until this long after the last step (_merge_gates)
     MERGE_IDLE_S = 0.005
     MERGE_EVERY_S = 0.05
 
@@ -300,19 +300,17 @@ class ShardServer:
                         log.warning("transfer %s sent nothing for %.0fs: dropped",
                                     mid, self._asm.idle_s)
             merging = self._merge_due and self.table.moved_blocks > 0
-            due_in = self._merge_due_in() if merging else 0.1
+            due_in = min(self._merge_gates()) if merging else 0.1
             events = dict(poller.poll(max(0, int(due_in * 1000) + (due_in > 0))))
             if self._wake_rx in events:
                 while self._wake_rx.poll(0):
                     self._wake_rx.recv()
             if self._release_held:
                 self._release_held = False
-                with self._serving:
-                    self._serve_held()
+                self._serve_held()
             if merging:
-                now = time.monotonic()
-                if (self.sock not in events and now - self._last_request >= self.MERGE_IDLE_S) \
-                        or now - self._last_step >= self.MERGE_EVERY_S:
+                idle_left, every_left = self._merge_gates()
+                if (idle_left <= 0 and self.sock not in events) or every_left <= 0:
                     self._merge_step()
                     self._last_step = time.monotonic()
             if self.sock not in events:
@@ -345,16 +343,16 @@ class ShardServer:
             except zmq.ZMQError:
                 pass
 
-    def _merge_due_in(self) -> float:
-        """Seconds until the merge's next step may run: once no request has
-        come for MERGE_IDLE_S and none waits (a step holds the table for
-        ~2-15 ms, which a request right behind another would wait for: a
-        burst of an iteration's, the first pull after a move), or
+    def _merge_gates(self) -> tuple[float, float]:
+        """Seconds until each gate of the merge's next step opens: once no
+        request has come for MERGE_IDLE_S and none waits (a step holds the
+        table for ~2-15 ms, which a request right behind another would wait
+        for: a burst of an iteration's, the first pull after a move), or
         MERGE_EVERY_S after the last step whatever waits (under requests
         that never pause, the merge still ends)."""
         now = time.monotonic()
-        return min(self.MERGE_IDLE_S - (now - self._last_request),
-                   self.MERGE_EVERY_S - (now - self._last_step))
+        return (self.MERGE_IDLE_S - (now - self._last_request),
+                self.MERGE_EVERY_S - (now - self._last_step))
 
     def _merge_step(self) -> None:
         t = self.table

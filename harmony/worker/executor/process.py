@@ -36,9 +36,9 @@ from harmony.store.errors import StoreError
 from harmony.store.lmdb_store import JobStorage
 from harmony.store.local import LocalInput
 from harmony.util.malloc import MemoryWatch, keep_working_memory, trim_heap
-from harmony.worker.cpushare import CPUShare
 from harmony.store.transfer import TransferError
 from harmony.worker import jobckpt
+from harmony.worker.cpushare import CPUShare
 from harmony.worker.executor.layout import Left
 from harmony.worker.executor.links import Aborted, MasterLost
 from harmony.worker.executor.memory import MachineMemory
